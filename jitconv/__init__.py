@@ -1,0 +1,24 @@
+"""jitconv: fused causal-conv1d + conv-state update for hybrid LLMs on SYCL devices.
+
+Kernels are written in Python with numba-dpex and JIT-compiled for the device dpctl
+selects (an Intel GPU through Level Zero, or the Intel OpenCL CPU device).
+"""
+
+__version__ = "0.1.0"
+
+# torch first: our runtime bootstrap loads oneAPI libraries, and torch must keep its own.
+import torch  # noqa: F401,E402
+
+from .device import (DeviceNotFoundError, devices, get_device, get_queue,  # noqa: E402
+                      set_device)
+from .bridge import (CopyRequiredError, copy_counts, empty, reset_copy_counts,  # noqa: E402
+                     set_allow_copies, zeros)
+from .kernels import SUPPORTED_WIDTHS  # noqa: E402
+from .ops import causal_conv1d_fn  # noqa: E402
+from . import reference  # noqa: E402
+
+__all__ = [
+    "causal_conv1d_fn", "devices", "get_device", "set_device", "get_queue", "empty",
+    "zeros", "copy_counts", "reset_copy_counts", "set_allow_copies", "CopyRequiredError",
+    "DeviceNotFoundError", "SUPPORTED_WIDTHS", "reference",
+]

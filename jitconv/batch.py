@@ -1,0 +1,99 @@
+"""The host-side description of one engine step: which tokens form which sequence, and
+how the work is cut into blocks for the kernel.
+
+A ``Batch`` is built from validated metadata (``ops.py`` validates). It holds:
+- ``rows``: for each token slot, in sequence order, the row of x (and out) it uses. Slots
+  are the non-spec tokens, then the spec tokens, then any rows of x that no sequence
+  covers (those get zeros, as pads do: never stale memory).
+- per sequence: first slot, length, cache line (-1 for pads and the uncovered rows),
+  window offset (num_accepted - 1) and flags (initial state, spec).
+- per block: sequence, first slot, token count. A block is at most ``block_tokens``
+  consecutive tokens of one sequence; every sequence has at least one block so that its
+  state update happens even when it has no tokens.
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .kernels import FLAG_INITIAL_STATE, FLAG_SPEC
+
+DEFAULT_BLOCK_TOKENS = 16
+
+
+@dataclass
+class Batch:
+    rows: np.ndarray
+    seq_tok: np.ndarray
+    seq_len: np.ndarray
+    seq_line: np.ndarray
+    seq_off: np.ndarray
+    seq_flags: np.ndarray
+    blk_seq: np.ndarray
+    blk_tok: np.ndarray
+    blk_len: np.ndarray
+
+    @property
+    def num_blocks(self):
+        return len(self.blk_seq)
+
+    def tables(self):
+        """The int32 arrays in the kernel's argument order (see launching.CONV_ARGS)."""
+        return [self.rows, self.blk_seq, self.blk_tok, self.blk_len, self.seq_tok,
+                self.seq_len, self.seq_line, self.seq_off, self.seq_flags]
+
+
+@dataclass
+class Part:
+    """One kind of sequences (non-spec or spec), validated, as host int64 arrays."""
+    query_start_loc: np.ndarray  # (n+1,)
+    lines: np.ndarray            # (n,), pad_slot_id already mapped to -1
+    rows: np.ndarray             # (tokens,) rows of x
+    offsets: np.ndarray          # (n,) window start column
+    initial: np.ndarray          # (n,) bool
+    spec: bool
+
+
+def build_batch(parts, num_tokens, block_tokens=DEFAULT_BLOCK_TOKENS):
+    rows = [p.rows for p in parts]
+    covered = np.zeros(num_tokens, bool)
+    for r in rows:
+        covered[r] = True
+    uncovered = np.flatnonzero(~covered)
+
+    seq_tok, seq_len, seq_line, seq_off, seq_flags = [], [], [], [], []
+    slot = 0
+    for p in parts:
+        qsl = p.query_start_loc
+        seq_tok.append(slot + qsl[:-1])
+        seq_len.append(np.diff(qsl))
+        seq_line.append(p.lines)
+        seq_off.append(p.offsets)
+        flags = np.where(p.initial, FLAG_INITIAL_STATE, 0) | (FLAG_SPEC if p.spec else 0)
+        seq_flags.append(flags)
+        slot += int(qsl[-1])
+    if len(uncovered):
+        # One pseudo pad sequence writes zeros to the rows nobody covers.
+        seq_tok.append([slot])
+        seq_len.append([len(uncovered)])
+        seq_line.append([-1])
+        seq_off.append([0])
+        seq_flags.append([0])
+    rows.append(uncovered)
+
+    def cat(chunks):
+        return np.concatenate([np.asarray(c, np.int64) for c in chunks] or
+                              [np.zeros(0, np.int64)])
+
+    seq_tok, seq_len, seq_line = cat(seq_tok), cat(seq_len), cat(seq_line)
+    seq_off, seq_flags, rows = cat(seq_off), cat(seq_flags), cat(rows)
+
+    nblk = np.maximum(1, -(-seq_len // block_tokens))
+    blk_seq = np.repeat(np.arange(len(seq_len)), nblk)
+    first_blk = np.cumsum(nblk) - nblk
+    k = np.arange(len(blk_seq)) - np.repeat(first_blk, nblk)
+    blk_tok = seq_tok[blk_seq] + k * block_tokens
+    blk_len = np.clip(seq_len[blk_seq] - k * block_tokens, 0, block_tokens)
+    i32 = lambda a: a.astype(np.int32)  # noqa: E731
+    return Batch(i32(rows), i32(seq_tok), i32(seq_len), i32(seq_line), i32(seq_off),
+                 i32(seq_flags), i32(blk_seq), i32(blk_tok), i32(blk_len))

@@ -1,0 +1,260 @@
+"""The torch bridge: tensors in, tensors out, zero-copy where the memory allows it.
+
+How an argument reaches a kernel (``to_device``):
+- torch XPU tensor: DLPack (kDLOneAPI) into dpctl, zero-copy. float16/bfloat16 are viewed
+  as int16 first: dpctl refuses kDLBfloat, and the kernels read raw 16-bit patterns anyway.
+- torch CPU tensor whose memory is USM of the device's context (``jitconv.empty`` /
+  ``jitconv.zeros`` make such tensors): passed by pointer, zero-copy.
+- any other torch CPU tensor: copied into USM memory, and copied back afterwards when the
+  argument is updated in place (conv_state, out). Copies are counted (``copy_counts``);
+  ``set_allow_copies(False)`` (or JITCONV_ALLOW_COPIES=0) turns a needed copy into a
+  ``CopyRequiredError``.
+- dpctl usm_ndarray, dpnp array, or any object exporting a kDLOneAPI DLPack capsule:
+  zero-copy.
+
+A kernel receives a ``DeviceView``: address, shape, strides (in elements) and itemsize.
+Kernels do not care about the element type beyond its size: the dtype each op expects is
+checked by the op before launch.
+"""
+
+import os
+from typing import NamedTuple
+
+import numpy as np
+import torch
+
+from . import device as devices
+
+import dpctl.memory as dpm  # noqa: E402  (devices bootstraps the runtime first)
+import dpctl.tensor as dpt  # noqa: E402
+
+KDL_ONEAPI = 14  # DLPack device type of SYCL USM memory
+
+DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16",
+               torch.bfloat16: "bfloat16", torch.int32: "int32", torch.int64: "int64",
+               torch.bool: "bool", torch.int16: "int16", torch.uint8: "uint8",
+               torch.int8: "int8", torch.float64: "float64"}
+_TORCH_DTYPES = {v: k for k, v in DTYPE_NAMES.items()}
+_SIXTEEN_BIT = (torch.float16, torch.bfloat16)
+
+_counts = {"to_device": 0, "from_device": 0}
+_allow_copies = os.environ.get("JITCONV_ALLOW_COPIES", "1") != "0"
+
+
+class CopyRequiredError(RuntimeError):
+    """A tensor had to be copied to reach the device, and copies are switched off."""
+
+
+def copy_counts():
+    """How many tensors were copied host->device and device->host so far."""
+    return dict(_counts)
+
+
+def reset_copy_counts():
+    _counts["to_device"] = 0
+    _counts["from_device"] = 0
+
+
+def set_allow_copies(allow):
+    """Allow (default) or forbid the host<->device copies of non-USM CPU tensors."""
+    global _allow_copies
+    _allow_copies = bool(allow)
+
+
+class DeviceView(NamedTuple):
+    address: int
+    shape: tuple
+    strides: tuple  # in elements
+    itemsize: int
+    owner: object  # keeps the memory alive while the view is in use
+
+    @property
+    def size(self):
+        return int(np.prod(self.shape, dtype=np.int64))
+
+
+def dtype_name(t):
+    """'float32', 'float16', 'bfloat16', ... for a torch tensor, dpctl or dpnp array."""
+    if isinstance(t, torch.Tensor):
+        return DTYPE_NAMES.get(t.dtype, str(t.dtype))
+    return np.dtype(t.dtype).name
+
+
+def device_of(t):
+    """Where an argument lives: 'cpu', 'xpu:N', or the dpctl filter string of its queue."""
+    if isinstance(t, torch.Tensor):
+        return str(t.device)
+    usm = _as_usm_ndarray(t)
+    return usm.sycl_device.filter_string if usm is not None else type(t).__name__
+
+
+def is_usm(address, queue=None):
+    """True if ``address`` is USM memory of the queue's context (host-accessible or not)."""
+    queue = queue or devices.get_queue()
+    try:
+        dpm.as_usm_memory(_Pointer(address, 1, queue))
+        return True
+    except ValueError:
+        return False
+
+
+class _Pointer:
+    """A raw USM address in the form dpctl.memory accepts (no dtype, no shape)."""
+
+    __slots__ = ("__sycl_usm_array_interface__",)
+
+    def __init__(self, address, nbytes, queue):
+        self.__sycl_usm_array_interface__ = {
+            "data": (address, False), "shape": (max(int(nbytes), 1),), "strides": None,
+            "typestr": "|u1", "version": 1, "syclobj": queue,
+        }
+
+
+def usm_memory(view, queue):
+    """A dpctl USM memory object at ``view.address`` (what SyclQueue.submit accepts)."""
+    return dpm.as_usm_memory(_Pointer(view.address, view.itemsize, queue))
+
+
+def _as_usm_ndarray(obj):
+    if isinstance(obj, dpt.usm_ndarray):
+        return obj
+    if hasattr(obj, "get_array") and type(obj).__module__.startswith("dpnp"):
+        return obj.get_array()
+    return None
+
+
+def _view_of_usm_ndarray(a):
+    iface = a.__sycl_usm_array_interface__
+    itemsize = a.itemsize
+    address = iface["data"][0] + iface.get("offset", 0) * itemsize
+    return DeviceView(address, tuple(a.shape), tuple(a.strides), itemsize, a)
+
+
+def from_dlpack_oneapi(obj):
+    """Import an object exporting a kDLOneAPI DLPack capsule as a dpctl usm_ndarray."""
+    return dpt.from_dlpack(obj)
+
+
+def normalize(t, name):
+    """Arguments as torch tensors, dpnp arrays or dpctl usm_ndarrays (what the ops and the
+    validation understand); any other kDLOneAPI DLPack producer is imported zero-copy."""
+    if t is None or isinstance(t, torch.Tensor) or _as_usm_ndarray(t) is not None:
+        return t
+    if hasattr(t, "__dlpack_device__") and t.__dlpack_device__()[0] == KDL_ONEAPI:
+        return from_dlpack_oneapi(t)
+    raise TypeError(f"{name}: expected a torch tensor, dpnp array, dpctl usm_ndarray or a "
+                    f"oneAPI DLPack producer, got {type(t).__name__}")
+
+
+def _torch_xpu_to_usm(t):
+    if t.dtype in _SIXTEEN_BIT:
+        t = t.view(torch.int16)  # dpctl rejects kDLBfloat; kernels read raw bits
+    return from_dlpack_oneapi(t)
+
+
+def to_device(t, name, writable=False, queue=None):
+    """A DeviceView of ``t`` on the queue, plus a write-back callable (or None).
+
+    The write-back must be called after the kernel finished when the argument was
+    updated in place and had to be copied.
+    """
+    queue = queue or devices.get_queue()
+    usm = _as_usm_ndarray(t)
+    if usm is not None:
+        return _view_of_usm_ndarray(usm), None
+    if isinstance(t, torch.Tensor):
+        if t.device.type == "xpu":
+            return _view_of_usm_ndarray(_torch_xpu_to_usm(t)), None
+        if t.device.type != "cpu":
+            raise TypeError(f"{name}: tensors on {t.device} are not supported "
+                            f"(expected an XPU tensor, or a CPU tensor)")
+        if t.numel() == 0 or is_usm(t.data_ptr(), queue):
+            return DeviceView(t.data_ptr(), tuple(t.shape), tuple(t.stride()),
+                              t.element_size(), t), None
+        return _copy_in(t, name, writable, queue)
+    return _view_of_usm_ndarray(normalize(t, name)), None
+
+
+def _host_numpy(t):
+    t = t.detach()
+    if t.dtype in _SIXTEEN_BIT:
+        t = t.view(torch.int16)
+    return t.contiguous().numpy()
+
+
+def _copy_in(t, name, writable, queue):
+    if not _allow_copies:
+        raise CopyRequiredError(
+            f"{name}: this CPU tensor is not in USM memory, so it would be copied to the "
+            f"device; allocate it with jitconv.empty/jitconv.zeros, or allow copies with "
+            f"jitconv.set_allow_copies(True)")
+    arr = dpt.asarray(_host_numpy(t), device=queue)
+    _counts["to_device"] += 1
+    view = _view_of_usm_ndarray(arr)
+    if not writable:
+        return view, None
+
+    def write_back():
+        host = torch.from_numpy(dpt.asnumpy(arr))
+        if t.dtype in _SIXTEEN_BIT:
+            host = host.view(t.dtype)
+        t.copy_(host)
+        _counts["from_device"] += 1
+
+    return view, write_back
+
+
+def empty(shape, dtype=torch.float32, device=None):
+    """A torch CPU tensor in USM shared memory of ``device``: kernels use it with no copy.
+
+    Works on any SYCL device (shared USM is host- and device-accessible); on an Intel GPU
+    prefer torch XPU tensors, which live in device memory.
+    """
+    if isinstance(shape, int):
+        shape = (shape,)
+    shape = tuple(int(s) for s in shape)
+    dtype = _TORCH_DTYPES.get(dtype, dtype) if isinstance(dtype, str) else dtype
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    nbytes = max(int(np.prod(shape, dtype=np.int64)) * itemsize, 1)
+    memory = dpm.MemoryUSMShared(nbytes, queue=devices.get_queue(device))
+    # frombuffer keeps `memory` alive for as long as the tensor (and its views) live.
+    flat = torch.frombuffer(memory, dtype=torch.uint8)
+    return flat[:int(np.prod(shape, dtype=np.int64)) * itemsize].view(dtype).view(shape)
+
+
+def zeros(shape, dtype=torch.float32, device=None):
+    """Like ``empty``, filled with zeros."""
+    t = empty(shape, dtype, device)
+    t.zero_()
+    return t
+
+
+def empty_like_output(x, shape, dtype_str):
+    """A new output tensor of the same kind (torch CPU/XPU, dpnp, dpctl) as ``x``."""
+    if isinstance(x, torch.Tensor):
+        if x.device.type == "xpu":
+            return torch.empty(shape, dtype=x.dtype, device=x.device)
+        return empty(shape, x.dtype)
+    usm = _as_usm_ndarray(x)
+    if usm is not None:
+        out = dpt.empty(shape, dtype=usm.dtype, sycl_queue=usm.sycl_queue)
+        if usm is not x:  # dpnp in, dpnp out
+            import dpnp
+            return dpnp.asarray(out)
+        return out
+    return empty(shape, _TORCH_DTYPES[dtype_str])
+
+
+def upload_int32(host_arrays, queue=None):
+    """Copy several int32 host arrays to the device in one transfer; their DeviceViews."""
+    queue = queue or devices.get_queue()
+    sizes = [len(a) for a in host_arrays]
+    packed = np.concatenate([np.asarray(a, dtype=np.int32) for a in host_arrays]
+                            + [np.zeros(1, np.int32)])  # never empty
+    arr = dpt.asarray(packed, device=queue)
+    base = _view_of_usm_ndarray(arr)
+    views, start = [], 0
+    for n in sizes:
+        views.append(DeviceView(base.address + 4 * start, (max(n, 0),), (1,), 4, arr))
+        start += n
+    return views

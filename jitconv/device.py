@@ -1,0 +1,87 @@
+"""Device selection: which SYCL device jitconv runs on, and one cached queue per device.
+
+Devices are named by dpctl filter strings ("opencl:cpu", "level_zero:gpu:0", ...).
+The default is the first Level Zero GPU if there is one, else the OpenCL CPU device.
+JITCONV_DEVICE overrides the default; ``set_device`` overrides both.
+
+One queue object per device, always the same: numba-dpex makes the queue part of a
+kernel's type, so a new SyclQueue object for the same device would force a recompile.
+dpctl's per-device cached queue is the one arrays made with ``device=...`` use too.
+"""
+
+import os
+
+from ._bootstrap import bootstrap
+
+bootstrap()
+
+import dpctl  # noqa: E402
+
+_current = None
+
+
+class DeviceNotFoundError(ValueError):
+    """A device filter string matched no usable SYCL device."""
+
+
+def _filter_string(device):
+    """The shortest filter string that names this device: backend:type:index."""
+    return device.filter_string
+
+
+def devices():
+    """Usable SYCL devices as dpctl filter strings, e.g. ['opencl:cpu:0']."""
+    return [_filter_string(d) for d in dpctl.get_devices()]
+
+
+def _resolve(filter_str):
+    if not isinstance(filter_str, str) or not filter_str.strip():
+        raise DeviceNotFoundError(
+            f"device must be a dpctl filter string such as 'opencl:cpu' or "
+            f"'level_zero:gpu', got {filter_str!r}; available: {devices()}")
+    try:
+        device = dpctl.SyclDevice(filter_str.strip())
+    except (dpctl.SyclDeviceCreationError, ValueError, TypeError) as exc:
+        raise DeviceNotFoundError(
+            f"no SYCL device matches {filter_str!r}; available: {devices() or 'none'}"
+            f" (check ONEAPI_DEVICE_SELECTOR / OCL_ICD_FILENAMES if this list is empty)"
+        ) from exc
+    return _filter_string(device)
+
+
+def default_device():
+    """JITCONV_DEVICE if set, else the first Level Zero GPU, else the OpenCL CPU device."""
+    env = os.environ.get("JITCONV_DEVICE")
+    if env:
+        return _resolve(env)
+    available = dpctl.get_devices()
+    for backend, dtype in (("level_zero", "gpu"), ("opencl", "cpu")):
+        for d in available:
+            if d.backend.name == backend and d.device_type.name == dtype:
+                return _filter_string(d)
+    if available:
+        return _filter_string(available[0])
+    raise DeviceNotFoundError(
+        "no SYCL device found; jitconv needs a Level Zero GPU or the Intel OpenCL CPU "
+        "runtime (pip package intel-opencl-rt)")
+
+
+def set_device(filter_str):
+    """Select the device for all later calls; returns its full filter string."""
+    global _current
+    _current = _resolve(filter_str)
+    return _current
+
+
+def get_device():
+    """The current device as a filter string (chosen on first use if none was set)."""
+    global _current
+    if _current is None:
+        _current = default_device()
+    return _current
+
+
+def get_queue(device=None):
+    """dpctl's cached queue of ``device`` (default: the current device)."""
+    filter_str = device or get_device()
+    return dpctl.get_device_cached_queue(dpctl.SyclDevice(filter_str))

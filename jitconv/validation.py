@@ -1,0 +1,150 @@
+"""Input checks shared by the public ops. Everything here runs on the host, before any
+launch, so a bad call never touches conv_state.
+
+Errors name the argument and say what was expected: TypeError for a wrong kind or dtype,
+ValueError for a wrong shape or value.
+"""
+
+import numpy as np
+import torch
+
+from . import bridge
+from .kernels import SUPPORTED_WIDTHS
+
+FLOAT_DTYPES = ("float32", "float16", "bfloat16")
+ACTIVATIONS = (None, "silu", "swish")
+
+
+def shape_of(t):
+    return tuple(int(s) for s in t.shape)
+
+
+def check_activation(activation):
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be 'silu', 'swish' or None, got {activation!r}")
+    return activation is not None
+
+
+def check_tensors(x, weight, bias, conv_state, out):
+    """Shapes, dtypes and devices of the data tensors. Returns (dim, width, dtype name)."""
+    if not hasattr(x, "shape") or not hasattr(x, "dtype"):
+        raise TypeError(f"x: expected a tensor, got {type(x).__name__}")
+    if len(x.shape) != 2:
+        raise ValueError(f"x: expected shape (num_tokens, dim), got {shape_of(x)}")
+    dtype = bridge.dtype_name(x)
+    if dtype not in FLOAT_DTYPES:
+        raise TypeError(f"x: dtype must be one of {FLOAT_DTYPES}, got {dtype}")
+    dim = shape_of(x)[1]
+
+    wshape = shape_of(weight)
+    if not (len(wshape) == 2 or (len(wshape) == 3 and wshape[1] == 1)) or wshape[0] != dim:
+        raise ValueError(f"weight: expected shape (dim, width) or (dim, 1, width) with "
+                         f"dim={dim}, got {wshape}")
+    width = wshape[-1]
+    if width not in SUPPORTED_WIDTHS:
+        raise ValueError(f"weight: width (last dimension) must be one of "
+                         f"{SUPPORTED_WIDTHS}, got {width}")
+    _same_dtype("weight", weight, dtype)
+    if bias is not None:
+        if shape_of(bias) != (dim,):
+            raise ValueError(f"bias: expected shape ({dim},) or None, got {shape_of(bias)}")
+        _same_dtype("bias", bias, dtype)
+
+    sshape = shape_of(conv_state)
+    if len(sshape) != 3 or sshape[1] != dim:
+        raise ValueError(f"conv_state: expected a view of shape (num_cache_lines, dim="
+                         f"{dim}, state_len) (pass a transposed view for (lines, state_len,"
+                         f" dim) storage), got {sshape}")
+    if sshape[2] < width - 1:
+        raise ValueError(f"conv_state: state_len (shape[2]) must be >= width - 1 = "
+                         f"{width - 1}, got {sshape[2]}")
+    _same_dtype("conv_state", conv_state, dtype)
+    _check_strides("conv_state", conv_state)
+
+    if out is not None:
+        if shape_of(out) != shape_of(x):
+            raise ValueError(f"out: expected shape {shape_of(x)} (same as x), "
+                             f"got {shape_of(out)}")
+        _same_dtype("out", out, dtype)
+        _check_strides("out", out)
+
+    where = bridge.device_of(x)
+    for name, t in (("weight", weight), ("bias", bias), ("conv_state", conv_state),
+                    ("out", out)):
+        if t is not None and bridge.device_of(t) != where:
+            raise ValueError(f"{name}: expected a tensor on the same device as x ({where}),"
+                             f" got one on {bridge.device_of(t)}")
+    return dim, width, dtype
+
+
+def _same_dtype(name, t, dtype):
+    got = bridge.dtype_name(t)
+    if got != dtype:
+        raise TypeError(f"{name}: dtype must match x ({dtype}), got {got}")
+
+
+def _check_strides(name, t):
+    strides = t.stride() if isinstance(t, torch.Tensor) else t.strides
+    if any(s < 0 for s in strides):
+        raise ValueError(f"{name}: negative strides are not supported, got {tuple(strides)}")
+
+
+def host_ints(t, name, ndim=1, allow_bool=False):
+    """Metadata as an int64 numpy array on the host (read from any device)."""
+    if isinstance(t, torch.Tensor):
+        if t.is_floating_point() or t.is_complex() or (t.dtype == torch.bool and not allow_bool):
+            raise TypeError(f"{name}: expected an integer tensor, got dtype {t.dtype}")
+        arr = t.detach().cpu().numpy()
+    else:
+        usm = bridge._as_usm_ndarray(t)
+        if usm is not None:
+            import dpctl.tensor as dpt
+            t = dpt.asnumpy(usm)
+        arr = np.asarray(t)
+        if arr.dtype == object or not (np.issubdtype(arr.dtype, np.integer)
+                                       or (allow_bool and arr.dtype == np.bool_)):
+            raise TypeError(f"{name}: expected integers, got dtype {arr.dtype}")
+    if arr.ndim != ndim:
+        raise ValueError(f"{name}: expected a {ndim}-D array, got shape {arr.shape}")
+    return arr.astype(np.int64)
+
+
+def check_query_start_loc(qsl, name, total):
+    """(P+1,) cumulative token counts: starts at 0, non-decreasing, ends at ``total``."""
+    if len(qsl) < 1:
+        raise ValueError(f"{name}: expected at least one element (0), got an empty array")
+    if qsl[0] != 0:
+        raise ValueError(f"{name}: must start at 0, got {qsl[0]}")
+    if np.any(np.diff(qsl) < 0):
+        bad = int(np.argmax(np.diff(qsl) < 0))
+        raise ValueError(f"{name}: must be non-decreasing, but {name}[{bad + 1}]="
+                         f"{qsl[bad + 1]} < {name}[{bad}]={qsl[bad]}")
+    if total is not None and qsl[-1] != total:
+        raise ValueError(f"{name}: last element must equal the token count {total}, "
+                         f"got {qsl[-1]}")
+
+
+def check_lines(lines, name, num_seqs, num_lines, pad_slot_id):
+    if len(lines) != num_seqs:
+        raise ValueError(f"{name}: expected {num_seqs} entries (one per sequence), "
+                         f"got {len(lines)}")
+    real = lines[lines != pad_slot_id]
+    bad = real[(real < 0) | (real >= num_lines)]
+    if len(bad):
+        raise ValueError(f"{name}: cache line {int(bad[0])} is out of range [0, "
+                         f"{num_lines}) and is not pad_slot_id={pad_slot_id}")
+
+
+def check_token_indx(rows, name, count, num_tokens):
+    if len(rows) != count:
+        raise ValueError(f"{name}: expected {count} entries (one per token), got {len(rows)}")
+    bad = rows[(rows < 0) | (rows >= num_tokens)]
+    if len(bad):
+        raise ValueError(f"{name}: row {int(bad[0])} is out of range [0, {num_tokens})")
+
+
+def check_unique(values, name, what):
+    uniq, counts = np.unique(values, return_counts=True)
+    if np.any(counts > 1):
+        raise ValueError(f"{name}: {what} {int(uniq[np.argmax(counts > 1)])} is used more "
+                         f"than once in one call")

@@ -1,0 +1,73 @@
+"""Shared test helpers: random inputs, state layouts, and the comparisons every kernel
+test makes (outputs against the float64 reference within the dtype's tolerance, states
+bit-exact)."""
+
+import numpy as np
+import torch
+
+import jitconv
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+# (rtol, atol) against the float64 reference: docs/SEMANTICS.md
+TOLERANCE = {torch.float32: (3e-4, 1e-3), torch.float16: (3e-3, 5e-3),
+             torch.bfloat16: (1e-2, 5e-2)}
+_BITS = {torch.float32: torch.int32, torch.float16: torch.int16, torch.bfloat16: torch.int16}
+POISON = float("nan")
+
+
+def randn(gen, shape, dtype, usm=False):
+    """Fresh random values (never zeros) in ``dtype``; in USM memory when ``usm``."""
+    values = torch.randn(shape, generator=gen, dtype=torch.float32).to(dtype)
+    if not usm:
+        return values
+    t = jitconv.empty(shape, dtype)
+    t.copy_(values)
+    return t
+
+
+def make_state(gen, lines, dim, state_len, dtype, layout, usm=False):
+    """conv_state viewed as (lines, dim, state_len). "SD" stores (lines, state_len, dim)
+    (vLLM's layout, channels contiguous) and returns the transposed view; "DS" stores
+    (lines, dim, state_len)."""
+    if layout == "SD":
+        return randn(gen, (lines, state_len, dim), dtype, usm).transpose(1, 2)
+    assert layout == "DS", layout
+    return randn(gen, (lines, dim, state_len), dtype, usm)
+
+
+def strided_rows(gen, num_tokens, dim, dtype, usm=False):
+    """x as the first ``dim`` channels of a wider projection: row stride > dim."""
+    wide = randn(gen, (num_tokens, dim + 24), dtype, usm)
+    return wide[:, 8:8 + dim]
+
+
+def poisoned(shape, dtype, usm=False):
+    t = jitconv.empty(shape, dtype) if usm else torch.empty(shape, dtype=dtype)
+    t.fill_(POISON)
+    return t
+
+
+def bits(t):
+    """The raw bit pattern of a float tensor (for bit-exact comparisons)."""
+    return t.detach().contiguous().view(_BITS[t.dtype]).clone()
+
+
+def assert_outputs_close(out, ref, dtype):
+    rtol, atol = TOLERANCE[dtype]
+    got = out.detach().to(torch.float64).cpu().numpy()
+    assert np.isfinite(got).all(), "some output rows were not written (poison left)"
+    np.testing.assert_allclose(got, ref, rtol=rtol, atol=atol)
+
+
+def assert_state_exact(state, ref_state):
+    """conv_state equals the reference bit for bit (new values are copies of inputs)."""
+    expected = torch.from_numpy(ref_state).to(state.dtype)
+    got, want = bits(state), bits(expected)
+    if not torch.equal(got, want):
+        diff = (got != want).nonzero()
+        raise AssertionError(f"conv_state differs from the reference at {diff.shape[0]} "
+                             f"places, first (line, channel, column) = {diff[0].tolist()}")
+
+
+def cumulative(lengths):
+    return torch.tensor(np.concatenate([[0], np.cumsum(lengths)]), dtype=torch.int32)

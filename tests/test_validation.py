@@ -1,0 +1,109 @@
+"""Every malformed call raises before any launch, names the argument, and leaves
+conv_state bit-identical."""
+
+import pytest
+import torch
+
+import jitconv
+
+from helpers import bits, cumulative, randn
+
+DIM, WIDTH, LINES, STATE_LEN = 32, 4, 5, 4
+
+
+def good_call():
+    gen = torch.Generator().manual_seed(0)
+    return dict(
+        x=randn(gen, (7, DIM), torch.float32),
+        weight=randn(gen, (DIM, WIDTH), torch.float32),
+        bias=randn(gen, (DIM,), torch.float32),
+        conv_state=randn(gen, (LINES, STATE_LEN, DIM), torch.float32).transpose(1, 2),
+        query_start_loc=cumulative([3, 1, 3]),
+        cache_indices=torch.tensor([0, 3, -1], dtype=torch.int32),
+        has_initial_state=torch.tensor([True, False, True]),
+    )
+
+
+def i32(*values):
+    return torch.tensor(values, dtype=torch.int32)
+
+
+BAD = {
+    # name: (changes to the good call, error type, text the message must contain)
+    "x rank": (dict(x=torch.randn(7, DIM, 1)), ValueError, "x: expected shape"),
+    "x dtype": (dict(x=torch.randn(7, DIM, dtype=torch.float64)), TypeError, "x: dtype"),
+    "x kind": (dict(x=[[1.0] * DIM] * 7), TypeError, "x: expected a torch tensor"),
+    "weight dim": (dict(weight=torch.randn(DIM + 1, WIDTH)), ValueError, "weight: expected"),
+    "weight rank": (dict(weight=torch.randn(DIM, 2, WIDTH)), ValueError, "weight: expected"),
+    "width 1": (dict(weight=torch.randn(DIM, 1)), ValueError, "weight: width"),
+    "width 9": (dict(weight=torch.randn(DIM, 9)), ValueError, "weight: width"),
+    "weight dtype": (dict(weight=torch.randn(DIM, WIDTH).half()), TypeError,
+                     "weight: dtype must match x"),
+    "bias shape": (dict(bias=torch.randn(DIM - 1)), ValueError, "bias: expected shape"),
+    "bias dtype": (dict(bias=torch.randn(DIM).bfloat16()), TypeError, "bias: dtype"),
+    "state rank": (dict(conv_state=torch.randn(LINES, DIM)), ValueError, "conv_state"),
+    "state dim": (dict(conv_state=torch.randn(LINES, DIM + 2, STATE_LEN)), ValueError,
+                  "conv_state: expected a view of shape"),
+    "state too short": (dict(conv_state=torch.randn(LINES, DIM, WIDTH - 2)), ValueError,
+                        "conv_state: state_len"),
+    "state dtype": (dict(conv_state=torch.randn(LINES, DIM, STATE_LEN).half()), TypeError,
+                    "conv_state: dtype must match x"),
+    "out shape": (dict(out=torch.empty(6, DIM)), ValueError, "out: expected shape"),
+    "out dtype": (dict(out=torch.empty(7, DIM).half()), TypeError, "out: dtype"),
+    "activation": (dict(activation="relu"), ValueError, "activation must be"),
+    "qsl float": (dict(query_start_loc=torch.tensor([0.0, 3.0, 4.0, 7.0])), TypeError,
+                  "query_start_loc: expected an integer"),
+    "qsl start": (dict(query_start_loc=i32(1, 3, 4, 7)), ValueError,
+                  "query_start_loc: must start at 0"),
+    "qsl decreasing": (dict(query_start_loc=i32(0, 4, 3, 7)), ValueError,
+                       "query_start_loc: must be non-decreasing"),
+    "qsl end": (dict(query_start_loc=i32(0, 3, 4, 6)), ValueError,
+                "query_start_loc: last element must equal the token count 7"),
+    "qsl rank": (dict(query_start_loc=i32(0, 3, 4, 7).reshape(2, 2)), ValueError,
+                 "query_start_loc: expected a 1-D"),
+    "lines count": (dict(cache_indices=i32(0, 3)), ValueError,
+                    "cache_indices: expected 3 entries"),
+    "line range": (dict(cache_indices=i32(0, LINES, -1)), ValueError,
+                   "cache_indices: cache line 5 is out of range"),
+    "line negative": (dict(cache_indices=i32(0, -2, -1)), ValueError,
+                      "cache_indices: cache line -2"),
+    "line twice": (dict(cache_indices=i32(2, 2, -1)), ValueError,
+                   "cache line 2 is used more than once"),
+    "lines float": (dict(cache_indices=torch.tensor([0.0, 1.0, 2.0])), TypeError,
+                    "cache_indices: expected an integer"),
+    "init count": (dict(has_initial_state=torch.tensor([True, False])), ValueError,
+                   "has_initial_state: expected 3 entries"),
+    "init float": (dict(has_initial_state=torch.tensor([1.0, 0.0, 1.0])), TypeError,
+                   "has_initial_state: expected an integer"),
+    "token map range": (dict(token_indx=i32(0, 1, 2, 3, 4, 5, 7)), ValueError,
+                        "token_indx: row 7 is out of range"),
+    "token map twice": (dict(token_indx=i32(0, 1, 2, 3, 4, 5, 5)), ValueError,
+                        "row 5 is used more than once"),
+    "token map count": (dict(token_indx=i32(0, 1, 2)), ValueError,
+                        "token_indx: expected 7 entries"),
+    "different devices": (dict(weight="dpctl"), ValueError, "same device as x"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_bad_input_raises_and_leaves_state(sycl_device, case):
+    changes, error, text = BAD[case]
+    call = good_call()
+    if changes.get("weight") == "dpctl":
+        import dpctl.tensor as dpt
+        changes = dict(weight=dpt.asarray(call["weight"].numpy(),
+                                          sycl_queue=jitconv.get_queue()))
+    call.update(changes)
+    before = bits(call["conv_state"]) if isinstance(call["conv_state"], torch.Tensor) \
+        and call["conv_state"].dtype == torch.float32 else None
+    with pytest.raises(error, match=text.replace("(", "\\(").replace(")", "\\)")):
+        jitconv.causal_conv1d_fn(**call)
+    if before is not None:
+        assert torch.equal(bits(call["conv_state"]), before)
+
+
+def test_good_call_passes(sycl_device):
+    """The baseline the bad cases start from is itself valid (so each case tests one fault)."""
+    call = good_call()
+    out = jitconv.causal_conv1d_fn(**call)
+    assert out.shape == (7, DIM)
