@@ -63,6 +63,8 @@ def causal_conv1d_reference(
     conv_state is viewed as (lines, dim, state_len): pass a transposed view for the
     (lines, state_len, dim) storage. Output rows that no sequence covers are zeros.
     """
+    if activation not in (None, "silu", "swish"):
+        raise ValueError(f"activation must be 'silu', 'swish' or None, got {activation!r}")
     x = as_float64(x)
     weight = as_float64(weight)
     weight = weight.reshape(weight.shape[0], weight.shape[-1])  # accept (dim, 1, W)
@@ -73,6 +75,17 @@ def causal_conv1d_reference(
     S = width - 1
     state_len = state.shape[2]
     out = np.zeros((num_tokens, dim))
+
+    def cache_line(line):
+        # Checked, not asserted: numpy would silently wrap a negative index.
+        if not 0 <= line < state.shape[0]:
+            raise ValueError(f"cache line {line} out of range and not pad_slot_id")
+        return state[line]
+
+    def window_start(a):
+        if a < 1:
+            raise ValueError(f"num_accepted_tokens must be >= 1, got {a}")
+        return a - 1
 
     qsl = as_int(non_spec_query_start_loc)
     n_ns = 0 if qsl is None else int(qsl[-1])
@@ -92,9 +105,10 @@ def causal_conv1d_reference(
             if line == pad_slot_id:
                 out[seq_rows] = 0.0
                 continue
-            o = 0 if accepted is None else int(accepted[i]) - 1
-            assert o + S <= state_len, "window beyond state_len"
-            st = state[line]
+            o = 0 if accepted is None else window_start(int(accepted[i]))
+            if o + S > state_len:
+                raise ValueError("window beyond state_len")
+            st = cache_line(line)
             window = st[:, o:o + S].copy() if init[i] else np.zeros((dim, S))
             y, u = conv_sequence(window, x[seq_rows], weight, bias, activation)
             out[seq_rows] = y
@@ -114,9 +128,10 @@ def causal_conv1d_reference(
                 out[seq_rows] = 0.0
                 continue
             n = len(seq_rows)
-            o = int(accepted[i]) - 1
-            assert o + S <= state_len and S - 1 + n <= state_len, "state_len too small"
-            st = state[line]
+            o = window_start(int(accepted[i]))
+            if o + S > state_len or S - 1 + n > state_len:
+                raise ValueError("state_len too small for this spec sequence")
+            st = cache_line(line)
             window = st[:, o:o + S].copy()
             y, u = conv_sequence(window, x[seq_rows], weight, bias, activation)
             out[seq_rows] = y

@@ -1,0 +1,393 @@
+"""Tests of the float64 reference itself (jitconv/reference.py) against SEMANTICS.md.
+
+Every kernel test trusts the reference, so the reference must be checked on its own.
+These tests run on the CPU with numpy/torch only. Expectations are computed
+independently: with torch.nn.functional.conv1d, by slicing the token stream by hand,
+or by driving the reference through a different path (sequential decodes, separate
+calls, another argument shape) than the one under test.
+
+Conventions: state arrays are (lines, dim, state_len); W = width, S = W - 1.
+"""
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from jitconv.reference import causal_conv1d_fn_reference, causal_conv1d_reference
+
+DIM = 6
+WIDTHS = [2, 3, 4, 5]
+EXACT = dict(rtol=1e-12, atol=1e-12)  # float64 vs float64: only summation order differs
+
+
+# ----------------------------------------------------------------------------- helpers
+
+def rng_for(*key):
+    """A generator seeded from the test parameters, so each case has its own data."""
+    return np.random.default_rng([int(k) for k in key])
+
+
+def rand(rng, *shape):
+    """Standard normal float64 values (never all zero, so 'untouched' checks mean something)."""
+    return rng.standard_normal(shape)
+
+
+def make_weights(rng, width, with_bias=True):
+    bias = rand(rng, DIM) if with_bias else None
+    return rand(rng, DIM, width), bias
+
+
+def start_loc(lengths):
+    """Cumulative token counts starting at 0, as int32 (vLLM's query_start_loc)."""
+    return np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+
+
+def i32(values):
+    return np.asarray(values, dtype=np.int32)
+
+
+def torch_causal_conv(window, xs, weight, bias, activation):
+    """Independent expectation with F.conv1d (depthwise, groups=dim).
+
+    window: (dim, S) inputs preceding the sequence, or None for left zero padding;
+    xs: (n, dim) tokens, n >= 1. Returns (n, dim).
+    """
+    width = weight.shape[1]
+    inp = torch.from_numpy(np.ascontiguousarray(xs.T))
+    if window is None:
+        inp = F.pad(inp, (width - 1, 0))
+    else:
+        inp = torch.cat([torch.from_numpy(np.ascontiguousarray(window)), inp], dim=1)
+    y = F.conv1d(inp[None], torch.from_numpy(weight)[:, None, :],
+                 None if bias is None else torch.from_numpy(bias), groups=weight.shape[0])
+    y = y[0].T
+    if activation is not None:
+        y = F.silu(y)
+    return y.numpy()
+
+
+def run_non_spec(x, weight, bias, state, lengths, lines, init=None, activation="silu", **kw):
+    """Reference over non-spec sequences only (prefill chunks / plain decodes)."""
+    return causal_conv1d_reference(
+        x, weight, bias, state, non_spec_query_start_loc=start_loc(lengths),
+        non_spec_state_indices=i32(lines),
+        has_initial_state=None if init is None else np.asarray(init, dtype=bool),
+        activation=activation, **kw)
+
+
+def run_spec(x, weight, bias, state, lengths, lines, accepted, activation="silu", **kw):
+    """Reference over spec verify sequences only."""
+    return causal_conv1d_reference(
+        x, weight, bias, state, spec_query_start_loc=start_loc(lengths),
+        spec_state_indices=i32(lines), num_accepted_tokens=i32(accepted),
+        activation=activation, **kw)
+
+
+def assert_lines_untouched(new_state, old_state, lines):
+    for line in lines:
+        np.testing.assert_array_equal(new_state[line], old_state[line],
+                                      err_msg=f"cache line {line} changed")
+
+
+# ------------------------------------------------- 1. single sequence vs F.conv1d
+
+@pytest.mark.parametrize("layout", ["DS", "SD"])
+@pytest.mark.parametrize("n", [1, 7])
+@pytest.mark.parametrize("has_initial_state", [True, False])
+@pytest.mark.parametrize("activation", ["silu", None])
+@pytest.mark.parametrize("with_bias", [True, False])
+@pytest.mark.parametrize("width", WIDTHS)
+def test_single_sequence_matches_torch_conv1d(width, with_bias, activation,
+                                              has_initial_state, n, layout):
+    rng = rng_for(1, width, with_bias, activation is None, has_initial_state, n,
+                  layout == "SD")
+    S = width - 1
+    state_len, lines, line = S + 3, 3, 1
+    weight, bias = make_weights(rng, width, with_bias)
+    x = rand(rng, n, DIM)
+    state0 = rand(rng, lines, DIM, state_len)
+    # vLLM's "SD" storage is (lines, state_len, dim), passed as a transposed view.
+    conv_state = (torch.from_numpy(state0.copy()) if layout == "DS"
+                  else torch.from_numpy(np.ascontiguousarray(state0.transpose(0, 2, 1)))
+                  .transpose(1, 2))
+
+    out, new_state = causal_conv1d_fn_reference(
+        x, weight, bias, conv_state, start_loc([n]), i32([line]),
+        has_initial_state=np.array([has_initial_state]), activation=activation)
+
+    window = state0[line, :, :S] if has_initial_state else np.zeros((DIM, S))
+    np.testing.assert_allclose(out, torch_causal_conv(window if has_initial_state else None,
+                                                      x, weight, bias, activation), **EXACT)
+    u = np.concatenate([window, x.T], axis=1)
+    np.testing.assert_array_equal(new_state[line, :, :S], u[:, -S:])
+    np.testing.assert_array_equal(new_state[line, :, S:], state0[line, :, S:])
+    assert_lines_untouched(new_state, state0, [0, 2])
+
+
+# ------------------------------------------------- 2. chunked prefill == one chunk
+
+@pytest.mark.parametrize("first_init", [True, False])
+@pytest.mark.parametrize("first_len", [0, 1, 2, 4, 7, 8, 9])
+@pytest.mark.parametrize("width", WIDTHS)
+def test_chunked_prefill_equals_single_chunk(width, first_len, first_init):
+    # Total 9 tokens: first chunks of 0 (empty), 1, 2 (shorter than S for wide kernels),
+    # and second chunks of 2 and 1 token (first_len 7, 8), plus the empty second chunk.
+    rng = rng_for(2, width, first_len, first_init)
+    total, line = 9, 2
+    weight, bias = make_weights(rng, width)
+    x = rand(rng, total, DIM)
+    state0 = rand(rng, 4, DIM, width + 2)
+
+    out_one, state_one = run_non_spec(x, weight, bias, state0, [total], [line], [first_init])
+
+    out_a, state_a = run_non_spec(x[:first_len], weight, bias, state0, [first_len], [line],
+                                  [first_init])
+    out_b, state_b = run_non_spec(x[first_len:], weight, bias, state_a, [total - first_len],
+                                  [line], [True])
+
+    np.testing.assert_allclose(np.concatenate([out_a, out_b]), out_one, **EXACT)
+    np.testing.assert_array_equal(state_b, state_one)
+    # Guard against a no-op reference making both sides agree trivially.
+    assert not np.array_equal(state_one[line], state0[line])
+
+
+# --------------------------------------- 3. spec rollback == sequential decoding
+
+def spec_cases():
+    return [(k, a) for k in range(1, 5) for a in range(1, k + 2)]
+
+
+@pytest.mark.parametrize("k,accepted", spec_cases())
+@pytest.mark.parametrize("width", WIDTHS)
+def test_spec_rollback_equals_sequential_decoding(width, k, accepted):
+    """SEMANTICS.md "Why the spec rule is right", step by step.
+
+    The line starts after a prefill/decode: st[:, 0:S] = [h1..hS]. Verify step 1 feeds
+    d1..dn (n = 1 + k) with num_accepted_tokens = 1 (the previous step was not spec), so
+    the line becomes [h2..hS, d1..dn]. The sampler accepts a tokens; verify step 2 feeds
+    e1..en with num_accepted_tokens = a. Its outputs must equal decoding d1..da one at a
+    time, then e1..en as a plain continuation.
+    """
+    rng = rng_for(3, width, k, accepted)
+    S, n, a = width - 1, 1 + k, accepted
+    extra = 3  # columns beyond any the spec steps write: must stay bit-identical
+    state_len, line = S - 1 + n + extra, 2
+    weight, bias = make_weights(rng, width)
+    h, d, e = rand(rng, S, DIM), rand(rng, n, DIM), rand(rng, n, DIM)
+    state0 = rand(rng, 4, DIM, state_len)
+    state0[line, :, :S] = h.T
+
+    # Verify step 1.
+    out1, state1 = run_spec(d, weight, bias, state0, [n], [line], [1])
+    np.testing.assert_allclose(out1, torch_causal_conv(h.T, d, weight, bias, "silu"), **EXACT)
+    np.testing.assert_array_equal(state1[line, :, :S - 1 + n],
+                                  np.concatenate([h[1:], d]).T)
+    np.testing.assert_array_equal(state1[line, :, S - 1 + n:], state0[line, :, S - 1 + n:])
+    assert_lines_untouched(state1, state0, [0, 1, 3])
+
+    # Verify step 2, rolled back to the a accepted tokens.
+    out2, state2 = run_spec(e, weight, bias, state1, [n], [line], [a])
+
+    # Sequential path: decode d1..da one by one, then e as one non-spec continuation.
+    seq_state, seq_outs = state0, []
+    for token in d[:a]:
+        y, seq_state = run_non_spec(token[None], weight, bias, seq_state, [1], [line], [True])
+        seq_outs.append(y)
+    out_seq, seq_state = run_non_spec(e, weight, bias, seq_state, [n], [line], [True])
+
+    np.testing.assert_allclose(np.concatenate(seq_outs), out1[:a], **EXACT)
+    np.testing.assert_allclose(out2, out_seq, **EXACT)
+    # And against the whole token stream with torch, independently of the reference.
+    stream = np.concatenate([h, d[:a], e])
+    np.testing.assert_allclose(
+        out2, torch_causal_conv(stream[a:a + S].T, e, weight, bias, "silu"), **EXACT)
+
+    # Step 2 leaves the newest S-1+n stream tokens; its last S are the sequential window.
+    np.testing.assert_array_equal(state2[line, :, :S - 1 + n], stream[-(S - 1 + n):].T)
+    np.testing.assert_array_equal(state2[line, :, n - 1:n - 1 + S], seq_state[line, :, :S])
+    np.testing.assert_array_equal(state2[line, :, S - 1 + n:], state0[line, :, S - 1 + n:])
+    assert_lines_untouched(state2, state0, [0, 1, 3])
+
+
+# ------------------------------------------- 4. mixed batch == spec + non-spec calls
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_mixed_batch_equals_separate_calls(width):
+    rng = rng_for(4, width)
+    S = width - 1
+    ns_len, ns_lines, ns_init = [5, 1, 3, 1, 2], [1, 4, 6, 0, 8], [True, True, False, True, True]
+    sp_len, sp_lines, sp_acc = [2, 4, 3, 1], [3, 7, 5, 9], [1, 3, 2, 1]
+    unused = [2]
+    n_ns, n_sp = sum(ns_len), sum(sp_len)
+    state_len = S - 1 + max(sp_len) + 1
+    weight, bias = make_weights(rng, width)
+    x = rand(rng, n_ns + n_sp, DIM)
+    state0 = rand(rng, 10, DIM, state_len)
+    # Shuffled token maps: spec and non-spec rows interleaved arbitrarily.
+    perm = rng.permutation(n_ns + n_sp)
+    ns_rows, sp_rows = perm[:n_ns], perm[n_ns:]
+
+    out, new_state = causal_conv1d_reference(
+        torch.from_numpy(x), torch.from_numpy(weight), torch.from_numpy(bias),
+        torch.from_numpy(state0.copy()),
+        non_spec_query_start_loc=torch.from_numpy(start_loc(ns_len)),
+        non_spec_state_indices=torch.tensor(ns_lines, dtype=torch.int32),
+        has_initial_state=torch.tensor(ns_init),
+        non_spec_token_indx=torch.from_numpy(i32(ns_rows)),
+        spec_query_start_loc=torch.from_numpy(start_loc(sp_len)),
+        spec_state_indices=torch.tensor(sp_lines, dtype=torch.int32),
+        spec_token_indx=torch.from_numpy(i32(sp_rows)),
+        num_accepted_tokens=torch.tensor(sp_acc, dtype=torch.int32))
+
+    # Separate calls on compact inputs in sequence order (default token maps).
+    out_ns, state_ns = run_non_spec(x[ns_rows], weight, bias, state0, ns_len, ns_lines, ns_init)
+    out_sp, state_sp = run_spec(x[sp_rows], weight, bias, state0, sp_len, sp_lines, sp_acc)
+
+    expected_out = np.empty_like(x)
+    expected_out[ns_rows], expected_out[sp_rows] = out_ns, out_sp
+    np.testing.assert_allclose(out, expected_out, **EXACT)
+    expected_state = state0.copy()
+    expected_state[ns_lines], expected_state[sp_lines] = state_ns[ns_lines], state_sp[sp_lines]
+    np.testing.assert_array_equal(new_state, expected_state)
+    assert_lines_untouched(new_state, state0, unused)
+    for line in ns_lines + sp_lines:  # guard against a no-op reference
+        assert not np.array_equal(new_state[line], state0[line])
+
+
+# -------------------------------------------- 5. padded sequences, uncovered rows
+
+@pytest.mark.parametrize("pad_slot_id", [None, 99999])  # None: the default, -1
+@pytest.mark.parametrize("width", WIDTHS)
+def test_padded_sequences_and_uncovered_rows(width, pad_slot_id):
+    rng = rng_for(5, width, 0 if pad_slot_id is None else pad_slot_id)
+    S = width - 1
+    pad = -1 if pad_slot_id is None else pad_slot_id
+    # With 4 lines, pad -1 would alias line 3 and 99999 is out of range if ever used.
+    ns_len, ns_lines = [3, 2, 1], [pad, 1, pad]
+    sp_len, sp_lines, sp_acc = [2, 3], [pad, 2], [3, 2]
+    n_ns, n_sp, n_uncovered = sum(ns_len), sum(sp_len), 3
+    weight, bias = make_weights(rng, width)
+    x = rand(rng, n_ns + n_sp + n_uncovered, DIM)
+    state0 = rand(rng, 4, DIM, S + 3)
+    perm = rng.permutation(len(x))
+    ns_rows, sp_rows, uncovered = perm[:n_ns], perm[n_ns:n_ns + n_sp], perm[n_ns + n_sp:]
+    kw = {} if pad_slot_id is None else dict(pad_slot_id=pad_slot_id)
+
+    out, new_state = causal_conv1d_reference(
+        x, weight, bias, state0.copy(),
+        non_spec_query_start_loc=start_loc(ns_len), non_spec_state_indices=i32(ns_lines),
+        non_spec_token_indx=i32(ns_rows),
+        spec_query_start_loc=start_loc(sp_len), spec_state_indices=i32(sp_lines),
+        spec_token_indx=i32(sp_rows), num_accepted_tokens=i32(sp_acc), **kw)
+
+    pad_rows = np.concatenate([ns_rows[0:3], ns_rows[5:6], sp_rows[0:2]])
+    np.testing.assert_array_equal(out[pad_rows], 0.0)
+    np.testing.assert_array_equal(out[uncovered], 0.0)
+    assert_lines_untouched(new_state, state0, [0, 3])
+    # The real sequences still run (window offset a-1 = 1 for the spec one).
+    np.testing.assert_allclose(out[ns_rows[3:5]], torch_causal_conv(
+        state0[1, :, :S], x[ns_rows[3:5]], weight, bias, "silu"), **EXACT)
+    np.testing.assert_allclose(out[sp_rows[2:5]], torch_causal_conv(
+        state0[2, :, 1:1 + S], x[sp_rows[2:5]], weight, bias, "silu"), **EXACT)
+
+
+# --------------------------------------------------- 6. 2-D spec_state_indices
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_spec_state_indices_2d_uses_column_0(width):
+    rng = rng_for(6, width)
+    S = width - 1
+    lengths, accepted = [3, 2], [2, 1]
+    lines_2d = [[1, 4, 5], [3, 6, 7]]  # columns 1.. name lines the conv must not touch
+    weight, bias = make_weights(rng, width)
+    x = rand(rng, sum(lengths), DIM)
+    state0 = rand(rng, 8, DIM, S - 1 + max(lengths) + 1)
+
+    out_2d, state_2d = run_spec(x, weight, bias, state0, lengths, lines_2d, accepted)
+    out_1d, state_1d = run_spec(x, weight, bias, state0, lengths, [1, 3], accepted)
+
+    np.testing.assert_array_equal(out_2d, out_1d)
+    np.testing.assert_array_equal(state_2d, state_1d)
+    assert_lines_untouched(state_2d, state0, [0, 2, 4, 5, 6, 7])
+    assert not np.array_equal(state_2d[1], state0[1])
+
+
+# ------------------------------------- 7. non_spec_num_accepted_tokens offset rule
+
+@pytest.mark.parametrize("n", [1, 3])
+@pytest.mark.parametrize("accepted", [1, 2, 3, 4])
+@pytest.mark.parametrize("width", WIDTHS)
+def test_non_spec_num_accepted_tokens_reads_offset_window(width, accepted, n):
+    """A non-spec sequence after a spec step with a accepted reads st[:, a-1:a-1+S].
+
+    The line holds what a verify step left, [h2..hS, d1..dk]; any values will do, so the
+    state is random and the expectation is sliced from it by hand.
+    """
+    rng = rng_for(7, width, accepted, n)
+    S, a, line = width - 1, accepted, 1
+    state_len = S + 3  # offset a-1 <= 3 keeps the window inside the line
+    weight, bias = make_weights(rng, width)
+    x = rand(rng, n, DIM)
+    state0 = rand(rng, 3, DIM, state_len)
+
+    out, new_state = causal_conv1d_fn_reference(
+        x, weight, bias, state0.copy(), start_loc([n]), i32([line]),
+        has_initial_state=np.array([True]), num_accepted_tokens=i32([a]))
+
+    window = state0[line, :, a - 1:a - 1 + S]
+    np.testing.assert_allclose(out, torch_causal_conv(window, x, weight, bias, "silu"),
+                               **EXACT)
+    u = np.concatenate([window, x.T], axis=1)
+    np.testing.assert_array_equal(new_state[line, :, :S], u[:, -S:])
+    np.testing.assert_array_equal(new_state[line, :, S:], state0[line, :, S:])
+    assert_lines_untouched(new_state, state0, [0, 2])
+
+    if n == 1:
+        # A one-token decode is what the spec rule gives for n = 1: same window, and
+        # st[:, 0:S-1+1] = u[:, 1:] is the same last-S update.
+        out_sp, state_sp = run_spec(x, weight, bias, state0, [1], [line], [a])
+        np.testing.assert_allclose(out, out_sp, **EXACT)
+        np.testing.assert_array_equal(new_state, state_sp)
+
+
+# ------------------------------------------------- 8. weight shaped (dim, 1, width)
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_weight_dim_1_width_equals_dim_width(width):
+    rng = rng_for(8, width)
+    S = width - 1
+    weight, bias = make_weights(rng, width)
+    x = rand(rng, 6, DIM)
+    state0 = rand(rng, 3, DIM, S + 2)
+    # One non-spec prefill (rows 0..3) and one spec sequence (rows 4..5).
+    kw = dict(non_spec_query_start_loc=start_loc([4]), non_spec_state_indices=i32([0]),
+              spec_query_start_loc=start_loc([2]), spec_state_indices=i32([2]),
+              num_accepted_tokens=i32([2]))
+
+    out_3d, state_3d = causal_conv1d_reference(
+        x, torch.from_numpy(weight)[:, None, :], bias, state0, **kw)
+    out_2d, state_2d = causal_conv1d_reference(x, weight, bias, state0, **kw)
+
+    np.testing.assert_array_equal(out_3d, out_2d)
+    np.testing.assert_array_equal(state_3d, state_2d)
+    np.testing.assert_allclose(out_3d[:4], torch_causal_conv(state0[0, :, :S], x[:4], weight,
+                                                             bias, "silu"), **EXACT)
+
+
+# ------------------------------------------------------- 9. "swish" == "silu"
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_swish_equals_silu(width):
+    rng = rng_for(9, width)
+    weight, bias = make_weights(rng, width)
+    x = rand(rng, 5, DIM)
+    state0 = rand(rng, 2, DIM, width + 1)
+
+    outs = {act: run_non_spec(x, weight, bias, state0, [5], [1], activation=act)[0]
+            for act in ("silu", "swish", None)}
+
+    np.testing.assert_array_equal(outs["swish"], outs["silu"])
+    # Both are z * sigmoid(z) of the un-activated output (torch's silu, independently).
+    np.testing.assert_allclose(outs["silu"], F.silu(torch.from_numpy(outs[None])).numpy(),
+                               **EXACT)
