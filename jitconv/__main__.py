@@ -1,4 +1,5 @@
-"""Command line: ``python -m jitconv demo`` (the main job) and ``python -m jitconv info``."""
+"""Command line: ``python -m jitconv demo`` (the main job: one verified mixed engine step)
+and ``python -m jitconv info`` (versions and devices)."""
 
 import argparse
 import os
@@ -35,86 +36,125 @@ def info(_args):
     return 0
 
 
-def _demo_batch(gen, dim, width, dtype):
-    """A non-spec engine step as vLLM schedules it with chunked prefill: a few prefill
-    chunks (two continue from cached state, one starts fresh), many single-token decodes,
-    and two padded slots. conv_state in vLLM's (lines, state_len, dim) storage."""
-    prefill = [640, 512, 256]
-    decodes = 24
-    lengths = prefill + [1] * decodes + [1, 1]  # the last two are pads
-    nseq = len(lengths)
-    num_lines = 64
-    lines = torch.randperm(num_lines, generator=gen)[:nseq].to(torch.int32)
-    lines[-2:] = -1
-    init = torch.ones(nseq, dtype=torch.bool)
+TOLERANCE = {torch.float32: (3e-4, 1e-3), torch.float16: (3e-3, 5e-3),
+             torch.bfloat16: (1e-2, 5e-2)}
+
+
+def _demo_step(gen, dim, width, dtype, mtp_k=3):
+    """One engine step of a hybrid model with MTP speculative decoding and chunked
+    prefill, as vLLM schedules it: prefill chunks (two continue from cached state, one
+    starts fresh), plain decodes, spec verify sequences of 1+k tokens, one padded slot of
+    each kind, token rows interleaved. conv_state in vLLM's (lines, state_len, dim)
+    storage with room for the spec window (state_len = width - 1 + k)."""
+    prefill, decodes, spec = [640, 512, 256], 24, 16
+    ns_lengths = prefill + [1] * decodes + [1]   # last: pad
+    sp_lengths = [1 + mtp_k] * (spec + 1)        # last: pad
+    n_ns, n_sp = sum(ns_lengths), sum(sp_lengths)
+    num_tokens = n_ns + n_sp
+    num_lines = 96
+    state_len = width - 1 + mtp_k
+    lines = torch.randperm(num_lines, generator=gen)[:len(ns_lengths) + len(sp_lengths)]
+    lines = lines.to(torch.int32)
+    ns_lines, sp_lines = lines[:len(ns_lengths)].clone(), lines[len(ns_lengths):].clone()
+    ns_lines[-1] = -1
+    sp_lines[-1] = -1
+    init = torch.ones(len(ns_lengths), dtype=torch.bool)
     init[2] = False  # a new request's first chunk
-    num_tokens = sum(lengths)
+    rows = torch.randperm(num_tokens, generator=gen).to(torch.int32)
 
     def usm_randn(*shape):
         t = jitconv.empty(shape, dtype)
         t.copy_(torch.randn(shape, generator=gen).to(dtype))
         return t
 
-    state_storage = usm_randn(num_lines, width - 1, dim)
-    return dict(
-        x=usm_randn(num_tokens, dim),
-        weight=usm_randn(dim, width),
-        bias=usm_randn(dim),
+    def cumulative(lengths):
+        return torch.tensor(np.concatenate([[0], np.cumsum(lengths)]), dtype=torch.int32)
+
+    state_storage = usm_randn(num_lines, state_len, dim)
+    step = dict(
+        x=usm_randn(num_tokens, dim), weight=usm_randn(dim, width), bias=usm_randn(dim),
         conv_state=state_storage.transpose(1, 2),
-        query_start_loc=torch.tensor(np.concatenate([[0], np.cumsum(lengths)]),
-                                     dtype=torch.int32),
-        cache_indices=lines,
-        has_initial_state=init,
-    ), prefill, decodes
+        non_spec_query_start_loc=cumulative(ns_lengths), non_spec_state_indices=ns_lines,
+        has_initial_state=init, non_spec_token_indx=rows[:n_ns],
+        spec_query_start_loc=cumulative(sp_lengths),
+        spec_state_indices=sp_lines[:, None].repeat(1, 1 + mtp_k),  # vLLM's (Q, 1+k)
+        spec_token_indx=rows[n_ns:],
+        num_accepted_tokens=torch.randint(1, mtp_k + 2, (len(sp_lengths),), generator=gen,
+                                          dtype=torch.int32))
+    summary = (f"{len(prefill)} prefill chunks {prefill} (2 continue from cached state, 1 "
+               f"fresh), {decodes} decodes, {spec} spec verify sequences of 1+{mtp_k} "
+               f"tokens (MTP), 1 padded slot of each kind; {num_tokens} tokens with spec "
+               f"and non-spec rows interleaved")
+    return step, summary
+
+
+def _bits(t):
+    return t.view(torch.int16) if t.element_size() == 2 else t.view(torch.int32)
 
 
 def demo(args):
     dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16,
              "float32": torch.float32}[args.dtype]
     gen = torch.Generator().manual_seed(args.seed)
-    case, prefill, decodes = _demo_batch(gen, args.dim, args.width, dtype)
-    num_tokens = case["x"].shape[0]
+    step, summary = _demo_step(gen, args.dim, args.width, dtype)
     print(f"device: {jitconv.get_device()}  (available: {jitconv.devices()})")
-    print(f"batch: {len(prefill)} prefill chunks {prefill} (2 continue from cached state, "
-          f"1 fresh), {decodes} decodes, 2 padded slots; {num_tokens} tokens, "
-          f"conv_dim {args.dim}, width {args.width}, {args.dtype}, SD state layout")
+    print(f"step: {summary}")
+    print(f"      conv_dim {args.dim}, width {args.width}, {args.dtype}, conv_state "
+          f"{tuple(step['conv_state'].shape)} viewed from (lines, state_len, dim) storage")
 
-    ref_out, ref_state = reference.causal_conv1d_fn_reference(**case)
-    out = jitconv.empty(tuple(case["x"].shape), dtype)
+    state_before = step["conv_state"].clone()
+    ref_out, ref_state = reference.causal_conv1d_reference(**step)
     jitconv.reset_copy_counts()
     t0 = time.perf_counter()
-    jitconv.causal_conv1d_fn(out=out, **case)
+    out = jitconv.causal_conv1d_mixed(**step)
     cold = time.perf_counter() - t0
 
-    rtol, atol = {torch.float32: (3e-4, 1e-3), torch.float16: (3e-3, 5e-3),
-                  torch.bfloat16: (1e-2, 5e-2)}[dtype]
+    rtol, atol = TOLERANCE[dtype]
     got = out.to(torch.float64).numpy()
     err = np.abs(got - ref_out)
     out_ok = bool(np.all(err <= atol + rtol * np.abs(ref_out)))
-    want_state = torch.from_numpy(ref_state).to(dtype)
-    state_ok = torch.equal(case["conv_state"].view(torch.int16) if dtype != torch.float32
-                           else case["conv_state"], want_state.view(torch.int16)
-                           if dtype != torch.float32 else want_state)
-    pads_ok = bool(np.all(got[-2:] == 0))
-    print(f"output: max |error| vs float64 reference = {err.max():.3g} "
-          f"(tolerance atol {atol} + rtol {rtol}·|ref|): {'OK' if out_ok else 'FAILED'}")
-    print(f"conv_state: {'bit-exact' if state_ok else 'MISMATCH'} vs reference "
-          f"({int((case['cache_indices'] >= 0).sum())} lines updated in place, "
-          f"pads and unused lines untouched); padded rows zero: {pads_ok}")
-    print(f"copies host<->device: {jitconv.copy_counts()} (USM tensors: zero-copy)")
+    state_ok = torch.equal(_bits(step["conv_state"]),
+                           _bits(torch.from_numpy(ref_state).to(dtype)))
+    print(f"one call, one kernel launch: max |error| vs float64 reference = {err.max():.3g}"
+          f" (tolerance {atol} + {rtol}*|ref|): {'OK' if out_ok else 'FAILED'}")
+    print(f"conv_state: {'bit-exact' if state_ok else 'MISMATCH'} vs reference (every line,"
+          f" including pads and unused lines); copies: {jitconv.copy_counts()}")
 
-    # Warm timing: the same step again (state keeps evolving; only the time matters here).
+    # The same step as two calls (non-spec part, then spec part) from the same state.
+    split_state = state_before.clone()
+    spec_keys = ("spec_query_start_loc", "spec_state_indices", "spec_token_indx",
+                 "num_accepted_tokens")
+    common = {k: step[k] for k in ("x", "weight", "bias")}
+    non_spec = {k: v for k, v in step.items() if k not in spec_keys and k not in common
+                and k != "conv_state"}
+    spec = {k: step[k] for k in spec_keys}
+    out_ns = jitconv.causal_conv1d_mixed(conv_state=split_state, **common, **non_spec)
+    out_sp = jitconv.causal_conv1d_mixed(conv_state=split_state, **common, **spec)
+    ns_rows = step["non_spec_token_indx"].long()
+    sp_rows = step["spec_token_indx"].long()
+    same = (torch.equal(_bits(out[ns_rows]), _bits(out_ns[ns_rows]))
+            and torch.equal(_bits(out[sp_rows]), _bits(out_sp[sp_rows]))
+            and torch.equal(_bits(split_state), _bits(step["conv_state"])))
+    print(f"same step as two calls (non-spec, then spec): outputs and states "
+          f"{'bit-identical' if same else 'DIFFER'}")
+
     reps = args.reps
-    t0 = time.perf_counter()
-    for _ in range(reps):
-        jitconv.causal_conv1d_fn(out=out, **case)
-    warm = (time.perf_counter() - t0) / reps
-    itemsize = out.element_size()
-    moved = 2 * num_tokens * args.dim * itemsize  # read x, write out (state is tiny)
-    print(f"time: first call {cold * 1e3:.1f} ms (includes JIT compile), warm "
-          f"{warm * 1e3:.2f} ms/call over {reps} calls = {moved / warm / 1e9:.2f} GB/s "
-          f"effective")
-    ok = out_ok and state_ok and pads_ok
+    timings = {}
+    for name, calls in (("one call", [step]),
+                        ("two calls", [dict(common, conv_state=split_state, **non_spec),
+                                       dict(common, conv_state=split_state, **spec)])):
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            for kwargs in calls:
+                jitconv.causal_conv1d_mixed(**kwargs)
+        timings[name] = (time.perf_counter() - t0) / reps
+    num_tokens = step["x"].shape[0]
+    moved = 2 * num_tokens * args.dim * out.element_size()  # read x, write out
+    print(f"time: first call {cold * 1e3:.0f} ms (includes JIT compile); warm one call "
+          f"{timings['one call'] * 1e3:.2f} ms ({moved / timings['one call'] / 1e9:.2f} "
+          f"GB/s effective), two calls {timings['two calls'] * 1e3:.2f} ms "
+          f"(mean of {reps}; the state keeps evolving, only time matters here)")
+    ok = out_ok and state_ok and same
     print("demo: VERIFIED" if ok else "demo: FAILED")
     return 0 if ok else 1
 
@@ -123,7 +163,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m jitconv")
     parser.add_argument("--device", help="dpctl filter string (default: jitconv's choice)")
     sub = parser.add_subparsers(dest="command", required=True)
-    d = sub.add_parser("demo", help="run and verify a realistic engine step")
+    d = sub.add_parser("demo", help="run and verify a realistic mixed engine step")
     d.add_argument("--dim", type=int, default=8192)
     d.add_argument("--width", type=int, default=4)
     d.add_argument("--dtype", default="bfloat16",

@@ -36,10 +36,13 @@ def _sequences(query_start_loc, state_indices, token_indx, names, geo, first_row
     if state_indices is None:
         raise ValueError(f"{names['lines']}: required when {names['qsl']} is given "
                          f"(one cache line per sequence)")
-    if lines_2d and len(getattr(state_indices, "shape", ())) == 2:
-        lines = validation.host_ints(state_indices, names["lines"], ndim=2)[:, 0]
-    else:
-        lines = validation.host_ints(state_indices, names["lines"])
+    ndim = len(getattr(state_indices, "shape", (0,)))
+    if lines_2d and ndim not in (1, 2):
+        raise ValueError(f"{names['lines']}: expected shape (num_seqs,) or (num_seqs, K), "
+                         f"got {tuple(state_indices.shape)}")
+    lines = validation.host_ints(state_indices, names["lines"], ndim=ndim if lines_2d else 1)
+    if lines.ndim == 2:
+        lines = lines[:, 0]  # (Q, K) block table: the conv uses column 0
     validation.check_lines(lines, names["lines"], nseq, geo.num_lines, geo.pad_slot_id)
     if token_indx is None:
         if whole_x and first_row + count != geo.num_tokens:
@@ -238,10 +241,12 @@ def causal_conv1d_update(x, weight, bias, conv_state, conv_state_indices,
     tensors, silu, dtype, geo = _prepare(x, weight, bias, conv_state, out, activation,
                                          pad_slot_id)
     if query_start_loc is None:
-        shape = getattr(conv_state_indices, "shape", None)
-        nseq = int(shape[0]) if shape is not None and len(shape) else len(
-            validation.host_ints(conv_state_indices, "conv_state_indices"))
-        query_start_loc = np.arange(nseq + 1)
+        lines = validation.host_ints(conv_state_indices, "conv_state_indices",
+                                     ndim=len(getattr(conv_state_indices, "shape", (0,))))
+        if token_indx is None and len(lines) != geo.num_tokens:
+            raise ValueError(f"conv_state_indices: expected {geo.num_tokens} entries (one "
+                             f"per row of x when query_start_loc is None), got {len(lines)}")
+        query_start_loc = np.arange(len(lines) + 1)
     names = {"qsl": "query_start_loc", "lines": "conv_state_indices",
              "rows": "token_indx", "accepted": "num_accepted_tokens"}
     if num_accepted_tokens is None:

@@ -107,3 +107,103 @@ def test_good_call_passes(sycl_device):
     call = good_call()
     out = jitconv.causal_conv1d_fn(**call)
     assert out.shape == (7, DIM)
+
+
+# --- causal_conv1d_mixed / causal_conv1d_update -------------------------------------
+# Good mixed step: 2 non-spec sequences (4 tokens) and 2 spec sequences of 2 and 3 tokens,
+# rows interleaved by the maps. A 3-token spec sequence at width 4 needs state_len >= 5.
+MIXED_STATE_LEN = 5
+
+
+def good_mixed():
+    gen = torch.Generator().manual_seed(1)
+    return dict(
+        x=randn(gen, (9, DIM), torch.float32),
+        weight=randn(gen, (DIM, WIDTH), torch.float32),
+        bias=None,
+        conv_state=randn(gen, (LINES, MIXED_STATE_LEN, DIM), torch.float32).transpose(1, 2),
+        non_spec_query_start_loc=cumulative([3, 1]),
+        non_spec_state_indices=i32(0, 1),
+        has_initial_state=torch.tensor([True, False]),
+        spec_query_start_loc=cumulative([2, 3]),
+        spec_state_indices=torch.tensor([[2, 9], [3, 9]], dtype=torch.int32),
+        num_accepted_tokens=i32(1, 2),
+        non_spec_token_indx=i32(8, 0, 2, 4),
+        spec_token_indx=i32(1, 3, 5, 6, 7),
+    )
+
+
+BAD_MIXED = {
+    "row in both maps": (dict(spec_token_indx=i32(1, 3, 5, 6, 8)), ValueError,
+                         "row 8 is used more than once"),
+    "line in both parts": (dict(spec_state_indices=i32(2, 1)), ValueError,
+                           "cache line 1 is used more than once"),
+    "accepted zero": (dict(num_accepted_tokens=i32(1, 0)), ValueError,
+                      "num_accepted_tokens: every entry must be >= 1"),
+    "window beyond state": (dict(num_accepted_tokens=i32(1, 4)), ValueError,
+                            "num_accepted_tokens: entry 1 = 4 puts the conv window beyond"),
+    "accepted count": (dict(num_accepted_tokens=i32(1)), ValueError,
+                       "num_accepted_tokens: expected 2 entries"),
+    "accepted missing": (dict(num_accepted_tokens=None), ValueError,
+                         "num_accepted_tokens: required for spec sequences"),
+    "spec too long": (dict(spec_query_start_loc=cumulative([1, 4]),
+                           spec_token_indx=i32(1, 3, 5, 6, 7)), ValueError,
+                      "state_len=5 is too small for spec sequence 1 with 4 tokens"),
+    "non-spec accepted": (dict(non_spec_num_accepted_tokens=i32(1, 4)), ValueError,
+                          "non_spec_num_accepted_tokens: entry 1 = 4"),
+    "orphan spec indices": (dict(spec_query_start_loc=None, spec_token_indx=None,
+                                 num_accepted_tokens=None), ValueError,
+                            "spec_state_indices: given without spec_query_start_loc"),
+    "orphan init": (dict(non_spec_query_start_loc=None, non_spec_state_indices=None,
+                         non_spec_token_indx=None), ValueError,
+                    "has_initial_state: given without non_spec_query_start_loc"),
+    "missing lines": (dict(non_spec_state_indices=None), ValueError,
+                      "non_spec_state_indices: required"),
+    "spec map count": (dict(spec_token_indx=i32(1, 3, 5)), ValueError,
+                       "spec_token_indx: expected 5 entries"),
+    "spec line range": (dict(spec_state_indices=i32(2, 7)), ValueError,
+                        "spec_state_indices: cache line 7 is out of range"),
+    "spec indices 3-D": (dict(spec_state_indices=torch.zeros(2, 1, 1, dtype=torch.int32)),
+                         ValueError, "spec_state_indices: expected shape (num_seqs,) or (num_seqs, K), got (2, 1, 1)"),
+    "pad id type": (dict(pad_slot_id=-1.0), TypeError, "pad_slot_id: expected an int"),
+    "no maps, not covering x": (dict(non_spec_token_indx=None, spec_token_indx=None,
+                                     spec_query_start_loc=cumulative([2, 2])), ValueError,
+                                "spec_query_start_loc: last element must equal the token "
+                                "count 5, got 4"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_MIXED))
+def test_bad_mixed_input_raises_and_leaves_state(sycl_device, case):
+    changes, error, text = BAD_MIXED[case]
+    call = good_mixed()
+    call.update(changes)
+    call = {k: v for k, v in call.items() if v is not None or k == "bias"}
+    before = bits(call["conv_state"])
+    with pytest.raises(error, match=text.replace("(", "\\(").replace(")", "\\)")):
+        jitconv.causal_conv1d_mixed(**call)
+    assert torch.equal(bits(call["conv_state"]), before)
+
+
+def test_good_mixed_call_passes(sycl_device):
+    out = jitconv.causal_conv1d_mixed(**good_mixed())
+    assert out.shape == (9, DIM)
+
+
+@pytest.mark.parametrize("changes,text", [
+    (dict(conv_state_indices=i32(0, 1, 2)), "conv_state_indices: expected 2 entries"),
+    (dict(num_accepted_tokens=i32(0, 1)), "num_accepted_tokens: every entry must be >= 1"),
+    (dict(query_start_loc=i32(0, 1, 3)), "query_start_loc: last element must equal"),
+    (dict(conv_state_indices=i32(1, 1)), "cache line 1 is used more than once"),
+])
+def test_bad_update_input(sycl_device, changes, text):
+    gen = torch.Generator().manual_seed(2)
+    call = dict(x=randn(gen, (2, DIM), torch.float32),
+                weight=randn(gen, (DIM, WIDTH), torch.float32), bias=None,
+                conv_state=randn(gen, (LINES, DIM, STATE_LEN), torch.float32),
+                conv_state_indices=i32(0, 1))
+    call.update(changes)
+    before = bits(call["conv_state"])
+    with pytest.raises(ValueError, match=text):
+        jitconv.causal_conv1d_update(**call)
+    assert torch.equal(bits(call["conv_state"]), before)

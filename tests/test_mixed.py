@@ -1,0 +1,273 @@
+"""causal_conv1d_mixed / causal_conv1d_update: prefill chunks, plain decodes and spec
+verify sequences in one invocation, against the float64 reference and the invariants of
+docs/SEMANTICS.md."""
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+
+import jitconv
+from jitconv import launching
+from jitconv.reference import causal_conv1d_reference
+
+from helpers import (DTYPES, assert_outputs_close, assert_state_exact, bits, cumulative,
+                     make_state, poisoned, randn, strided_rows)
+
+EXTRA_STATE_COLUMNS = 2
+EXTRA_LINES = 3
+
+
+def build_mixed(seed, *, dtype, width, dim, layout="SD", use_bias=True, pads=True,
+                shuffle=True, usm=False, non_spec=True, spec=True, spec_2d=True,
+                non_spec_accepted=False, strided=False):
+    """kwargs for one mixed step; the same names serve jitconv and the reference."""
+    gen = torch.Generator().manual_seed(seed)
+    rng = np.random.default_rng(seed)
+    S = width - 1
+    ns_lengths = list(rng.permutation([1, 2, S, 8, 129])) if non_spec else []
+    sp_lengths = list(rng.integers(1, 6, size=6)) if spec else []  # ragged 1 + (0..4)
+    state_len = max(S, S - 1 + max(sp_lengths, default=0)) + EXTRA_STATE_COLUMNS
+    nseq = len(ns_lengths) + len(sp_lengths)
+    num_lines = nseq + EXTRA_LINES
+    lines = rng.permutation(num_lines)[:nseq].astype(np.int32)
+    ns_lines, sp_lines = lines[:len(ns_lengths)].copy(), lines[len(ns_lengths):].copy()
+    if pads:
+        if non_spec:
+            ns_lines[rng.integers(len(ns_lines))] = -1
+        if spec:
+            sp_lines[rng.integers(len(sp_lines))] = -1
+    n_ns, n_sp = int(sum(ns_lengths)), int(sum(sp_lengths))
+    num_tokens = n_ns + n_sp
+    max_accept = state_len - S + 1  # window a-1 .. a-1+S must fit in state_len
+
+    case = dict(
+        x=(strided_rows(gen, num_tokens, dim, dtype, usm) if strided
+           else randn(gen, (num_tokens, dim), dtype, usm)),
+        weight=randn(gen, (dim, width), dtype, usm),
+        bias=randn(gen, (dim,), dtype, usm) if use_bias else None,
+        conv_state=make_state(gen, num_lines, dim, state_len, dtype, layout, usm),
+    )
+    rows = rng.permutation(num_tokens) if shuffle else np.arange(num_tokens)
+    if non_spec:
+        case.update(
+            non_spec_query_start_loc=cumulative(ns_lengths),
+            non_spec_state_indices=torch.from_numpy(ns_lines),
+            has_initial_state=torch.from_numpy(
+                rng.permutation([i % 2 == 0 for i in range(len(ns_lengths))])))
+        if shuffle:
+            case["non_spec_token_indx"] = torch.from_numpy(rows[:n_ns].astype(np.int32))
+        if non_spec_accepted:
+            case["non_spec_num_accepted_tokens"] = torch.from_numpy(
+                rng.integers(1, max_accept + 1, size=len(ns_lengths)).astype(np.int32))
+    if spec:
+        sp_idx = sp_lines[:, None]
+        if spec_2d:  # (Q, K): only column 0 is the conv's line
+            sp_idx = np.concatenate([sp_idx, rng.integers(0, 99, (len(sp_lines), 3))], 1)
+        case.update(
+            spec_query_start_loc=cumulative(sp_lengths),
+            spec_state_indices=torch.from_numpy(
+                (sp_idx if spec_2d else sp_lines).astype(np.int32)),
+            num_accepted_tokens=torch.from_numpy(
+                rng.integers(1, max_accept + 1, size=len(sp_lengths)).astype(np.int32)))
+        if shuffle:
+            case["spec_token_indx"] = torch.from_numpy(rows[n_ns:].astype(np.int32))
+    return case
+
+
+def used_lines(case):
+    lines = []
+    for key in ("non_spec_state_indices", "spec_state_indices"):
+        if key in case:
+            t = case[key]
+            lines += (t[:, 0] if t.dim() == 2 else t).tolist()
+    return [line for line in lines if line >= 0]
+
+
+def run_and_check(case, *, dtype, activation="silu", out=None):
+    before = bits(case["conv_state"])
+    ref_out, ref_state = causal_conv1d_reference(activation=activation, **case)
+    result = jitconv.causal_conv1d_mixed(activation=activation, out=out, **case)
+    if out is not None:
+        assert result is out
+    assert_outputs_close(result, ref_out, dtype)
+    assert_state_exact(case["conv_state"], ref_state)
+    unused = torch.ones(case["conv_state"].shape[0], dtype=torch.bool)
+    unused[used_lines(case)] = False
+    assert torch.equal(bits(case["conv_state"])[unused], before[unused])
+    return result
+
+
+GRID = list(itertools.product(
+    DTYPES, (2, 3, 4, 5), ("SD", "DS"), (False, True), (False, True),
+    (("silu", True), (None, False), ("silu", False), (None, True))))
+
+
+@pytest.mark.parametrize("dtype_name,width,layout,pads,shuffle,act_bias", GRID,
+                         ids=["-".join(str(v) for v in p[:5]) + f"-{p[5][0]}-bias{p[5][1]}"
+                              for p in GRID])
+def test_mixed_grid(sycl_device, dtype_name, width, layout, pads, shuffle, act_bias):
+    dtype = DTYPES[dtype_name]
+    activation, use_bias = act_bias
+    seed = GRID.index((dtype_name, width, layout, pads, shuffle, act_bias))
+    case = build_mixed(seed, dtype=dtype, width=width, dim=136, layout=layout,
+                       use_bias=use_bias, pads=pads, shuffle=shuffle,
+                       spec_2d=bool(seed % 2), strided=bool(seed % 3 == 0))
+    out = poisoned(tuple(case["x"].shape), dtype)
+    run_and_check(case, dtype=dtype, activation=activation, out=out)
+
+
+@pytest.mark.parametrize("dtype_name", list(DTYPES))
+@pytest.mark.parametrize("dim", [64, 2048])
+def test_mixed_other_dims_usm_zero_copy(sycl_device, dtype_name, dim):
+    dtype = DTYPES[dtype_name]
+    case = build_mixed(dim, dtype=dtype, width=4, dim=dim, usm=True)
+    jitconv.reset_copy_counts()
+    run_and_check(case, dtype=dtype)
+    assert jitconv.copy_counts() == {"to_device": 0, "from_device": 0}
+
+
+@pytest.mark.parametrize("dtype_name", list(DTYPES))
+def test_one_launch_for_the_whole_step(sycl_device, dtype_name):
+    case = build_mixed(3, dtype=DTYPES[dtype_name], width=4, dim=64)
+    jitconv.causal_conv1d_mixed(**case)  # compile outside the count
+    before = launching.stats["submitted"]
+    jitconv.causal_conv1d_mixed(**case)
+    assert launching.stats["submitted"] == before + 1
+
+
+@pytest.mark.parametrize("dtype_name", list(DTYPES))
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_mixed_equals_spec_call_plus_non_spec_call(sycl_device, dtype_name, shuffle):
+    """Same rows, same states, bit for bit: the single invocation changes nothing."""
+    dtype = DTYPES[dtype_name]
+    case = build_mixed(21, dtype=dtype, width=4, dim=136, shuffle=shuffle)
+    split_state = case["conv_state"].clone()
+    mixed = jitconv.causal_conv1d_mixed(**case)
+
+    spec_keys = ("spec_query_start_loc", "spec_state_indices", "spec_token_indx",
+                 "num_accepted_tokens")
+    common = dict(x=case["x"], weight=case["weight"], bias=case["bias"],
+                  conv_state=split_state)
+    non_spec_only = {k: v for k, v in case.items() if k.startswith("non_spec")
+                     or k == "has_initial_state"}
+    spec_only = {k: v for k, v in case.items() if k in spec_keys}
+    if not shuffle:  # without maps each call would cover x by itself: give explicit rows
+        n_ns = int(case["non_spec_query_start_loc"][-1])
+        non_spec_only["non_spec_token_indx"] = torch.arange(n_ns, dtype=torch.int32)
+        spec_only["spec_token_indx"] = torch.arange(n_ns, case["x"].shape[0],
+                                                    dtype=torch.int32)
+    out_ns = jitconv.causal_conv1d_mixed(**common, **non_spec_only)
+    out_sp = jitconv.causal_conv1d_mixed(**common, **spec_only)
+    ns_rows = non_spec_only["non_spec_token_indx"].long()
+    sp_rows = spec_only["spec_token_indx"].long()
+    assert torch.equal(bits(mixed[ns_rows]), bits(out_ns[ns_rows]))
+    assert torch.equal(bits(mixed[sp_rows]), bits(out_sp[sp_rows]))
+    assert torch.equal(bits(case["conv_state"]), bits(split_state))
+
+
+def _decode_one_by_one(x_rows, w, b, state, line):
+    outs = []
+    for row in x_rows:
+        outs.append(jitconv.causal_conv1d_update(row[None], w, b, state,
+                                                 torch.tensor([line], dtype=torch.int32)))
+    return torch.cat(outs)
+
+
+@pytest.mark.parametrize("width", [2, 4, 5])
+@pytest.mark.parametrize("k", [1, 3])
+def test_spec_steps_equal_sequential_decoding(sycl_device, width, k):
+    """Verify step with 1+k tokens, then the next step with a accepted == decoding the
+    accepted tokens one by one and continuing."""
+    gen = torch.Generator().manual_seed(100 * width + k)
+    dim, n = 72, 1 + k
+    S = width - 1
+    state_len = S - 1 + n + 1
+    w = randn(gen, (dim, width), torch.float32)
+    b = randn(gen, (dim,), torch.float32)
+    history = randn(gen, (1, dim, state_len), torch.float32)
+    drafts = randn(gen, (n, dim), torch.float32)
+    nxt = randn(gen, (n, dim), torch.float32)
+    line = torch.tensor([0], dtype=torch.int32)
+    for accepted in range(1, n + 1):
+        spec_state = history.clone()
+        jitconv.causal_conv1d_update(drafts, w, b, spec_state, line,
+                                     query_start_loc=cumulative([n]),
+                                     num_accepted_tokens=torch.tensor([1], dtype=torch.int32))
+        got = jitconv.causal_conv1d_update(
+            nxt, w, b, spec_state, line, query_start_loc=cumulative([n]),
+            num_accepted_tokens=torch.tensor([accepted], dtype=torch.int32))
+
+        seq_state = history.clone()
+        _decode_one_by_one(drafts[:accepted], w, b, seq_state, 0)
+        want = _decode_one_by_one(nxt, w, b, seq_state, 0)
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype_name", list(DTYPES))
+def test_non_spec_num_accepted_tokens(sycl_device, dtype_name):
+    """A prefill chunk / decode after a spec step that accepted a tokens reads its window
+    at column a-1 (the upstream kernels read column 0: stale window)."""
+    dtype = DTYPES[dtype_name]
+    case = build_mixed(31, dtype=dtype, width=4, dim=136, non_spec_accepted=True)
+    assert int(case["non_spec_num_accepted_tokens"].max()) > 1
+    run_and_check(case, dtype=dtype)
+
+
+@pytest.mark.parametrize("dtype_name", list(DTYPES))
+@pytest.mark.parametrize("width", [2, 3, 4, 5])
+def test_update_plain_decode(sycl_device, dtype_name, width):
+    """One token per sequence, no query_start_loc, pads, (Q, K) indices."""
+    dtype = DTYPES[dtype_name]
+    gen = torch.Generator().manual_seed(width)
+    dim, batch = 136, 9
+    x = randn(gen, (batch, dim), dtype)
+    w, b = randn(gen, (dim, width), dtype), randn(gen, (dim,), dtype)
+    state = make_state(gen, batch + 2, dim, width - 1 + 1, dtype, "SD")
+    lines = torch.randperm(batch + 2, generator=gen)[:batch].to(torch.int32)
+    lines[4] = -1
+    indices = torch.stack([lines, torch.zeros_like(lines)], 1)
+    ref_out, ref_state = causal_conv1d_reference(
+        x, w, b, state, non_spec_query_start_loc=cumulative([1] * batch),
+        non_spec_state_indices=lines)
+    out = poisoned((batch, dim), dtype)
+    jitconv.causal_conv1d_update(x, w, b, state, indices, out=out)
+    assert_outputs_close(out, ref_out, dtype)
+    assert_state_exact(state, ref_state)
+
+
+@pytest.mark.parametrize("dtype_name", list(DTYPES))
+@pytest.mark.parametrize("spec", [False, True])
+def test_update_varlen(sycl_device, dtype_name, spec):
+    """Several ragged tokens per sequence; spec rule when num_accepted_tokens is given."""
+    dtype = DTYPES[dtype_name]
+    case = build_mixed(41, dtype=dtype, width=4, dim=136, non_spec=False)
+    kwargs = dict(conv_state_indices=case["spec_state_indices"],
+                  query_start_loc=case["spec_query_start_loc"],
+                  token_indx=case["spec_token_indx"])
+    ref_kwargs = dict(spec_query_start_loc=case["spec_query_start_loc"],
+                      spec_state_indices=case["spec_state_indices"],
+                      spec_token_indx=case["spec_token_indx"])
+    if spec:
+        kwargs["num_accepted_tokens"] = case["num_accepted_tokens"]
+        ref_kwargs["num_accepted_tokens"] = case["num_accepted_tokens"]
+        ref_out, ref_state = causal_conv1d_reference(
+            case["x"], case["weight"], case["bias"], case["conv_state"], **ref_kwargs)
+    else:  # plain multi-token decode: the non-spec rule, continuing from the state
+        ref_out, ref_state = causal_conv1d_reference(
+            case["x"], case["weight"], case["bias"], case["conv_state"],
+            non_spec_query_start_loc=case["spec_query_start_loc"],
+            non_spec_state_indices=case["spec_state_indices"][:, 0],
+            non_spec_token_indx=case["spec_token_indx"])
+    out = jitconv.causal_conv1d_update(case["x"], case["weight"], case["bias"],
+                                       case["conv_state"], **kwargs)
+    assert_outputs_close(out, ref_out, dtype)
+    assert_state_exact(case["conv_state"], ref_state)
+
+
+def test_mixed_with_only_one_part(sycl_device):
+    for part in ("non_spec", "spec"):
+        case = build_mixed(51, dtype=torch.float32, width=4, dim=64,
+                           non_spec=part == "non_spec", spec=part == "spec")
+        run_and_check(case, dtype=torch.float32)
