@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .kernels import FLAG_INITIAL_STATE, FLAG_SPEC
+from .kernel_abi import FLAG_INITIAL_STATE, FLAG_SPEC
 
 DEFAULT_BLOCK_TOKENS = 16
 

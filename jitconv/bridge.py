@@ -245,6 +245,33 @@ def empty_like_output(x, shape, dtype_str):
     return empty(shape, _TORCH_DTYPES[dtype_str])
 
 
+def _strides(t):
+    if isinstance(t, torch.Tensor):
+        return t.stride()
+    return _as_usm_ndarray(t).strides
+
+
+def has_unit_channel_stride(t):
+    """True if the last dimension is contiguous (or has a single element)."""
+    return t.shape[-1] <= 1 or _strides(t)[-1] == 1
+
+
+def channels_contiguous(t):
+    """``t`` itself if its channels (last dimension) are contiguous, else a copy that is."""
+    if has_unit_channel_stride(t):
+        return t
+    if isinstance(t, torch.Tensor):
+        return t.contiguous()
+    return dpt.copy(_as_usm_ndarray(t), order="C")
+
+
+def flatten(view):
+    """A strided view as (flat 1-D view from its first element, its element strides):
+    the form every kernel array argument takes (see kernel_abi)."""
+    extent = 1 + sum((n - 1) * s for n, s in zip(view.shape, view.strides) if n > 0)
+    return view._replace(shape=(max(extent, 1),), strides=(1,)), tuple(view.strides)
+
+
 def upload_int32(host_arrays, queue=None):
     """Copy several int32 host arrays to the device in one transfer; their DeviceViews."""
     queue = queue or devices.get_queue()

@@ -4,9 +4,9 @@ No host logic lives here. The public ops (``ops.py``) validate inputs and build 
 per-sequence and per-block tables; ``launching.py`` compiles and submits.
 
 One kernel serves every kind of sequence (prefill chunk, plain decode, spec verify, pad).
-Its index space is (block, channel) flattened with the channel fastest, so neighbouring
-work-items touch neighbouring channels of one token row (contiguous memory, coalesced on a
-GPU). A block is up to B consecutive tokens of one sequence; long prefills are split into
+Its index space is 2-D: get_id(0) is the channel (the fastest-varying index), get_id(1)
+the block, so neighbouring work-items touch neighbouring channels of one token row
+(contiguous memory: vectorized on the OpenCL CPU device, coalesced on a GPU). A block is up to B consecutive tokens of one sequence; long prefills are split into
 many blocks, so they fill the device like many short sequences do.
 
 Per work-item: load the width-1 inputs before the block into a private window (from x, or
@@ -21,6 +21,7 @@ converted with LLVM bitcasts (see the intrinsics below). Accumulation is float32
 is rounded once to the output dtype.
 """
 
+import linecache
 import math
 
 import numpy as np
@@ -29,73 +30,38 @@ from numba import types
 from numba.core.extending import intrinsic
 
 import numba_dpex as dpex
-from numba_dpex import kernel_api as kapi
 
-# Storage kinds: how a tensor of the given torch dtype is passed to the kernel.
-STORAGE = {"float32": np.float32, "float16": np.int16, "bfloat16": np.int16}
-SUPPORTED_WIDTHS = (2, 3, 4, 5, 6, 7, 8)
-
-# seq_flags bits (built by ops.py)
-FLAG_INITIAL_STATE = 1
-FLAG_SPEC = 2
+from .kernel_abi import FLAG_INITIAL_STATE, FLAG_SPEC, STORAGE, SUPPORTED_WIDTHS
 
 
-@intrinsic
-def _bf16_bits_to_f32(typingctx, bits):
-    """bfloat16 bit pattern (int16) -> float32: the upper half of a float32."""
-    sig = types.float32(bits)
-
-    def codegen(context, builder, signature, args):
-        wide = builder.zext(args[0], ir.IntType(32))
-        return builder.bitcast(builder.shl(wide, ir.Constant(ir.IntType(32), 16)),
-                               ir.FloatType())
-
-    return sig, codegen
+_I16, _I32, _F16, _F32 = ir.IntType(16), ir.IntType(32), ir.HalfType(), ir.FloatType()
 
 
-@intrinsic
-def _f16_bits_to_f32(typingctx, bits):
-    """IEEE half bit pattern (int16) -> float32 (exact)."""
-    sig = types.float32(bits)
-
-    def codegen(context, builder, signature, args):
-        half = builder.bitcast(args[0], ir.HalfType())
-        return builder.fpext(half, ir.FloatType())
-
-    return sig, codegen
-
-
-@intrinsic
-def _f32_to_f16_bits(typingctx, value):
-    """float32 -> IEEE half bit pattern (int16), round to nearest even (LLVM fptrunc)."""
-    sig = types.int16(value)
-
-    def codegen(context, builder, signature, args):
-        half = builder.fptrunc(args[0], ir.HalfType())
-        return builder.bitcast(half, ir.IntType(16))
-
-    return sig, codegen
+def _llvm_unary(result_type, emit, doc):
+    """A numba intrinsic of one argument whose body is ``emit(builder, value)``: the
+    bit-level conversions numba-dpex has no typed operation for."""
+    @intrinsic
+    def op(typingctx, value):
+        def codegen(context, builder, signature, args):
+            return emit(builder, args[0])
+        return result_type(value), codegen
+    op.__doc__ = doc
+    return op
 
 
-@intrinsic
-def _f32_as_u32(typingctx, value):
-    sig = types.uint32(value)
-
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], ir.IntType(32))
-
-    return sig, codegen
-
-
-@intrinsic
-def _u32_low_i16(typingctx, value):
-    sig = types.int16(value)
-
-    def codegen(context, builder, signature, args):
-        return builder.trunc(args[0], ir.IntType(16))
-
-    return sig, codegen
-
+_bf16_bits_to_f32 = _llvm_unary(
+    types.float32, lambda b, v: b.bitcast(b.shl(b.zext(v, _I32), ir.Constant(_I32, 16)), _F32),
+    "bfloat16 bit pattern (int16) -> float32: the upper half of a float32.")
+_f16_bits_to_f32 = _llvm_unary(
+    types.float32, lambda b, v: b.fpext(b.bitcast(v, _F16), _F32),
+    "IEEE half bit pattern (int16) -> float32 (exact).")
+_f32_to_f16_bits = _llvm_unary(
+    types.int16, lambda b, v: b.bitcast(b.fptrunc(v, _F16), _I16),
+    "float32 -> IEEE half bit pattern (int16), round to nearest even (LLVM fptrunc).")
+_f32_as_u32 = _llvm_unary(types.uint32, lambda b, v: b.bitcast(v, _I32),
+                          "float32 -> its bit pattern.")
+_u32_low_i16 = _llvm_unary(types.int16, lambda b, v: b.trunc(v, _I16),
+                           "The low 16 bits of a uint32.")
 
 def _f32_to_bf16_bits(v):
     """float32 -> bfloat16 bit pattern, round to nearest even (as torch does); NaN stays NaN."""
@@ -119,89 +85,118 @@ _CONVERTERS = {
 }
 
 
+@dpex.device_func
+def _window_value(x, x_row_stride, c, state, state_at, rows, st0, p, initial, zero):
+    """The input at position p of the sequence: p >= 0 is a row of x; p < 0 reads the
+    cache line's window (flat index ``state_at``), or zero without initial state."""
+    if p >= 0:
+        return x[rows[st0 + p] * x_row_stride + c]
+    if initial:
+        return state[state_at]
+    return zero
+
+
+# The kernel body, written once; {…} parts are expanded per width so that the sliding
+# window and the taps live in scalar variables (registers): private arrays indexed in
+# loops were slower. Every array is flat (1-D) with explicit element strides: with 2-D
+# and 3-D strided numba arrays in a 2-D index space, the OpenCL CPU compiler produced
+# wrong loads here (channels 16..31 read the weights of channels 0..15).
+_TEMPLATE = """
+def {name}(item, x, x_row_stride, out, out_row_stride,
+           weight, weight_stride_c, weight_stride_k, bias, bias_stride,
+           state, state_stride_line, state_stride_c, state_stride_col, rows,
+           blk_seq, blk_tok, blk_len, seq_tok, seq_len, seq_line, seq_off, seq_flags,
+           has_bias, silu):
+    c = item.get_id(0)  # channel: the fastest index (contiguous memory)
+    b = item.get_id(1)  # block
+    s = blk_seq[b]
+    t0 = blk_tok[b]
+    nb = blk_len[b]
+    line = seq_line[s]
+    if line < 0:
+        # Padded sequence, or output rows no sequence covers: zeros, no state access.
+        for i in range(nb):
+            out[rows[t0 + i] * out_row_stride + c] = ZERO
+        return
+
+    st0 = seq_tok[s]
+    n = seq_len[s]
+    p0 = t0 - st0  # position of the block's first token in its sequence
+    off = seq_off[s]
+    initial = seq_flags[s] & FLAG_INITIAL_STATE
+    st = line * state_stride_line + c * state_stride_c  # this line and channel
+    sc = state_stride_col
+    # u = concat(window, x_seq); u0..u{S1} hold u[p0 .. p0+S-1] as raw values.
+{load_window}
+    if p0 == 0:
+        # Sole reader of this line's old window (per channel): write the new state.
+        # New state = u[q0:] from column 0: spec keeps all but the oldest column
+        # (S-1+n values), non-spec the last S.
+        q0 = n
+        if seq_flags[s] & FLAG_SPEC:
+            q0 = 1
+{store_window}
+        for q in range(max(q0, {S}), {S} + n):
+            state[st + (q - q0) * sc] = x[rows[st0 + q - {S}] * x_row_stride + c]
+
+{load_weights}
+    bias_c = F32_ZERO
+    if has_bias:
+        bias_c = load(bias[c * bias_stride])
+{window_to_float}
+    for i in range(nb):
+        r = rows[t0 + i]
+        xf = load(x[r * x_row_stride + c])
+        acc = bias_c + {taps}
+{shift}
+        if silu:
+            acc = acc / (ONE + math.exp(-acc))
+        out[r * out_row_stride + c] = store(acc)
+"""
+
+
+def kernel_source(width, name):
+    """The Python source of the conv kernel for one width (see _TEMPLATE)."""
+    S = width - 1
+    ind = " " * 4
+
+    def lines(fmt, count, depth=1):
+        return "\n".join(ind * depth + fmt.format(k=k, k1=k + 1) for k in range(count))
+
+    return _TEMPLATE.format(
+        name=name, S=S, S1=S - 1,
+        load_window=lines(f"u{{k}} = _window_value(x, x_row_stride, c, state, "
+                          f"st + (off + p0 + {{k}}) * sc, rows, st0, p0 - {S} + {{k}}, "
+                          f"initial, ZERO)", S),
+        store_window=lines("if q0 <= {k}:\n" + ind * 3 + "state[st + ({k} - q0) * sc] = u{k}",
+                           S, depth=2),
+        load_weights=lines("w{k} = load(weight[c * weight_stride_c + {k} * weight_stride_k])",
+                           width),
+        window_to_float=lines("f{k} = load(u{k})", S),
+        taps=" + ".join([f"w{k} * f{k}" for k in range(S)] + [f"w{S} * xf"]),
+        shift=lines("f{k} = f{k1}", S - 1, depth=2) + "\n" + ind * 2 + f"f{S - 1} = xf",
+    )
+
+
 def make_conv_kernel(width, dtype_name):
     """Build the mixed-batch causal-conv1d kernel for one (width, dtype) specialization.
 
-    ``width`` and the storage conversions are closure constants, so the tap loops have
-    fixed trip counts that the compiler unrolls. Returns a numba-dpex kernel with the
-    argument list documented in ``launching.CONV_ARGS``.
+    The width shapes the source (scalar registers for the window and the taps); the
+    storage conversions are globals of the generated function, so numba treats them as
+    compile-time constants. Returns a numba-dpex kernel with the argument list
+    ``kernel_abi.CONV_ARGS``.
     """
     if width not in SUPPORTED_WIDTHS:
         raise ValueError(f"width must be one of {SUPPORTED_WIDTHS}, got {width}")
-    S = width - 1
-    W = width
-    raw_t = STORAGE[dtype_name]
-    raw_zero = raw_t(0)
+    name = f"jitconv_conv_w{width}_{dtype_name}"
+    source = kernel_source(width, name)
+    filename = f"<jitconv kernel {name}>"
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
     load, store = _CONVERTERS[dtype_name]
-    one = np.float32(1.0)
-
-    def conv_kernel(item, x, out, weight, bias, state, rows,
-                    blk_seq, blk_tok, blk_len,
-                    seq_tok, seq_len, seq_line, seq_off, seq_flags,
-                    has_bias, silu):
-        dim = out.shape[1]
-        gid = item.get_id(0)
-        b = gid // dim
-        c = gid - b * dim
-        s = blk_seq[b]
-        t0 = blk_tok[b]
-        nb = blk_len[b]
-        line = seq_line[s]
-        if line < 0:
-            # Padded sequence, or output rows no sequence covers: zeros, no state access.
-            for i in range(nb):
-                out[rows[t0 + i], c] = raw_zero
-            return
-
-        st0 = seq_tok[s]
-        n = seq_len[s]
-        p0 = t0 - st0  # position of the block's first token inside its sequence
-        off = seq_off[s]
-        flags = seq_flags[s]
-
-        # u = concat(window, x_seq); win holds u[p0 .. p0+S-1] (raw values).
-        win = kapi.PrivateArray(shape=S, dtype=raw_t)
-        for k in range(S):
-            p = p0 - S + k
-            if p >= 0:
-                win[k] = x[rows[st0 + p], c]
-            elif flags & FLAG_INITIAL_STATE:
-                win[k] = state[line, c, off + S + p]
-            else:
-                win[k] = raw_zero
-
-        if p0 == 0:
-            # New state = u[q0:] written to columns 0.. : spec keeps all but the oldest
-            # column (S-1+n values), non-spec keeps the last S.
-            q0 = n
-            if flags & FLAG_SPEC:
-                q0 = 1
-            for q in range(q0, S + n):
-                if q < S:
-                    state[line, c, q - q0] = win[q]
-                else:
-                    state[line, c, q - q0] = x[rows[st0 + q - S], c]
-
-        w = kapi.PrivateArray(shape=W, dtype=np.float32)
-        for j in range(W):
-            w[j] = load(weight[c, j])
-        bias_c = np.float32(0.0)
-        if has_bias:
-            bias_c = load(bias[c])
-
-        for i in range(nb):
-            r = rows[t0 + i]
-            xv = x[r, c]
-            acc = bias_c + w[S] * load(xv)
-            for j in range(S):
-                acc += w[j] * load(win[j])
-            for j in range(S - 1):
-                win[j] = win[j + 1]
-            win[S - 1] = xv
-            if silu:
-                acc = acc / (one + math.exp(-acc))
-            out[r, c] = store(acc)
-
-    conv_kernel.__name__ = f"jitconv_conv_w{width}_{dtype_name}"
-    conv_kernel.__qualname__ = conv_kernel.__name__
-    return dpex.kernel(conv_kernel)
+    namespace = {
+        "math": math, "load": load, "store": store, "_window_value": _window_value,
+        "ZERO": STORAGE[dtype_name](0), "F32_ZERO": np.float32(0.0), "ONE": np.float32(1.0),
+        "FLAG_INITIAL_STATE": FLAG_INITIAL_STATE, "FLAG_SPEC": FLAG_SPEC,
+    }
+    exec(compile(source, filename, "exec"), namespace)
+    return dpex.kernel(namespace[name])

@@ -4,8 +4,9 @@ numba-dpex compiles each kernel specialization once to SPIR-V; dpctl builds that
 into a SYCL kernel for the device, and every launch is a plain ``SyclQueue.submit``. This
 avoids numba-dpex's per-call dispatch (~215 us per call on opencl:cpu, against ~20 us for a
 submit, measured on opencl:cpu) and compiles one specialization per (width, dtype) instead of
-one per combination of argument layouts: every array argument is typed as a strided
-("A" layout) array, so contiguous and strided tensors share one kernel.
+one per combination of argument layouts: the argument types are fixed by
+``kernel_abi.CONV_ARGS`` (x and out flat with a row stride, the rest strided "A" arrays),
+so contiguous and strided tensors share one kernel.
 
 A numba-dpex array argument is flattened into five kernel parameters (its device data
 model): nitems (int64), itemsize (int64), data pointer, shape[ndim] (int64) and
@@ -18,18 +19,8 @@ import threading
 import numpy as np
 
 from . import bridge
+from .kernel_abi import CONV_ARGS, STORAGE
 from . import device as devices
-
-# The argument list of kernels.make_conv_kernel, in order: (name, ndim, element type).
-# Element type "raw" means the storage type of the dtype being compiled.
-CONV_ARGS = (
-    ("x", 2, "raw"), ("out", 2, "raw"), ("weight", 2, "raw"), ("bias", 1, "raw"),
-    ("state", 3, "raw"), ("rows", 1, "int32"),
-    ("blk_seq", 1, "int32"), ("blk_tok", 1, "int32"), ("blk_len", 1, "int32"),
-    ("seq_tok", 1, "int32"), ("seq_len", 1, "int32"), ("seq_line", 1, "int32"),
-    ("seq_off", 1, "int32"), ("seq_flags", 1, "int32"),
-    ("has_bias", 0, "int64"), ("silu", 0, "int64"),
-)
 
 _lock = threading.Lock()
 _built = {}  # (device filter, width, dtype name) -> dpctl.program.SyclKernel
@@ -64,17 +55,15 @@ def _signature(width, dtype_name, queue):
     from numba_dpex.core.types import DpctlSyclQueue, USMNdArray
     from numba_dpex.core.types.kernel_api.index_space_ids import ItemType
 
-    from .kernels import STORAGE
-
     ntype = {"raw": getattr(types, np.dtype(STORAGE[dtype_name]).name),
              "int32": types.int32, "int64": types.int64}
     qtype = DpctlSyclQueue(queue)
-    args = [ItemType(1)]
-    for _name, ndim, elem in CONV_ARGS:
+    args = [ItemType(2)]
+    for _name, ndim, elem, layout in CONV_ARGS:
         if ndim == 0:
             args.append(ntype[elem])
         else:
-            args.append(USMNdArray(ndim, layout="A", dtype=ntype[elem], queue=qtype))
+            args.append(USMNdArray(ndim, layout=layout, dtype=ntype[elem], queue=qtype))
     return types.void(*args)
 
 
@@ -121,20 +110,21 @@ def _flatten(view, queue):
     return flat
 
 
-def launch_conv(width, dtype_name, args, global_size, device=None):
-    """Submit the conv kernel over ``global_size`` work-items and wait for it.
+def launch_conv(width, dtype_name, args, num_blocks, dim, device=None):
+    """Submit the conv kernel over (num_blocks, dim) work-items and wait for it.
 
     ``args`` maps the names of CONV_ARGS to ``bridge.DeviceView``s (ints for scalars), all
     in memory of the queue of ``device``.
     """
-    if global_size == 0:
+    if num_blocks == 0 or dim == 0:
         return
     device = device or devices.get_device()
     queue = devices.get_queue(device)
     kernel = get_conv_kernel(width, dtype_name, device)
     flat = []
-    for name, ndim, _elem in CONV_ARGS:
+    for name, ndim, _elem, _layout in CONV_ARGS:
         value = args[name]
         flat += [ctypes.c_int64(int(value))] if ndim == 0 else _flatten(value, queue)
-    queue.submit(kernel, flat, [int(global_size)]).wait()
+    # SYCL order (slowest first): the kernel's get_id(0) is the last, fastest dimension.
+    queue.submit(kernel, flat, [int(num_blocks), int(dim)]).wait()
     stats["submitted"] += 1

@@ -148,10 +148,12 @@ def execute(tensors, parts, *, silu, dtype, geo, row_names="token_indx",
 
     batch = build_batch(parts, geo.num_tokens)
     dim = validation.shape_of(x)[1]
-    # out may alias x: the kernel reads neighbouring rows of x, so compute into a
-    # separate buffer and copy (aliasing is rare; correctness over a saved copy).
+    # The kernel needs channels contiguous in x and out (see kernel_abi). out may also
+    # alias x, and the kernel reads neighbouring rows of x: then compute into a separate
+    # buffer and copy (both cases are rare; correctness over a saved copy).
+    x = bridge.channels_contiguous(x)
     target = out
-    if out is None or _overlaps(out, x):
+    if out is None or _overlaps(out, x) or not bridge.has_unit_channel_stride(out):
         target = bridge.empty_like_output(x, validation.shape_of(x), dtype)
     if dim == 0 or batch.num_blocks == 0:
         return _finish(out, target)
@@ -173,9 +175,16 @@ def execute(tensors, parts, *, silu, dtype, geo, row_names="token_indx",
     tables = bridge.upload_int32(batch.tables(), queue)
     args = dict(zip(("rows", "blk_seq", "blk_tok", "blk_len", "seq_tok", "seq_len",
                      "seq_line", "seq_off", "seq_flags"), tables))
-    args.update(x=views["x"], out=views["out"], weight=views["weight"], bias=views["bias"],
-                state=views["conv_state"], has_bias=int(bias is not None), silu=int(silu))
-    launching.launch_conv(geo.width, dtype, args, batch.num_blocks * dim)
+    flat = {name: bridge.flatten(view) for name, view in views.items()}
+    (x_rs, _), (out_rs, _) = flat["x"][1], flat["out"][1]
+    w_sc, w_sk = flat["weight"][1]
+    s_sl, s_sc, s_scol = flat["conv_state"][1]
+    args.update(x=flat["x"][0], x_row_stride=x_rs, out=flat["out"][0], out_row_stride=out_rs,
+                weight=flat["weight"][0], weight_stride_c=w_sc, weight_stride_k=w_sk,
+                bias=flat["bias"][0], bias_stride=flat["bias"][1][0],
+                state=flat["conv_state"][0], state_stride_line=s_sl, state_stride_c=s_sc,
+                state_stride_col=s_scol, has_bias=int(bias is not None), silu=int(silu))
+    launching.launch_conv(geo.width, dtype, args, batch.num_blocks, dim)
     for wb in write_backs:
         wb()
     return _finish(out, target)

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from . import bridge
-from .kernels import SUPPORTED_WIDTHS
+from .kernel_abi import SUPPORTED_WIDTHS
 
 FLOAT_DTYPES = ("float32", "float16", "bfloat16")
 ACTIVATIONS = (None, "silu", "swish")

@@ -1,0 +1,40 @@
+"""What the conv kernel expects, shared by the kernel source, the launcher and the host
+tables: supported widths, storage types, flag bits and the argument list.
+
+Kept free of numba / numba-dpex imports: launching prebuilt SPIR-V needs only this.
+"""
+
+import numpy as np
+
+SUPPORTED_WIDTHS = (2, 3, 4, 5, 6, 7, 8)
+
+# How a tensor of each dtype is passed to the kernel: fp16/bf16 have no numba-dpex array
+# type, so they travel as int16 bit patterns and are converted inside the kernel.
+STORAGE = {"float32": np.float32, "float16": np.int16, "bfloat16": np.int16}
+
+# seq_flags bits (built by batch.py)
+FLAG_INITIAL_STATE = 1
+FLAG_SPEC = 2
+
+# The conv kernel's arguments, in order: (name, ndim, element type, layout).
+# ndim 0 is a scalar. Element type "raw" is the storage type of the dtype being compiled.
+# Every array is passed flat (1-D, "C") with its element strides as scalars. x and out
+# need contiguous channels: consecutive work-items then touch consecutive addresses,
+# which the OpenCL CPU compiler vectorizes and a GPU coalesces (with a runtime channel
+# stride the same loads become gathers: 3-4x slower on opencl:cpu). Strided 2-D / 3-D
+# numba arrays in the 2-D index space were also miscompiled by the OpenCL CPU compiler
+# here (wrong channels read): flat arrays avoid that.
+CONV_ARGS = (
+    ("x", 1, "raw", "C"), ("x_row_stride", 0, "int64", None),
+    ("out", 1, "raw", "C"), ("out_row_stride", 0, "int64", None),
+    ("weight", 1, "raw", "C"), ("weight_stride_c", 0, "int64", None),
+    ("weight_stride_k", 0, "int64", None),
+    ("bias", 1, "raw", "C"), ("bias_stride", 0, "int64", None),
+    ("state", 1, "raw", "C"), ("state_stride_line", 0, "int64", None),
+    ("state_stride_c", 0, "int64", None), ("state_stride_col", 0, "int64", None),
+    ("rows", 1, "int32", "C"),
+    ("blk_seq", 1, "int32", "C"), ("blk_tok", 1, "int32", "C"), ("blk_len", 1, "int32", "C"),
+    ("seq_tok", 1, "int32", "C"), ("seq_len", 1, "int32", "C"), ("seq_line", 1, "int32", "C"),
+    ("seq_off", 1, "int32", "C"), ("seq_flags", 1, "int32", "C"),
+    ("has_bias", 0, "int64", None), ("silu", 0, "int64", None),
+)
