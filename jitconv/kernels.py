@@ -90,9 +90,9 @@ def _window_value(x, x_row_stride, c, state, state_at, rows, st0, p, initial, ze
     """The input at position p of the sequence: p >= 0 is a row of x; p < 0 reads the
     cache line's window (flat index ``state_at``), or zero without initial state."""
     if p >= 0:
-        return x[rows[st0 + p] * x_row_stride + c]
+        return x[np.uint64(rows[st0 + p] * x_row_stride + c)]
     if initial:
-        return state[state_at]
+        return state[np.uint64(state_at)]
     return zero
 
 
@@ -101,6 +101,8 @@ def _window_value(x, x_row_stride, c, state, state_at, rows, st0, p, initial, ze
 # loops were slower. Every array is flat (1-D) with explicit element strides: with 2-D
 # and 3-D strided numba arrays in a 2-D index space, the OpenCL CPU compiler produced
 # wrong loads here (channels 16..31 read the weights of channels 0..15).
+# Indices are cast to unsigned (U): for a signed index numba adds negative-index
+# wraparound, a per-lane select that turns contiguous loads into gathers (2x slower).
 _TEMPLATE = """
 def {name}(item, x, x_row_stride, out, out_row_stride,
            weight, weight_stride_c, weight_stride_k, bias, bias_stride,
@@ -116,7 +118,7 @@ def {name}(item, x, x_row_stride, out, out_row_stride,
     if line < 0:
         # Padded sequence, or output rows no sequence covers: zeros, no state access.
         for i in range(nb):
-            out[rows[t0 + i] * out_row_stride + c] = ZERO
+            out[U(rows[t0 + i] * out_row_stride + c)] = ZERO
         return
 
     st0 = seq_tok[s]
@@ -137,21 +139,21 @@ def {name}(item, x, x_row_stride, out, out_row_stride,
             q0 = 1
 {store_window}
         for q in range(max(q0, {S}), {S} + n):
-            state[st + (q - q0) * sc] = x[rows[st0 + q - {S}] * x_row_stride + c]
+            state[U(st + (q - q0) * sc)] = x[U(rows[st0 + q - {S}] * x_row_stride + c)]
 
 {load_weights}
     bias_c = F32_ZERO
     if has_bias:
-        bias_c = load(bias[c * bias_stride])
+        bias_c = load(bias[U(c * bias_stride)])
 {window_to_float}
     for i in range(nb):
         r = rows[t0 + i]
-        xf = load(x[r * x_row_stride + c])
+        xf = load(x[U(r * x_row_stride + c)])
         acc = bias_c + {taps}
 {shift}
         if silu:
             acc = acc / (ONE + math.exp(-acc))
-        out[r * out_row_stride + c] = store(acc)
+        out[U(r * out_row_stride + c)] = store(acc)
 """
 
 
@@ -168,9 +170,9 @@ def kernel_source(width, name):
         load_window=lines(f"u{{k}} = _window_value(x, x_row_stride, c, state, "
                           f"st + (off + p0 + {{k}}) * sc, rows, st0, p0 - {S} + {{k}}, "
                           f"initial, ZERO)", S),
-        store_window=lines("if q0 <= {k}:\n" + ind * 3 + "state[st + ({k} - q0) * sc] = u{k}",
+        store_window=lines("if q0 <= {k}:\n" + ind * 3 + "state[U(st + ({k} - q0) * sc)] = u{k}",
                            S, depth=2),
-        load_weights=lines("w{k} = load(weight[c * weight_stride_c + {k} * weight_stride_k])",
+        load_weights=lines("w{k} = load(weight[U(c * weight_stride_c + {k} * weight_stride_k)])",
                            width),
         window_to_float=lines("f{k} = load(u{k})", S),
         taps=" + ".join([f"w{k} * f{k}" for k in range(S)] + [f"w{S} * xf"]),
@@ -194,7 +196,7 @@ def make_conv_kernel(width, dtype_name):
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
     load, store = _CONVERTERS[dtype_name]
     namespace = {
-        "math": math, "load": load, "store": store, "_window_value": _window_value,
+        "U": np.uint64, "math": math, "load": load, "store": store, "_window_value": _window_value,
         "ZERO": STORAGE[dtype_name](0), "F32_ZERO": np.float32(0.0), "ONE": np.float32(1.0),
         "FLAG_INITIAL_STATE": FLAG_INITIAL_STATE, "FLAG_SPEC": FLAG_SPEC,
     }
