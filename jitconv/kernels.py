@@ -66,10 +66,11 @@ _u32_low_i16 = _llvm_unary(types.int16, lambda b, v: b.trunc(v, _I16),
 def _f32_to_bf16_bits(v):
     """float32 -> bfloat16 bit pattern, round to nearest even (as torch does); NaN stays NaN."""
     bits = _f32_as_u32(v)
-    if v != v:
-        return _u32_low_i16((bits >> np.uint32(16)) | np.uint32(0x40))
     rounding = np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))
-    return _u32_low_i16((bits + rounding) >> np.uint32(16))
+    rounded = (bits + rounding) >> np.uint32(16)
+    quiet_nan = (bits >> np.uint32(16)) | np.uint32(0x40)
+    # A select rather than an early return: no control flow per lane.
+    return _u32_low_i16(quiet_nan if v != v else rounded)
 
 
 @dpex.device_func

@@ -31,7 +31,8 @@ def as_int(a):
 
 
 def silu(z):
-    return z / (1.0 + np.exp(-z))
+    with np.errstate(over="ignore", invalid="ignore"):  # +-inf and NaN inputs are allowed
+        return z / (1.0 + np.exp(-z))
 
 
 def conv_sequence(window, xs, weight, bias, activation):

@@ -15,7 +15,8 @@ import torch
 import jitconv
 from jitconv.reference import causal_conv1d_fn_reference
 
-from helpers import (DTYPES, assert_outputs_close, assert_state_exact, bits, cumulative,
+from helpers import (DTYPES, TOLERANCE, assert_outputs_close, assert_state_exact, bits,
+                     cumulative,
                      make_state, poisoned, randn, strided_rows)
 
 EXTRA_STATE_COLUMNS = 3  # state_len = width - 1 + 3: the tail must stay bit-identical
@@ -247,3 +248,30 @@ def test_chunked_prefill_equals_one_call(sycl_device):
                                       torch.tensor([True]))
     torch.testing.assert_close(torch.cat([first, second]), whole, rtol=1e-6, atol=1e-6)
     assert torch.equal(bits(st_one), bits(st_two))
+
+
+@pytest.mark.parametrize("dtype_name", list(DTYPES))
+@pytest.mark.parametrize("activation", ["silu", None])
+def test_nan_and_inf_propagate_like_the_reference(sycl_device, dtype_name, activation):
+    """NaN stays NaN and infinities follow float semantics through the dtype conversion
+    (the bf16 rounding keeps NaN quiet instead of rounding it into infinity)."""
+    dtype = DTYPES[dtype_name]
+    gen = torch.Generator().manual_seed(15)
+    dim, width = 48, 4
+    x = randn(gen, (6, dim), dtype)
+    x[1, 3] = float("nan")
+    x[2, 7] = float("inf")
+    x[4, 9] = -float("inf")
+    case = dict(x=x, weight=randn(gen, (dim, width), dtype), bias=randn(gen, (dim,), dtype),
+                conv_state=make_state(gen, 2, dim, 3, dtype, "SD"),
+                query_start_loc=cumulative([6]),
+                cache_indices=torch.tensor([1], dtype=torch.int32))
+    ref_out, ref_state = causal_conv1d_fn_reference(activation=activation, **case)
+    out = jitconv.causal_conv1d_fn(activation=activation, **case)
+    got = out.to(torch.float64).numpy()
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(ref_out))
+    np.testing.assert_array_equal(np.isposinf(got), np.isposinf(ref_out))
+    finite = np.isfinite(ref_out)
+    rtol, atol = TOLERANCE[dtype]
+    np.testing.assert_allclose(got[finite], ref_out[finite], rtol=rtol, atol=atol)
+    assert_state_exact(case["conv_state"], ref_state)
