@@ -19,6 +19,7 @@ from . import reference  # noqa: E402
 
 __all__ = [
     "causal_conv1d_fn", "causal_conv1d_update", "causal_conv1d_mixed", "devices",
-    "get_device", "set_device", "get_queue", "empty", "zeros", "copy_counts", "reset_copy_counts", "set_allow_copies", "CopyRequiredError",
+    "get_device", "set_device", "get_queue", "empty", "zeros", "copy_counts",
+    "reset_copy_counts", "set_allow_copies", "CopyRequiredError",
     "DeviceNotFoundError", "SUPPORTED_WIDTHS", "reference",
 ]

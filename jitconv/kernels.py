@@ -6,10 +6,11 @@ per-sequence and per-block tables; ``launching.py`` compiles and submits.
 One kernel serves every kind of sequence (prefill chunk, plain decode, spec verify, pad).
 Its index space is 2-D: get_id(0) is the channel (the fastest-varying index), get_id(1)
 the block, so neighbouring work-items touch neighbouring channels of one token row
-(contiguous memory: vectorized on the OpenCL CPU device, coalesced on a GPU). A block is up to B consecutive tokens of one sequence; long prefills are split into
-many blocks, so they fill the device like many short sequences do.
+(contiguous memory: vectorized on the OpenCL CPU device, coalesced on a GPU). A block is
+up to B consecutive tokens of one sequence; long prefills are split into many blocks, so
+they fill the device like many short sequences do.
 
-Per work-item: load the width-1 inputs before the block into a private window (from x, or
+Per work-item: load the width-1 inputs before the block into registers (from x, or
 from the cache line, or zeros), then slide over the block's tokens. The work-item that owns
 the first block of a sequence (for its channel) is the only one that reads that sequence's
 old conv-state window, so it can also write the new state without racing anyone: it holds
