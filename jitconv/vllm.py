@@ -34,6 +34,13 @@ def _unsupported(**features):
                 f"arguments; pass None")
 
 
+def _to_state_dtype(conv_state, *tensors):
+    """vLLM's kernels compute in the conv cache's dtype (mamba_cache_dtype may differ from
+    the model's): x, weight and bias are converted to it, as the Triton ops do for x and
+    read weight/bias in any dtype. Weights are tiny; None stays None."""
+    return [None if t is None else t.to(conv_state.dtype) for t in tensors]
+
+
 def _lines(indices, batch, device):
     if indices is not None:
         return indices
@@ -56,7 +63,8 @@ def causal_conv1d_fn(x, weight, bias, conv_states, query_start_loc, cache_indice
                  initial_state_idx=initial_state_idx,
                  num_computed_tokens=num_computed_tokens)
     original_dtype = x.dtype
-    tokens = x.transpose(0, 1).to(conv_states.dtype)  # (cu_seqlen, dim), a view if same dtype
+    # (cu_seqlen, dim): a view when no conversion is needed
+    tokens, weight, bias = _to_state_dtype(conv_states, x.transpose(0, 1), weight, bias)
     batch = int(query_start_loc.shape[0]) - 1
     used = int(query_start_loc[-1])
     token_indx = None
@@ -83,7 +91,7 @@ def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None,
                  initial_state_idx=initial_state_idx,
                  retrieve_parent_token=retrieve_parent_token)
     original_dtype = x.dtype
-    x = x.to(conv_state.dtype)
+    x, weight, bias = _to_state_dtype(conv_state, x, weight, bias)
     activation = _activation(activation)
     if query_start_loc is not None:
         batch = int(query_start_loc.shape[0]) - 1
@@ -117,7 +125,8 @@ def gdn_conv_step(mixed_qkv, weight, bias, conv_state, attn_metadata, activation
     ``attn_metadata.num_actual_tokens`` are padding and come out zero); conv_state: the
     layer's conv cache viewed as (lines, conv_dim, state_len) (vLLM:
     ``self.kv_cache[...][0].transpose(-1, -2)``). Prefill chunks, plain decodes and spec
-    verify sequences are done in ONE launch. Returns (num_tokens, conv_dim).
+    verify sequences are done in ONE launch. Computes in conv_state's dtype like vLLM's
+    ops; returns (num_tokens, conv_dim) in mixed_qkv's dtype.
     """
     m = attn_metadata
     has_spec = getattr(m, "spec_query_start_loc", None) is not None
@@ -141,9 +150,12 @@ def gdn_conv_step(mixed_qkv, weight, bias, conv_state, attn_metadata, activation
         if actual != mixed_qkv.shape[0]:  # padded batch: map the real rows explicitly
             rows = torch.arange(actual, dtype=torch.int32)
             kwargs["spec_token_indx" if has_spec else "non_spec_token_indx"] = rows
-    return ops.causal_conv1d_mixed(mixed_qkv, weight, bias, conv_state,
-                                   activation=_activation(activation),
-                                   pad_slot_id=pad_slot_id, **kwargs)
+    original_dtype = mixed_qkv.dtype
+    mixed_qkv, weight, bias = _to_state_dtype(conv_state, mixed_qkv, weight, bias)
+    out = ops.causal_conv1d_mixed(mixed_qkv, weight, bias, conv_state,
+                                  activation=_activation(activation),
+                                  pad_slot_id=pad_slot_id, **kwargs)
+    return out.to(original_dtype)
 
 
 __all__ = ["causal_conv1d_fn", "causal_conv1d_update", "gdn_conv_step", "PAD_SLOT_ID"]
