@@ -159,6 +159,59 @@ def demo(args):
     return 0 if ok else 1
 
 
+def check(args):
+    """Run a small mixed step per (width, dtype) and compare with the float64 reference:
+    a quick "does this installation work" (used for the dpctl-only environment in CI)."""
+    from jitconv import kernel_cache, launching
+    failures = 0
+    for width in [int(w) for w in args.widths.split(",")]:
+        for name in args.dtypes.split(","):
+            dtype = getattr(torch, name)
+            step, _ = _demo_step(torch.Generator().manual_seed(width), args.dim, width, dtype)
+            ref_out, ref_state = reference.causal_conv1d_reference(**step)
+            out = jitconv.causal_conv1d_mixed(**step)
+            rtol, atol = TOLERANCE[dtype]
+            err = np.abs(out.to(torch.float64).numpy() - ref_out)
+            ok = bool(np.all(err <= atol + rtol * np.abs(ref_out))) and torch.equal(
+                _bits(step["conv_state"]), _bits(torch.from_numpy(ref_state).to(dtype)))
+            failures += not ok
+            print(f"  width {width} {name:9s} max error {err.max():.3g} "
+                  f"{'OK' if ok else 'FAILED'}", flush=True)
+    import dpctl
+    print(f"dpctl {dpctl.__version__}, device {jitconv.get_device()}, kernels: "
+          f"{launching.stats['cache_hits']} from the SPIR-V cache, "
+          f"{launching.stats['compiled']} compiled; numba-dpex imported: "
+          f"{'numba_dpex' in sys.modules}; ignored cache entries: {kernel_cache.rejected}")
+    if args.require_prebuilt and launching.stats["compiled"]:
+        print("check: FAILED (--require-prebuilt, but kernels were compiled)")
+        return 1
+    print("check: OK" if not failures else f"check: {failures} FAILED")
+    return 1 if failures else 0
+
+
+def build_kernels(args):
+    """Compile the standard specializations with numba-dpex and store their SPIR-V."""
+    from jitconv import kernel_cache, launching
+    if not launching.have_compiler():
+        print("build-kernels needs numba-dpex (pip install jitconv's pinned stack)")
+        return 2
+    target = kernel_cache.PREBUILT_DIR if args.ship else (
+        args.dir or kernel_cache.cache_dir())
+    queue = jitconv.get_queue()
+    widths = [int(w) for w in args.widths.split(",")]
+    dtypes = args.dtypes.split(",")
+    print(f"building {len(widths) * len(dtypes)} kernels into {target}")
+    for width in widths:
+        for dtype in dtypes:
+            t0 = time.perf_counter()
+            spirv, name = launching.compile_spirv(width, dtype, queue)
+            launching._program(queue, spirv, name)  # only store what builds
+            path = kernel_cache.store(width, dtype, spirv, name, directory=target)
+            print(f"  width {width} {dtype:9s} {len(spirv) / 1024:6.1f} KiB "
+                  f"{time.perf_counter() - t0:5.2f} s  {path.name}", flush=True)
+    return 0
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m jitconv")
     parser.add_argument("--device", help="dpctl filter string (default: jitconv's choice)")
@@ -171,10 +224,25 @@ def main(argv=None):
     d.add_argument("--reps", type=int, default=10)
     d.add_argument("--seed", type=int, default=0)
     sub.add_parser("info", help="versions and SYCL devices")
+    c = sub.add_parser("check", help="verify a small mixed step per width and dtype")
+    c.add_argument("--widths", default="2,3,4,5")
+    c.add_argument("--dtypes", default="float32,float16,bfloat16")
+    c.add_argument("--dim", type=int, default=256)
+    c.add_argument("--require-prebuilt", action="store_true",
+                   help="fail if any kernel had to be compiled (not found in the cache)")
+    b = sub.add_parser("build-kernels", help="precompile kernels to SPIR-V (persistent)")
+    where = b.add_mutually_exclusive_group()
+    where.add_argument("--dir", help="directory to write (default: the user cache, "
+                                     "$JITCONV_CACHE_DIR or ~/.cache/jitconv)")
+    where.add_argument("--ship", action="store_true",
+                       help="write into jitconv/prebuilt/ (ships with the package)")
+    b.add_argument("--widths", default="2,3,4,5")
+    b.add_argument("--dtypes", default="float32,float16,bfloat16")
     args = parser.parse_args(argv)
     if args.device:
         jitconv.set_device(args.device)
-    return {"demo": demo, "info": info}[args.command](args)
+    jobs = {"demo": demo, "info": info, "check": check, "build-kernels": build_kernels}
+    return jobs[args.command](args)
 
 
 if __name__ == "__main__":

@@ -1,12 +1,13 @@
 """Compile, cache and submit kernels.
 
-numba-dpex compiles each kernel specialization once to SPIR-V; dpctl builds that SPIR-V
-into a SYCL kernel for the device, and every launch is a plain ``SyclQueue.submit``. This
-avoids numba-dpex's per-call dispatch (~215 us per call on opencl:cpu, against ~20 us for a
-submit, measured on opencl:cpu) and compiles one specialization per (width, dtype) instead of
-one per combination of argument layouts: the argument types are fixed by
-``kernel_abi.CONV_ARGS`` (x and out flat with a row stride, the rest strided "A" arrays),
-so contiguous and strided tensors share one kernel.
+numba-dpex compiles each kernel specialization once to SPIR-V (kept on disk by
+``kernel_cache``); dpctl builds that SPIR-V into a SYCL kernel for the device, and every
+launch is a plain ``SyclQueue.submit``. This avoids numba-dpex's per-call dispatch (~215 us
+per call on opencl:cpu, against ~20 us for a submit) and compiles one specialization per
+(width, dtype) instead of one per combination of argument layouts: the argument types are
+fixed by ``kernel_abi.CONV_ARGS`` (flat arrays with explicit strides), so contiguous and
+strided tensors share one kernel. With a warm cache numba and numba-dpex are never
+imported.
 
 A numba-dpex array argument is flattened into five kernel parameters (its device data
 model): nitems (int64), itemsize (int64), data pointer, shape[ndim] (int64) and
@@ -18,14 +19,14 @@ import threading
 
 import numpy as np
 
-from . import bridge
+from . import bridge, kernel_cache
 from .kernel_abi import CONV_ARGS, STORAGE
 from . import device as devices
 
 _lock = threading.Lock()
 _built = {}  # (device filter, width, dtype name) -> dpctl.program.SyclKernel
 _numba_ready = False
-stats = {"compiled": 0, "built": 0, "submitted": 0}
+stats = {"compiled": 0, "built": 0, "cache_hits": 0, "submitted": 0}
 
 
 def _prepare_numba_dpex():
@@ -82,10 +83,53 @@ def compile_spirv(width, dtype_name, queue):
     return module.kernel_bitcode, module.kernel_name
 
 
-def get_conv_kernel(width, dtype_name, device=None):
-    """The built SYCL kernel for (device, width, dtype); compiled on first use."""
-    import dpctl.program as dpp
+class KernelUnavailableError(RuntimeError):
+    """No usable SPIR-V for a specialization, and numba-dpex is not there to compile it."""
 
+
+def have_compiler():
+    import importlib.util
+    return importlib.util.find_spec("numba_dpex") is not None
+
+
+def _program(queue, spirv, name):
+    import dpctl.program as dpp
+    kernel = dpp.create_program_from_spirv(queue, spirv).get_sycl_kernel(name)
+    stats["built"] += 1
+    return kernel
+
+
+def _build(width, dtype_name, device):
+    """Disk cache first (no numba-dpex import at all), else compile and store."""
+    queue = devices.get_queue(device)
+    entry = kernel_cache.load(width, dtype_name)
+    if entry is not None:
+        spirv, name, path = entry
+        try:
+            kernel = _program(queue, spirv, name)
+            stats["cache_hits"] += 1
+            return kernel
+        except Exception as exc:  # dpctl could not build it for this device
+            kernel_cache.rejected.append((str(path), f"build failed: {exc}"))
+    if not have_compiler():
+        raise KernelUnavailableError(
+            f"no usable prebuilt kernel for width={width}, dtype={dtype_name} in "
+            f"{[str(d) for d in kernel_cache.search_dirs()]} and numba-dpex is not "
+            f"installed to compile one; run `python -m jitconv build-kernels` where "
+            f"numba-dpex is installed and point JITCONV_CACHE_DIR at the result"
+            + (f" (ignored: {kernel_cache.rejected})" if kernel_cache.rejected else ""))
+    spirv, name = compile_spirv(width, dtype_name, queue)
+    kernel = _program(queue, spirv, name)  # store only what builds
+    try:
+        kernel_cache.store(width, dtype_name, spirv, name)
+    except OSError as exc:  # e.g. a read-only home: still usable, just not cached
+        kernel_cache.rejected.append((str(kernel_cache.cache_dir()), f"not writable: {exc}"))
+    return kernel
+
+
+def get_conv_kernel(width, dtype_name, device=None):
+    """The built SYCL kernel for (device, width, dtype): from this process's table, the
+    disk cache, or a fresh numba-dpex compile, in that order."""
     device = device or devices.get_device()
     key = (device, width, dtype_name)
     kernel = _built.get(key)
@@ -93,11 +137,7 @@ def get_conv_kernel(width, dtype_name, device=None):
         with _lock:
             kernel = _built.get(key)
             if kernel is None:
-                queue = devices.get_queue(device)
-                spirv, name = compile_spirv(width, dtype_name, queue)
-                kernel = dpp.create_program_from_spirv(queue, spirv).get_sycl_kernel(name)
-                stats["built"] += 1
-                _built[key] = kernel
+                kernel = _built[key] = _build(width, dtype_name, device)
     return kernel
 
 

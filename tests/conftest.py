@@ -9,8 +9,16 @@ not look green.
 """
 
 import os
+import tempfile
 
 import pytest
+
+
+def pytest_configure(config):
+    # Hermetic kernel cache: a session starts cold (so the compile path runs) unless the
+    # user points JITCONV_CACHE_DIR somewhere on purpose.
+    if "JITCONV_CACHE_DIR" not in os.environ:
+        os.environ["JITCONV_CACHE_DIR"] = tempfile.mkdtemp(prefix="jitconv-test-cache-")
 
 
 def pytest_addoption(parser):

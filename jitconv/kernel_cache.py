@@ -1,0 +1,133 @@
+"""Persistent SPIR-V cache: compile a kernel specialization once per machine, not once
+per process.
+
+numba-dpex has no on-disk cache, and a first compile costs 1-3 s (numba typing,
+llvm-spirv, OpenCL build). SPIR-V is portable, so jitconv keeps what numba-dpex produced
+on disk, with the argument layout it expects, and later processes launch it through dpctl
+alone: they import neither numba nor numba-dpex. The same files can ship with the package
+(``python -m jitconv build-kernels --ship``), which is what lets jitconv run with dpctl
+only (e.g. beside torch XPU, whose SYCL runtime numba-dpex 0.23 cannot share).
+
+Where entries are looked up, in order:
+1. ``$JITCONV_CACHE_DIR`` if set, else ``$XDG_CACHE_HOME/jitconv`` (``~/.cache/jitconv``):
+   read and written;
+2. ``jitconv/prebuilt/`` inside the package: read only.
+
+An entry is ``<key>.spv`` (the SPIR-V) plus ``<key>.json`` (kernel name, argument
+layout, SHA-256 of the SPIR-V, and the versions that produced it). The key hashes
+everything that changes the code: the kernel source files, jitconv's version, the ABI,
+the width and the dtype. An entry whose metadata does not parse, whose checksum or ABI
+does not match, or (when numba-dpex is installed) that another numba-dpex version
+produced, is stale: it is ignored and rebuilt, never trusted.
+"""
+
+import hashlib
+import json
+import os
+import tempfile
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+from .kernel_abi import CONV_ARGS
+
+_PACKAGE_DIR = Path(__file__).resolve().parent
+PREBUILT_DIR = _PACKAGE_DIR / "prebuilt"
+FORMAT = 1  # bump when the entry format changes
+
+
+def cache_dir():
+    """The writable cache directory (created on first write)."""
+    env = os.environ.get("JITCONV_CACHE_DIR")
+    if env:
+        return Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "jitconv"
+
+
+def search_dirs():
+    return [cache_dir(), PREBUILT_DIR]
+
+
+def _dist_version(name):
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return None
+
+
+def compiler_versions():
+    """Versions of the toolchain that would compile a missing kernel (None if absent)."""
+    return {"numba-dpex": _dist_version("numba-dpex"), "numba": _dist_version("numba")}
+
+
+def _abi():
+    return [list(a) for a in CONV_ARGS]
+
+
+def key(width, dtype_name):
+    """Hash of everything that changes the generated code."""
+    from . import __version__
+    h = hashlib.sha256()
+    for name in ("kernels.py", "kernel_abi.py"):
+        h.update((_PACKAGE_DIR / name).read_bytes())
+    h.update(json.dumps([FORMAT, __version__, _abi(), width, dtype_name]).encode())
+    return f"conv_w{width}_{dtype_name}_{h.hexdigest()[:20]}"
+
+
+
+rejected = []  # (path, reason) of entries ignored in this process
+
+
+def load(width, dtype_name):
+    """(spirv bytes, kernel name, path) of a valid entry, or None. Stale entries are
+    recorded in ``rejected`` and ignored."""
+    k = key(width, dtype_name)
+    installed = compiler_versions()["numba-dpex"]
+    for directory in search_dirs():
+        meta_path, spv_path = directory / f"{k}.json", directory / f"{k}.spv"
+        if not meta_path.exists():
+            continue
+        problem = None
+        try:
+            meta = json.loads(meta_path.read_text())
+            spirv = spv_path.read_bytes()
+            if meta.get("format") != FORMAT or meta.get("abi") != _abi():
+                problem = "format or argument layout differs"
+            elif hashlib.sha256(spirv).hexdigest() != meta.get("sha256"):
+                problem = "checksum mismatch (corrupt SPIR-V)"
+            elif installed and meta.get("numba-dpex") != installed:
+                problem = (f"built by numba-dpex {meta.get('numba-dpex')}, "
+                           f"{installed} is installed")
+        except (OSError, ValueError, AttributeError) as exc:
+            problem = f"unreadable ({exc})"
+        if problem:
+            rejected.append((str(meta_path), problem))
+            continue
+        return spirv, meta["kernel_name"], spv_path
+    return None
+
+
+
+def store(width, dtype_name, spirv, kernel_name, directory=None):
+    """Write an entry atomically (a concurrent reader sees the old state or the new one,
+    never half a file). Returns the path of the SPIR-V file."""
+    directory = Path(directory) if directory else cache_dir()
+    directory.mkdir(parents=True, exist_ok=True)
+    k = key(width, dtype_name)
+    meta = {"format": FORMAT, "kernel_name": kernel_name, "width": width,
+            "dtype": dtype_name, "abi": _abi(), "sha256": hashlib.sha256(spirv).hexdigest(),
+            **compiler_versions()}
+    # SPIR-V first, metadata last: an entry without metadata is never read.
+    for suffix, data in ((".spv", spirv), (".json", json.dumps(meta, indent=1).encode())):
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{k}", suffix=suffix)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, directory / f"{k}{suffix}")
+    return directory / f"{k}.spv"
+
+
+def forget(width, dtype_name):
+    """Remove this specialization's entry from the writable cache (after a failed build)."""
+    k = key(width, dtype_name)
+    for suffix in (".json", ".spv"):
+        (cache_dir() / f"{k}{suffix}").unlink(missing_ok=True)
