@@ -2,6 +2,7 @@
 and ``python -m jitconv info`` (versions and devices)."""
 
 import argparse
+import json
 import os
 import platform
 import sys
@@ -212,6 +213,18 @@ def build_kernels(args):
     return 0
 
 
+def bench(args):
+    from jitconv import bench as benchmark
+    result = benchmark.run(dims=[int(d) for d in args.dims.split(",")],
+                           dtypes=args.dtypes.split(","),
+                           workloads=args.workloads.split(";") if args.workloads else None,
+                           plot_path=args.plot or None, cold=not args.no_cold_start)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+    return 0
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m jitconv")
     parser.add_argument("--device", help="dpctl filter string (default: jitconv's choice)")
@@ -230,6 +243,13 @@ def main(argv=None):
     c.add_argument("--dim", type=int, default=256)
     c.add_argument("--require-prebuilt", action="store_true",
                    help="fail if any kernel had to be compiled (not found in the cache)")
+    p = sub.add_parser("bench", help="benchmark against copy bandwidth and pure torch")
+    p.add_argument("--dims", default="2048,8192")
+    p.add_argument("--dtypes", default="bfloat16,float32")
+    p.add_argument("--workloads", help="';'-separated subset of the workload names")
+    p.add_argument("--plot", default="bench.png", help="plot path ('' for none)")
+    p.add_argument("--json", help="also write every figure to this JSON file")
+    p.add_argument("--no-cold-start", action="store_true")
     b = sub.add_parser("build-kernels", help="precompile kernels to SPIR-V (persistent)")
     where = b.add_mutually_exclusive_group()
     where.add_argument("--dir", help="directory to write (default: the user cache, "
@@ -241,7 +261,8 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.device:
         jitconv.set_device(args.device)
-    jobs = {"demo": demo, "info": info, "check": check, "build-kernels": build_kernels}
+    jobs = {"demo": demo, "info": info, "check": check, "bench": bench,
+            "build-kernels": build_kernels}
     return jobs[args.command](args)
 
 

@@ -81,7 +81,14 @@ def get_device():
     return _current
 
 
+_queues = {}  # filter string -> dpctl's cached queue (making a SyclDevice costs ~15 us)
+
+
 def get_queue(device=None):
     """dpctl's cached queue of ``device`` (default: the current device)."""
     filter_str = device or get_device()
-    return dpctl.get_device_cached_queue(dpctl.SyclDevice(filter_str))
+    queue = _queues.get(filter_str)
+    if queue is None:
+        queue = _queues[filter_str] = dpctl.get_device_cached_queue(
+            dpctl.SyclDevice(filter_str))
+    return queue

@@ -1,0 +1,252 @@
+"""``python -m jitconv bench``: speed of the mixed conv on the current device, as ratios
+measured in the same run: against the device's copy bandwidth and against the pure-torch
+implementation (``jitconv.baseline``). These machines are shared and noisy: read ratios,
+not absolute numbers, and never gate tests on timings.
+
+Workloads are what a serving engine runs per GDN layer and step: decode-only (64 x 1),
+spec-only (16 x (1+3)), prefill-heavy (4 x 1024), decode-heavy mixed (48 decodes + 16 spec),
+and a realistic mixed step (prefill chunks + decodes + spec verify, rows interleaved).
+"""
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+import torch
+
+import jitconv
+from jitconv import launching
+from jitconv.baseline import causal_conv1d_mixed_torch
+
+MTP_K = 3
+SPEC_KEYS = ("spec_query_start_loc", "spec_state_indices", "spec_token_indx",
+             "num_accepted_tokens")
+
+
+def _cumulative(lengths):
+    return torch.tensor(np.concatenate([[0], np.cumsum(lengths)]), dtype=torch.int32)
+
+
+def make_step(name, dim, dtype, width=4, seed=0):
+    """kwargs of causal_conv1d_mixed for one workload, all tensors in USM (zero-copy)."""
+    gen = torch.Generator().manual_seed(seed)
+    ns_lengths, sp_lengths = {
+        "decode-only 64": ([1] * 64, []),
+        "spec-only 16x(1+3)": ([], [1 + MTP_K] * 16),
+        "prefill-heavy 4x1024": ([1024] * 4, []),
+        "decode-heavy mixed": ([1] * 48, [1 + MTP_K] * 16),
+        "mixed step": ([640, 512, 256] + [1] * 24, [1 + MTP_K] * 16),
+    }[name]
+    n_ns, n_sp = sum(ns_lengths), sum(sp_lengths)
+    nseq = len(ns_lengths) + len(sp_lengths)
+    lines = torch.randperm(nseq + 32, generator=gen)[:nseq].to(torch.int32)
+    rows = torch.randperm(n_ns + n_sp, generator=gen).to(torch.int32)
+
+    def usm(*shape):
+        t = jitconv.empty(shape, dtype)
+        t.copy_(torch.randn(shape, generator=gen))
+        return t
+
+    state_len = width - 1 + MTP_K
+    step = dict(x=usm(n_ns + n_sp, dim), weight=usm(dim, width), bias=usm(dim),
+                conv_state=usm(nseq + 32, state_len, dim).transpose(1, 2))
+    if ns_lengths:
+        step.update(non_spec_query_start_loc=_cumulative(ns_lengths),
+                    non_spec_state_indices=lines[:len(ns_lengths)],
+                    has_initial_state=torch.ones(len(ns_lengths), dtype=torch.bool))
+    if sp_lengths:
+        step.update(spec_query_start_loc=_cumulative(sp_lengths),
+                    spec_state_indices=lines[len(ns_lengths):],
+                    num_accepted_tokens=torch.randint(1, MTP_K + 2, (len(sp_lengths),),
+                                                      generator=gen, dtype=torch.int32))
+    if ns_lengths and sp_lengths:
+        step.update(non_spec_token_indx=rows[:n_ns], spec_token_indx=rows[n_ns:])
+    return step
+
+
+def bytes_moved(step):
+    """Bytes that must move: x read, out written, each real sequence's state window read
+    and its new state columns written, weights and bias read."""
+    x = step["x"]
+    item = x.element_size()
+    dim, width = step["weight"].shape
+    S = width - 1
+    total = 2 * x.numel() * item + (dim * width + dim) * item
+    if "non_spec_query_start_loc" in step:
+        seqs = int((step["non_spec_state_indices"] >= 0).sum())
+        total += seqs * 2 * S * dim * item
+    if "spec_query_start_loc" in step:
+        lengths = torch.diff(step["spec_query_start_loc"])
+        real = step["spec_state_indices"] >= 0
+        total += int((S + S - 1 + lengths[real]).sum()) * dim * item
+    return total
+
+
+def median_time(fn, min_time=0.2, min_reps=5, max_reps=200):
+    fn()  # warm-up (compiles on first use)
+    times = []
+    start = time.perf_counter()
+    while len(times) < min_reps or (time.perf_counter() - start < min_time
+                                    and len(times) < max_reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def copy_bandwidth(nbytes=256 << 20):
+    """Device memcpy bandwidth, counting read + write (GB/s)."""
+    import dpctl.memory as dpm
+    q = jitconv.get_queue()
+    src, dst = dpm.MemoryUSMDevice(nbytes, queue=q), dpm.MemoryUSMDevice(nbytes, queue=q)
+    t = median_time(lambda: q.memcpy(dst, src, nbytes))
+    return 2 * nbytes / t / 1e9
+
+
+def _split(step):
+    """The same step as two calls: the non-spec part, then the spec part."""
+    common = {k: step[k] for k in ("x", "weight", "bias", "conv_state")}
+    spec = {k: v for k, v in step.items() if k in SPEC_KEYS}
+    non_spec = {k: v for k, v in step.items() if k not in SPEC_KEYS and k not in common}
+    return dict(common, **non_spec), dict(common, **spec)
+
+
+def _torch_step(step):
+    """The baseline on plain torch tensors (a copy of the state, so runs stay independent)."""
+    return {k: (v.clone() if k == "conv_state" else v) for k, v in step.items()}
+
+
+def run_workload(name, dim, dtype):
+    step = make_step(name, dim, dtype)
+    one = median_time(lambda: jitconv.causal_conv1d_mixed(**step))
+    two = None
+    if "spec_query_start_loc" in step and "non_spec_query_start_loc" in step:
+        first, second = _split(step)
+        two = median_time(lambda: (jitconv.causal_conv1d_mixed(**first),
+                                   jitconv.causal_conv1d_mixed(**second)))
+    tstep = _torch_step(step)
+    base = median_time(lambda: causal_conv1d_mixed_torch(**tstep), min_reps=3)
+    return dict(workload=name, dtype=str(dtype).replace("torch.", ""), dim=dim,
+                tokens=int(step["x"].shape[0]), one_us=one * 1e6,
+                two_us=None if two is None else two * 1e6, torch_us=base * 1e6,
+                gbps=bytes_moved(step) / one / 1e9)
+
+
+def host_overhead():
+    """Per-call time of a decode batch too small for the kernel to matter: host cost.
+    Also the bare submit + wait of the prebuilt kernel with the same arguments."""
+    step = make_step("decode-only 64", 64, torch.float32)
+    per_call = median_time(lambda: jitconv.causal_conv1d_mixed(**step), min_reps=50)
+    captured = {}
+    original = launching.launch_conv
+
+    def capture(*args, **kwargs):
+        captured["args"] = (args, kwargs)
+        return original(*args, **kwargs)
+
+    launching.launch_conv = capture
+    try:
+        jitconv.causal_conv1d_mixed(**step)
+    finally:
+        launching.launch_conv = original
+    args, kwargs = captured["args"]
+    submit = median_time(lambda: original(*args, **kwargs), min_reps=50)
+    return per_call * 1e6, submit * 1e6
+
+
+_COLD_CHILD = """
+import json, time, torch
+t0 = time.perf_counter()
+import jitconv
+t1 = time.perf_counter()
+x, w, st = torch.randn(64, 2048).bfloat16(), torch.randn(2048, 4).bfloat16(), torch.randn(64, 2048, 3).bfloat16()
+jitconv.causal_conv1d_update(x, w, None, st, torch.arange(64, dtype=torch.int32))
+t2 = time.perf_counter()
+print(json.dumps({"import_s": t1 - t0, "first_call_s": t2 - t1}))
+"""
+
+
+def cold_start():
+    """First call in a new process: with an empty kernel cache, then with a warm one."""
+    results = {}
+    with tempfile.TemporaryDirectory() as cache:
+        env = dict(os.environ, JITCONV_CACHE_DIR=cache, JITCONV_DEVICE=jitconv.get_device())
+        for label in ("empty cache", "warm cache"):
+            done = subprocess.run([sys.executable, "-c", _COLD_CHILD], env=env,
+                                  capture_output=True, text=True, timeout=600)
+            if done.returncode != 0:
+                raise RuntimeError(done.stderr[-2000:])
+            results[label] = json.loads(done.stdout.strip().splitlines()[-1])
+    return results
+
+
+def plot(rows, copy_gbps, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    labels = [f"{r['workload']}\n{r['dtype']} d{r['dim']}" for r in rows]
+    fig, ax = plt.subplots(figsize=(max(8, 0.7 * len(rows)), 4.5))
+    ax.bar(range(len(rows)), [r["gbps"] for r in rows], color="tab:blue",
+           label="jitconv, one call")
+    ax.axhline(copy_gbps, color="tab:red", linestyle="--",
+               label=f"device copy {copy_gbps:.1f} GB/s")
+    ax.axhline(0.6 * copy_gbps, color="tab:orange", linestyle=":", label="60% of copy")
+    ax.set_xticks(range(len(rows)), labels, rotation=60, ha="right", fontsize=7)
+    ax.set_ylabel("effective GB/s (bytes that must move)")
+    ax.set_title(f"jitconv on {jitconv.get_device()}")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def run(dims=(2048, 8192), dtypes=("bfloat16", "float32"), workloads=None,
+        plot_path="bench.png", cold=True, out=sys.stdout):
+    """Run the benchmark, print the table; returns a dict with every figure."""
+    def say(text=""):
+        print(text, file=out, flush=True)
+
+    workloads = workloads or ["decode-only 64", "spec-only 16x(1+3)", "prefill-heavy 4x1024",
+                              "decode-heavy mixed", "mixed step"]
+    say(f"device: {jitconv.get_device()}")
+    copy_gbps = copy_bandwidth()
+    say(f"device copy bandwidth (memcpy, read + write): {copy_gbps:.1f} GB/s")
+    rows = []
+    total = len(dims) * len(dtypes) * len(workloads)
+    header = (f"{'workload':22s} {'dtype':8s} {'dim':>5s} {'tokens':>6s} {'one call':>10s} "
+              f"{'GB/s':>6s} {'% copy':>6s} {'two calls':>10s} {'torch':>11s} {'vs torch':>8s}")
+    say(header)
+    for dim in dims:
+        for dtype_name in dtypes:
+            for name in workloads:
+                r = run_workload(name, dim, getattr(torch, dtype_name))
+                r["pct_copy"] = 100 * r["gbps"] / copy_gbps
+                r["speedup"] = r["torch_us"] / r["one_us"]
+                rows.append(r)
+                two = f"{r['two_us']:8.0f}us" if r["two_us"] else f"{'-':>10s}"
+                say(f"{name:22s} {r['dtype']:8s} {dim:5d} {r['tokens']:6d} "
+                    f"{r['one_us']:8.0f}us {r['gbps']:6.2f} {r['pct_copy']:5.1f}% {two} "
+                    f"{r['torch_us']:9.0f}us {r['speedup']:7.1f}x   [{len(rows)}/{total}]")
+    per_call, submit = host_overhead()
+    say(f"host overhead: {per_call:.0f} us per call for a tiny decode batch (64 x 1, dim 64)"
+        f" end to end; bare kernel submit + wait {submit:.0f} us")
+    result = dict(device=jitconv.get_device(), copy_gbps=copy_gbps, rows=rows,
+                  host_us_per_call=per_call, submit_us=submit)
+    if cold:
+        starts = cold_start()
+        for label, t in starts.items():
+            say(f"new process, {label}: import {t['import_s']:.2f} s, "
+                f"first call {t['first_call_s']:.3f} s")
+        result["cold_start"] = starts
+    if plot_path:
+        try:
+            plot(rows, copy_gbps, plot_path)
+            say(f"plot: {plot_path}")
+        except ImportError:
+            say("plot skipped: matplotlib is not installed")
+    return result
