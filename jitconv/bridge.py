@@ -12,12 +12,17 @@ How an argument reaches a kernel (``to_device``):
 - dpctl usm_ndarray, dpnp array, or any object exporting a kDLOneAPI DLPack capsule:
   zero-copy.
 
-A kernel receives a ``DeviceView``: address, shape, strides (in elements) and itemsize.
-Kernels do not care about the element type beyond its size: the dtype each op expects is
-checked by the op before launch.
+A kernel receives a ``DeviceView``: the dpctl memory object of the allocation, the view's
+element offset, shape, strides (in elements) and itemsize. Memory objects are reused (the
+allocation's own, or looked up in a registry of jitconv.empty allocations): making one for
+an arbitrary pointer is a SYCL pointer query that costs ~40 us on opencl:cpu. Kernels do
+not care about the element type beyond its size: the dtype each op expects is checked by
+the op before launch.
 """
 
+import bisect
 import os
+import weakref
 from typing import NamedTuple
 
 import numpy as np
@@ -62,15 +67,18 @@ def set_allow_copies(allow):
 
 
 class DeviceView(NamedTuple):
-    address: int
+    """What a kernel gets for one array: the dpctl memory object of the whole allocation
+    (what SyclQueue.submit takes) and the view's element offset, shape and strides."""
+    memory: object  # dpctl USM memory object of the allocation
+    offset: int     # in elements, from memory's start
     shape: tuple
     strides: tuple  # in elements
     itemsize: int
-    owner: object  # keeps the memory alive while the view is in use
+    owner: object   # keeps the memory alive while the view is in use
 
     @property
-    def size(self):
-        return int(np.prod(self.shape, dtype=np.int64))
+    def address(self):
+        return self.memory._pointer + self.offset * self.itemsize
 
 
 def dtype_name(t):
@@ -88,14 +96,41 @@ def device_of(t):
     return usm.sycl_device.filter_string if usm is not None else type(t).__name__
 
 
-def is_usm(address, queue=None):
-    """True if ``address`` is USM memory of the queue's context (host-accessible or not)."""
-    queue = queue or devices.get_queue()
-    try:
-        dpm.as_usm_memory(_Pointer(address, 1, queue))
-        return True
-    except ValueError:
-        return False
+class _SharedAllocation(dpm.MemoryUSMShared):
+    """USM shared memory that can be weakly referenced (a Python subclass), so the
+    registry below forgets it when the last tensor using it is gone."""
+
+
+_alloc_bases = []   # sorted base addresses of live _SharedAllocations
+_alloc_info = {}    # base address -> (weakref to the allocation, nbytes)
+
+
+def _register(memory):
+    base = memory._pointer
+    bisect.insort(_alloc_bases, base)
+    _alloc_info[base] = (weakref.ref(memory), memory.nbytes)
+    weakref.finalize(memory, _unregister, base)
+
+
+def _unregister(base):
+    _alloc_info.pop(base, None)
+    i = bisect.bisect_left(_alloc_bases, base)
+    if i < len(_alloc_bases) and _alloc_bases[i] == base:
+        del _alloc_bases[i]
+
+
+def _find_allocation(address):
+    """(memory, byte offset) of the jitconv.empty allocation holding ``address``, or None.
+    A lookup, not a SYCL pointer query (those cost ~40 us each on opencl:cpu)."""
+    i = bisect.bisect_right(_alloc_bases, address) - 1
+    if i < 0:
+        return None
+    base = _alloc_bases[i]
+    ref, nbytes = _alloc_info[base]
+    memory = ref()
+    if memory is None or address >= base + nbytes:
+        return None
+    return memory, address - base
 
 
 class _Pointer:
@@ -110,9 +145,19 @@ class _Pointer:
         }
 
 
-def usm_memory(view, queue):
-    """A dpctl USM memory object at ``view.address`` (what SyclQueue.submit accepts)."""
-    return dpm.as_usm_memory(_Pointer(view.address, view.itemsize, queue))
+def _query_usm(address, queue):
+    """A dpctl memory object at ``address`` if it is USM of the queue's context, else None
+    (the slow path, for USM memory jitconv did not allocate)."""
+    try:
+        return dpm.as_usm_memory(_Pointer(address, 1, queue))
+    except ValueError:
+        return None
+
+
+def is_usm(address, queue=None):
+    """True if ``address`` is USM memory of the queue's context (host-accessible or not)."""
+    queue = queue or devices.get_queue()
+    return _find_allocation(address) is not None or _query_usm(address, queue) is not None
 
 
 def _as_usm_ndarray(obj):
@@ -126,8 +171,10 @@ def _as_usm_ndarray(obj):
 def _view_of_usm_ndarray(a):
     iface = a.__sycl_usm_array_interface__
     itemsize = a.itemsize
-    address = iface["data"][0] + iface.get("offset", 0) * itemsize
-    return DeviceView(address, tuple(a.shape), tuple(a.strides), itemsize, a)
+    memory = a.usm_data
+    start = iface["data"][0] - memory._pointer + iface.get("offset", 0) * itemsize
+    return DeviceView(memory, start // itemsize, tuple(a.shape), tuple(a.strides),
+                      itemsize, a)
 
 
 def from_dlpack_oneapi(obj):
@@ -168,10 +215,18 @@ def to_device(t, name, writable=False, queue=None):
         if t.device.type != "cpu":
             raise TypeError(f"{name}: tensors on {t.device} are not supported "
                             f"(expected an XPU tensor, or a CPU tensor)")
-        if t.numel() == 0 or is_usm(t.data_ptr(), queue):
-            return DeviceView(t.data_ptr(), tuple(t.shape), tuple(t.stride()),
+        if t.numel() == 0:  # nothing is read or written: any valid memory will do
+            return DeviceView(_tables(queue).memory, 0, tuple(t.shape), tuple(t.stride()),
                               t.element_size(), t), None
-        return _copy_in(t, name, writable, queue)
+        found = _find_allocation(t.data_ptr())
+        if found is None:
+            memory = _query_usm(t.data_ptr(), queue)
+            found = None if memory is None else (memory, 0)
+        if found is None:
+            return _copy_in(t, name, writable, queue)
+        memory, byte_offset = found
+        return DeviceView(memory, byte_offset // t.element_size(), tuple(t.shape),
+                          tuple(t.stride()), t.element_size(), t), None
     return _view_of_usm_ndarray(normalize(t, name)), None
 
 
@@ -216,7 +271,8 @@ def empty(shape, dtype=torch.float32, device=None):
     dtype = _TORCH_DTYPES.get(dtype, dtype) if isinstance(dtype, str) else dtype
     itemsize = torch.empty((), dtype=dtype).element_size()
     nbytes = max(int(np.prod(shape, dtype=np.int64)) * itemsize, 1)
-    memory = dpm.MemoryUSMShared(nbytes, queue=devices.get_queue(device))
+    memory = _SharedAllocation(nbytes, queue=devices.get_queue(device))
+    _register(memory)
     # frombuffer keeps `memory` alive for as long as the tensor (and its views) live.
     flat = torch.frombuffer(memory, dtype=torch.uint8)
     return flat[:int(np.prod(shape, dtype=np.int64)) * itemsize].view(dtype).view(shape)
@@ -266,22 +322,42 @@ def channels_contiguous(t):
 
 
 def flatten(view):
-    """A strided view as (flat 1-D view from its first element, its element strides):
-    the form every kernel array argument takes (see kernel_abi)."""
+    """A strided view as (flat 1-D view of its allocation, element offset, element
+    strides): the form every kernel array argument takes (see kernel_abi)."""
     extent = 1 + sum((n - 1) * s for n, s in zip(view.shape, view.strides) if n > 0)
-    return view._replace(shape=(max(extent, 1),), strides=(1,)), tuple(view.strides)
+    flat = view._replace(offset=0, shape=(view.offset + max(extent, 1),), strides=(1,))
+    return flat, view.offset, tuple(view.strides)
 
 
-def upload_int32(host_arrays, queue=None):
-    """Copy several int32 host arrays to the device in one transfer; their DeviceViews."""
+class _TableBuffer:
+    """One USM shared int32 buffer per queue for the per-call metadata tables. The host
+    writes the tables straight into it (no allocation, no copy call per launch); callers
+    hold ``ops``' lock from writing the tables until their kernel finished."""
+
+    def __init__(self, queue, capacity):
+        self.memory = _SharedAllocation(4 * capacity, queue=queue)
+        self.array = np.frombuffer(self.memory, dtype=np.int32)
+
+
+_table_buffers = {}
+
+
+def _tables(queue, needed=1):
+    buf = _table_buffers.get(queue)
+    if buf is None or len(buf.array) < needed:
+        capacity = max(needed, 2 * len(buf.array) if buf is not None else 1 << 16)
+        buf = _table_buffers[queue] = _TableBuffer(queue, capacity)
+    return buf
+
+
+def write_tables(host_arrays, queue=None):
+    """Write int32 tables into the queue's table buffer; returns (memory, offsets)."""
     queue = queue or devices.get_queue()
     sizes = [len(a) for a in host_arrays]
-    packed = np.concatenate([np.asarray(a, dtype=np.int32) for a in host_arrays]
-                            + [np.zeros(1, np.int32)])  # never empty
-    arr = dpt.asarray(packed, device=queue)
-    base = _view_of_usm_ndarray(arr)
-    views, start = [], 0
-    for n in sizes:
-        views.append(DeviceView(base.address + 4 * start, (max(n, 0),), (1,), 4, arr))
+    buf = _tables(queue, sum(sizes) + 1)
+    offsets, start = [], 0
+    for a, n in zip(host_arrays, sizes):
+        buf.array[start:start + n] = a
+        offsets.append(start)
         start += n
-    return views
+    return DeviceView(buf.memory, 0, (start,), (1,), 4, buf), offsets

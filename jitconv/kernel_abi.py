@@ -16,25 +16,33 @@ STORAGE = {"float32": np.float32, "float16": np.int16, "bfloat16": np.int16}
 FLAG_INITIAL_STATE = 1
 FLAG_SPEC = 2
 
+# The per-call tables (built by batch.py), in the order of Batch.tables().
+TABLES = ("rows", "blk_seq", "blk_tok", "blk_len", "seq_tok", "seq_len", "seq_line",
+          "seq_off", "seq_flags")
+
 # The conv kernel's arguments, in order: (name, ndim, element type, layout).
 # ndim 0 is a scalar. Element type "raw" is the storage type of the dtype being compiled.
-# Every array is passed flat (1-D, "C") with its element strides as scalars. x and out
+# Every array is passed flat (1-D, "C": its whole allocation) with the view's element
+# offset and strides as scalars: launching then reuses one memory object per allocation. x and out
 # need contiguous channels: consecutive work-items then touch consecutive addresses,
 # which the OpenCL CPU compiler vectorizes and a GPU coalesces (with a runtime channel
 # stride the same loads become gathers: 3-4x slower on opencl:cpu). Strided 2-D / 3-D
 # numba arrays in the 2-D index space were also miscompiled by the OpenCL CPU compiler
 # here (wrong channels read): flat arrays avoid that.
 CONV_ARGS = (
-    ("x", 1, "raw", "C"), ("x_row_stride", 0, "int64", None),
-    ("out", 1, "raw", "C"), ("out_row_stride", 0, "int64", None),
-    ("weight", 1, "raw", "C"), ("weight_stride_c", 0, "int64", None),
-    ("weight_stride_k", 0, "int64", None),
-    ("bias", 1, "raw", "C"), ("bias_stride", 0, "int64", None),
-    ("state", 1, "raw", "C"), ("state_stride_line", 0, "int64", None),
-    ("state_stride_c", 0, "int64", None), ("state_stride_col", 0, "int64", None),
-    ("rows", 1, "int32", "C"),
-    ("blk_seq", 1, "int32", "C"), ("blk_tok", 1, "int32", "C"), ("blk_len", 1, "int32", "C"),
-    ("seq_tok", 1, "int32", "C"), ("seq_len", 1, "int32", "C"), ("seq_line", 1, "int32", "C"),
-    ("seq_off", 1, "int32", "C"), ("seq_flags", 1, "int32", "C"),
+    ("x", 1, "raw", "C"), ("x_offset", 0, "int64", None),
+    ("x_row_stride", 0, "int64", None),
+    ("out", 1, "raw", "C"), ("out_offset", 0, "int64", None),
+    ("out_row_stride", 0, "int64", None),
+    ("weight", 1, "raw", "C"), ("weight_offset", 0, "int64", None),
+    ("weight_stride_c", 0, "int64", None), ("weight_stride_k", 0, "int64", None),
+    ("bias", 1, "raw", "C"), ("bias_offset", 0, "int64", None),
+    ("bias_stride", 0, "int64", None),
+    ("state", 1, "raw", "C"), ("state_offset", 0, "int64", None),
+    ("state_stride_line", 0, "int64", None), ("state_stride_c", 0, "int64", None),
+    ("state_stride_col", 0, "int64", None),
+    # All per-call tables live in one int32 buffer; these are their offsets in it.
+    ("tables", 1, "int32", "C"),
+) + tuple((name, 0, "int64", None) for name in TABLES) + (
     ("has_bias", 0, "int64", None), ("silu", 0, "int64", None),
 )

@@ -88,11 +88,13 @@ _CONVERTERS = {
 
 
 @dpex.device_func
-def _window_value(x, x_row_stride, c, state, state_at, rows, st0, p, initial, zero):
-    """The input at position p of the sequence: p >= 0 is a row of x; p < 0 reads the
-    cache line's window (flat index ``state_at``), or zero without initial state."""
+def _window_value(x, x_at, x_row_stride, state, state_at, tables, rows, st0, p, initial,
+                  zero):
+    """The input at position p of the sequence: p >= 0 is a row of x (``x_at`` is the
+    channel's offset); p < 0 reads the cache line's window (flat index ``state_at``), or
+    zero without initial state."""
     if p >= 0:
-        return x[np.uint64(rows[st0 + p] * x_row_stride + c)]
+        return x[np.uint64(x_at + tables[rows + st0 + p] * x_row_stride)]
     if initial:
         return state[np.uint64(state_at)]
     return zero
@@ -106,29 +108,34 @@ def _window_value(x, x_row_stride, c, state, state_at, rows, st0, p, initial, ze
 # Indices are cast to unsigned (U): for a signed index numba adds negative-index
 # wraparound, a per-lane select that turns contiguous loads into gathers (2x slower).
 _TEMPLATE = """
-def {name}(item, x, x_row_stride, out, out_row_stride,
-           weight, weight_stride_c, weight_stride_k, bias, bias_stride,
-           state, state_stride_line, state_stride_c, state_stride_col, rows,
-           blk_seq, blk_tok, blk_len, seq_tok, seq_len, seq_line, seq_off, seq_flags,
-           has_bias, silu):
+def {name}(item, x, x_offset, x_row_stride, out, out_offset, out_row_stride,
+           weight, weight_offset, weight_stride_c, weight_stride_k,
+           bias, bias_offset, bias_stride,
+           state, state_offset, state_stride_line, state_stride_c, state_stride_col,
+           tables, rows, blk_seq, blk_tok, blk_len, seq_tok, seq_len, seq_line, seq_off,
+           seq_flags, has_bias, silu):
+    # rows, blk_*, seq_*: offsets of the per-call tables inside `tables`.
     c = item.get_id(0)  # channel: the fastest index (contiguous memory)
     b = item.get_id(1)  # block
-    s = blk_seq[b]
-    t0 = blk_tok[b]
-    nb = blk_len[b]
-    line = seq_line[s]
+    s = tables[blk_seq + b]
+    t0 = tables[blk_tok + b]
+    nb = tables[blk_len + b]
+    line = tables[seq_line + s]
+    xc = x_offset + c      # this channel in x and out
+    oc = out_offset + c
     if line < 0:
         # Padded sequence, or output rows no sequence covers: zeros, no state access.
         for i in range(nb):
-            out[U(rows[t0 + i] * out_row_stride + c)] = ZERO
+            out[U(oc + tables[rows + t0 + i] * out_row_stride)] = ZERO
         return
 
-    st0 = seq_tok[s]
-    n = seq_len[s]
+    st0 = tables[seq_tok + s]
+    n = tables[seq_len + s]
     p0 = t0 - st0  # position of the block's first token in its sequence
-    off = seq_off[s]
-    initial = seq_flags[s] & FLAG_INITIAL_STATE
-    st = line * state_stride_line + c * state_stride_c  # this line and channel
+    off = tables[seq_off + s]
+    flags = tables[seq_flags + s]
+    initial = flags & FLAG_INITIAL_STATE
+    st = state_offset + line * state_stride_line + c * state_stride_c  # line, channel
     sc = state_stride_col
     # u = concat(window, x_seq); u0..u{S1} hold u[p0 .. p0+S-1] as raw values.
 {load_window}
@@ -137,25 +144,25 @@ def {name}(item, x, x_row_stride, out, out_row_stride,
         # New state = u[q0:] from column 0: spec keeps all but the oldest column
         # (S-1+n values), non-spec the last S.
         q0 = n
-        if seq_flags[s] & FLAG_SPEC:
+        if flags & FLAG_SPEC:
             q0 = 1
 {store_window}
         for q in range(max(q0, {S}), {S} + n):
-            state[U(st + (q - q0) * sc)] = x[U(rows[st0 + q - {S}] * x_row_stride + c)]
+            state[U(st + (q - q0) * sc)] = x[U(xc + tables[rows + st0 + q - {S}] * x_row_stride)]
 
 {load_weights}
     bias_c = F32_ZERO
     if has_bias:
-        bias_c = load(bias[U(c * bias_stride)])
+        bias_c = load(bias[U(bias_offset + c * bias_stride)])
 {window_to_float}
     for i in range(nb):
-        r = rows[t0 + i]
-        xf = load(x[U(r * x_row_stride + c)])
+        r = tables[rows + t0 + i]
+        xf = load(x[U(xc + r * x_row_stride)])
         acc = bias_c + {taps}
 {shift}
         if silu:
             acc = acc / (ONE + math.exp(-acc))
-        out[U(r * out_row_stride + c)] = store(acc)
+        out[U(oc + r * out_row_stride)] = store(acc)
 """
 
 
@@ -169,13 +176,13 @@ def kernel_source(width, name):
 
     return _TEMPLATE.format(
         name=name, S=S, S1=S - 1,
-        load_window=lines(f"u{{k}} = _window_value(x, x_row_stride, c, state, "
-                          f"st + (off + p0 + {{k}}) * sc, rows, st0, p0 - {S} + {{k}}, "
-                          f"initial, ZERO)", S),
+        load_window=lines(f"u{{k}} = _window_value(x, xc, x_row_stride, state, "
+                          f"st + (off + p0 + {{k}}) * sc, tables, rows, st0, "
+                          f"p0 - {S} + {{k}}, initial, ZERO)", S),
         store_window=lines("if q0 <= {k}:\n" + ind * 3 + "state[U(st + ({k} - q0) * sc)] = u{k}",
                            S, depth=2),
-        load_weights=lines("w{k} = load(weight[U(c * weight_stride_c + {k} * weight_stride_k)])",
-                           width),
+        load_weights=lines("w{k} = load(weight[U(weight_offset + c * weight_stride_c + "
+                           "{k} * weight_stride_k)])", width),
         window_to_float=lines("f{k} = load(u{k})", S),
         taps=" + ".join([f"w{k} * f{k}" for k in range(S)] + [f"w{S} * xf"]),
         shift=lines("f{k} = f{k1}", S - 1, depth=2) + "\n" + ind * 2 + f"f{S - 1} = xf",

@@ -7,6 +7,7 @@ decodes, spec verify sequences and pads the step holds. ``causal_conv1d_fn`` and
 The contract is docs/SEMANTICS.md; ``jitconv.reference`` implements it in float64.
 """
 
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -15,6 +16,10 @@ import torch
 from . import bridge, launching, validation
 from . import device as devices
 from .batch import Part, build_batch
+from .kernel_abi import TABLES
+
+
+_launch_lock = threading.Lock()
 
 
 @dataclass
@@ -172,19 +177,21 @@ def execute(tensors, parts, *, silu, dtype, geo, row_names="token_indx",
     else:
         # The kernel does not read bias then, but the argument must be a valid 1-D array.
         views["bias"] = views["weight"]._replace(shape=(1,), strides=(1,))
-    tables = bridge.upload_int32(batch.tables(), queue)
-    args = dict(zip(("rows", "blk_seq", "blk_tok", "blk_len", "seq_tok", "seq_len",
-                     "seq_line", "seq_off", "seq_flags"), tables))
     flat = {name: bridge.flatten(view) for name, view in views.items()}
-    (x_rs, _), (out_rs, _) = flat["x"][1], flat["out"][1]
-    w_sc, w_sk = flat["weight"][1]
-    s_sl, s_sc, s_scol = flat["conv_state"][1]
-    args.update(x=flat["x"][0], x_row_stride=x_rs, out=flat["out"][0], out_row_stride=out_rs,
-                weight=flat["weight"][0], weight_stride_c=w_sc, weight_stride_k=w_sk,
-                bias=flat["bias"][0], bias_stride=flat["bias"][1][0],
-                state=flat["conv_state"][0], state_stride_line=s_sl, state_stride_c=s_sc,
-                state_stride_col=s_scol, has_bias=int(bias is not None), silu=int(silu))
-    launching.launch_conv(geo.width, dtype, args, batch.num_blocks, dim)
+    args = {"has_bias": int(bias is not None), "silu": int(silu)}
+    for name, prefix in (("x", "x"), ("out", "out"), ("weight", "weight"),
+                         ("bias", "bias"), ("conv_state", "state")):
+        args[prefix], args[f"{prefix}_offset"], _strides = flat[name]
+    args["x_row_stride"] = flat["x"][2][0]
+    args["out_row_stride"] = flat["out"][2][0]
+    args["weight_stride_c"], args["weight_stride_k"] = flat["weight"][2]
+    args["bias_stride"] = flat["bias"][2][0]
+    (args["state_stride_line"], args["state_stride_c"],
+     args["state_stride_col"]) = flat["conv_state"][2]
+    with _launch_lock:  # the table buffer is reused: one writer until its kernel is done
+        args["tables"], offsets = bridge.write_tables(batch.tables(), queue)
+        args.update(zip(TABLES, offsets))
+        launching.launch_conv(geo.width, dtype, args, batch.num_blocks, dim)
     for wb in write_backs:
         wb()
     return _finish(out, target)
