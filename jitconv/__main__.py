@@ -34,6 +34,11 @@ def info(_args):
         print(f"  {var}={os.environ.get(var, '')}")
     print(f"devices: {jitconv.devices()}")
     print(f"current device: {jitconv.get_device()}")
+    from jitconv import kernel_cache, launching
+    for directory in kernel_cache.search_dirs():
+        count = len(list(directory.glob("*.spv"))) if directory.exists() else 0
+        print(f"kernel cache: {directory} ({count} SPIR-V files)")
+    print(f"numba-dpex available to compile missing kernels: {launching.have_compiler()}")
     return 0
 
 

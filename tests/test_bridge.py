@@ -111,3 +111,19 @@ def test_state_update_visible_through_dlpack_producer(sycl_device):
                                    OneApiProducer(state_ds), case["query_start_loc"],
                                    case["cache_indices"], case["has_initial_state"])
     _check(np.asarray(out), dpt.asnumpy(state_storage), case, "float32")
+
+
+def test_empty_recycles_memory_only_after_every_view_is_gone(sycl_device):
+    import gc
+    a = jitconv.empty((4099,), torch.float32)  # an unusual size: nothing else pooled
+    address = a.data_ptr()
+    view = a[10:]
+    del a
+    gc.collect()
+    b = jitconv.empty((4099,), torch.float32)
+    assert b.data_ptr() != address, "memory still used by a view must not be handed out"
+    del view
+    gc.collect()
+    c = jitconv.empty((4099,), torch.float32)
+    assert c.data_ptr() == address, "released memory is reused"
+    assert bridge.is_usm(c.data_ptr())
