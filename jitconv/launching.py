@@ -19,7 +19,7 @@ import threading
 
 import numpy as np
 
-from . import bridge, kernel_cache
+from . import kernel_cache
 from .kernel_abi import CONV_ARGS, STORAGE
 from . import device as devices
 

@@ -1,7 +1,6 @@
 """The pure-torch baseline the benchmark compares against computes the same contract."""
 
 import pytest
-import torch
 
 from jitconv.baseline import causal_conv1d_mixed_torch
 from jitconv.reference import causal_conv1d_reference
