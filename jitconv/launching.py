@@ -143,8 +143,10 @@ def get_conv_kernel(width, dtype_name, device=None):
 
 def _flatten(view, queue):
     """One array argument as the kernel's parameters (see the module docstring)."""
-    flat = [ctypes.c_int64(int(np.prod(view.shape, dtype=np.int64))),
-            ctypes.c_int64(view.itemsize), view.memory]
+    nitems = 1
+    for n in view.shape:
+        nitems *= n
+    flat = [ctypes.c_int64(nitems), ctypes.c_int64(view.itemsize), view.memory]
     flat += [ctypes.c_int64(n) for n in view.shape]
     flat += [ctypes.c_int64(s * view.itemsize) for s in view.strides]
     return flat

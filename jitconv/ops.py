@@ -147,9 +147,10 @@ def execute(tensors, parts, *, silu, dtype, geo, row_names="token_indx",
     """Check the parts together, then launch the kernel once. Returns the output."""
     x, weight, bias, conv_state, out = tensors
     all_rows = np.concatenate([p.rows for p in parts] + [np.zeros(0, np.int64)])
-    validation.check_unique(all_rows, row_names, "row")
+    validation.check_unique(all_rows, row_names, "row", geo.num_tokens)
     all_lines = np.concatenate([p.lines for p in parts] + [np.zeros(0, np.int64)])
-    validation.check_unique(all_lines[all_lines >= 0], line_names, "cache line")
+    validation.check_unique(all_lines[all_lines >= 0], line_names, "cache line",
+                            geo.num_lines)
 
     batch = build_batch(parts, geo.num_tokens)
     dim = validation.shape_of(x)[1]

@@ -143,8 +143,12 @@ def check_token_indx(rows, name, count, num_tokens):
         raise ValueError(f"{name}: row {int(bad[0])} is out of range [0, {num_tokens})")
 
 
-def check_unique(values, name, what):
-    uniq, counts = np.unique(values, return_counts=True)
-    if np.any(counts > 1):
-        raise ValueError(f"{name}: {what} {int(uniq[np.argmax(counts > 1)])} is used more "
+def check_unique(values, name, what, bound):
+    """Every value (already checked to lie in [0, bound)) appears at most once. A count
+    per value, not a sort: this runs on every call."""
+    if len(values) < 2:
+        return
+    counts = np.bincount(values, minlength=bound)
+    if counts.max() > 1:
+        raise ValueError(f"{name}: {what} {int(np.argmax(counts > 1))} is used more "
                          f"than once in one call")
