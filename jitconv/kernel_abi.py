@@ -18,7 +18,7 @@ FLAG_SPEC = 2
 
 # The per-call tables (built by batch.py), in the order of Batch.tables().
 TABLES = ("rows", "blk_seq", "blk_tok", "blk_len", "seq_tok", "seq_len", "seq_line",
-          "seq_off", "seq_flags")
+          "seq_off", "seq_flags", "blk_contig")
 
 # The conv kernel's arguments, in order: (name, ndim, element type, layout).
 # ndim 0 is a scalar. Element type "raw" is the storage type of the dtype being compiled.

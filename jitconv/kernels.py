@@ -112,7 +112,7 @@ def {name}(item, x, x_offset, x_row_stride, out, out_offset, out_row_stride,
            bias, bias_offset, bias_stride,
            state, state_offset, state_stride_line, state_stride_c, state_stride_col,
            tables, rows, blk_seq, blk_tok, blk_len, seq_tok, seq_len, seq_line, seq_off,
-           seq_flags, has_bias, silu):
+           seq_flags, blk_contig, has_bias, silu):
     # rows, blk_*, seq_*: offsets of the per-call tables inside `tables`.
     c = item.get_id(0)  # channel: the fastest index (contiguous memory)
     b = item.get_id(1)  # block
@@ -154,14 +154,25 @@ def {name}(item, x, x_offset, x_row_stride, out, out_offset, out_row_stride,
     if has_bias:
         bias_c = load(bias[U(bias_offset + c * bias_stride)])
 {window_to_float}
-    for i in range(nb):
-        r = tables[rows + t0 + i]
-        xf = load(x[U(xc + r * x_row_stride)])
-        acc = bias_c + {taps}
+    if tables[blk_contig + b]:
+        r0 = tables[rows + t0]  # consecutive rows: computed, not loaded per token
+        for i in range(nb):
+            r = r0 + i
+{body}
+    else:
+        for i in range(nb):
+            r = tables[rows + t0 + i]
+{body}
+"""
+
+# One token of the sliding window (inside the loops above): the taps, the shift, silu.
+_BODY = """
+xf = load(x[U(xc + r * x_row_stride)])
+acc = bias_c + {taps}
 {shift}
-        if silu:
-            acc = acc / (ONE + math.exp(-acc))
-        out[U(oc + r * out_row_stride)] = store(acc)
+if silu:
+    acc = acc / (ONE + math.exp(-acc))
+out[U(oc + r * out_row_stride)] = store(acc)
 """
 
 
@@ -173,8 +184,12 @@ def kernel_source(width, name):
     def lines(fmt, count, depth=1):
         return "\n".join(ind * depth + fmt.format(k=k, k1=k + 1) for k in range(count))
 
+    body = _BODY.format(
+        taps=" + ".join([f"w{k} * f{k}" for k in range(S)] + [f"w{S} * xf"]),
+        shift="\n".join([f"f{k} = f{k + 1}" for k in range(S - 1)] + [f"f{S - 1} = xf"]))
+    body = "\n".join(ind * 3 + line for line in body.strip().splitlines())
     return _TEMPLATE.format(
-        name=name, S=S, S1=S - 1,
+        name=name, S=S, S1=S - 1, body=body,
         load_window=lines(f"u{{k}} = _window_value(x, xc, x_row_stride, state, "
                           f"st + (off + p0 + {{k}}) * sc, tables, rows, st0, "
                           f"p0 - {S} + {{k}}, initial, ZERO)", S),
@@ -183,8 +198,6 @@ def kernel_source(width, name):
         load_weights=lines("w{k} = load(weight[U(weight_offset + c * weight_stride_c + "
                            "{k} * weight_stride_k)])", width),
         window_to_float=lines("f{k} = load(u{k})", S),
-        taps=" + ".join([f"w{k} * f{k}" for k in range(S)] + [f"w{S} * xf"]),
-        shift=lines("f{k} = f{k1}", S - 1, depth=2) + "\n" + ind * 2 + f"f{S - 1} = xf",
     )
 
 
