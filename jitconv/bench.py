@@ -5,7 +5,9 @@ not absolute numbers, and never gate tests on timings.
 
 Workloads are what a serving engine runs per GDN layer and step: decode-only (64 x 1),
 spec-only (16 x (1+3)), prefill-heavy (4 x 1024), decode-heavy mixed (48 decodes + 16 spec),
-and a realistic mixed step (prefill chunks + decodes + spec verify, rows interleaved).
+a realistic mixed step (prefill chunks + decodes + spec verify, laid out as vLLM does: spec
+rows first, each sequence's rows contiguous), and the same step with every token's row
+shuffled (a stress case for the token maps).
 """
 
 import json
@@ -41,11 +43,15 @@ def make_step(name, dim, dtype, width=4, seed=0):
         "prefill-heavy 4x1024": ([1024] * 4, []),
         "decode-heavy mixed": ([1] * 48, [1 + MTP_K] * 16),
         "mixed step": ([640, 512, 256] + [1] * 24, [1 + MTP_K] * 16),
+        "mixed, rows shuffled": ([640, 512, 256] + [1] * 24, [1 + MTP_K] * 16),
     }[name]
     n_ns, n_sp = sum(ns_lengths), sum(sp_lengths)
     nseq = len(ns_lengths) + len(sp_lengths)
     lines = torch.randperm(nseq + 32, generator=gen)[:nseq].to(torch.int32)
-    rows = torch.randperm(n_ns + n_sp, generator=gen).to(torch.int32)
+    if name == "mixed, rows shuffled":  # stress: every token's row anywhere in x
+        rows = torch.randperm(n_ns + n_sp, generator=gen).to(torch.int32)
+    else:  # as vLLM lays a step out: spec rows first, each sequence's rows contiguous
+        rows = torch.cat([torch.arange(n_sp, n_sp + n_ns), torch.arange(n_sp)]).to(torch.int32)
 
     def usm(*shape):
         t = jitconv.empty(shape, dtype)
@@ -212,7 +218,7 @@ def run(dims=(2048, 8192), dtypes=("bfloat16", "float32"), workloads=None,
         print(text, file=out, flush=True)
 
     workloads = workloads or ["decode-only 64", "spec-only 16x(1+3)", "prefill-heavy 4x1024",
-                              "decode-heavy mixed", "mixed step"]
+                              "decode-heavy mixed", "mixed step", "mixed, rows shuffled"]
     say(f"device: {jitconv.get_device()}")
     copy_gbps = copy_bandwidth()
     say(f"device copy bandwidth (memcpy, read + write): {copy_gbps:.1f} GB/s")

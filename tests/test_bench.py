@@ -30,7 +30,8 @@ def test_bench_small_setting_reports_all_figures(sycl_device, tmp_path):
 
 def test_bench_workloads_compute_the_same_thing_both_ways(sycl_device):
     """What the benchmark times is correct: jitconv == the torch baseline on its steps."""
-    for name in ("decode-only 64", "spec-only 16x(1+3)", "mixed step"):
+    for name in ("decode-only 64", "spec-only 16x(1+3)", "mixed step",
+                 "mixed, rows shuffled"):
         step = bench.make_step(name, 128, torch.float32)
         tstep = {k: (v.clone() if k == "conv_state" else v) for k, v in step.items()}
         ours = jitconv.causal_conv1d_mixed(**step)
