@@ -42,8 +42,6 @@ def info(_args):
     return 0
 
 
-TOLERANCE = {torch.float32: (3e-4, 1e-3), torch.float16: (3e-3, 5e-3),
-             torch.bfloat16: (1e-2, 5e-2)}
 
 
 def _demo_step(gen, dim, width, dtype, mtp_k=3):
@@ -98,6 +96,15 @@ def _bits(t):
     return t.view(torch.int16) if t.element_size() == 2 else t.view(torch.int32)
 
 
+def _verify(out, state, ref_out, ref_state):
+    """(max |error|, outputs within the dtype's tolerance, state bit-exact)."""
+    rtol, atol = reference.TOLERANCE[str(out.dtype).replace("torch.", "")]
+    err = np.abs(out.to(torch.float64).numpy() - ref_out)
+    out_ok = bool(np.all(err <= atol + rtol * np.abs(ref_out)))
+    state_ok = torch.equal(_bits(state), _bits(torch.from_numpy(ref_state).to(state.dtype)))
+    return float(err.max()), out_ok, state_ok
+
+
 def demo(args):
     dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16,
              "float32": torch.float32}[args.dtype]
@@ -115,13 +122,9 @@ def demo(args):
     out = jitconv.causal_conv1d_mixed(**step)
     cold = time.perf_counter() - t0
 
-    rtol, atol = TOLERANCE[dtype]
-    got = out.to(torch.float64).numpy()
-    err = np.abs(got - ref_out)
-    out_ok = bool(np.all(err <= atol + rtol * np.abs(ref_out)))
-    state_ok = torch.equal(_bits(step["conv_state"]),
-                           _bits(torch.from_numpy(ref_state).to(dtype)))
-    print(f"one call, one kernel launch: max |error| vs float64 reference = {err.max():.3g}"
+    rtol, atol = reference.TOLERANCE[args.dtype]
+    err, out_ok, state_ok = _verify(out, step["conv_state"], ref_out, ref_state)
+    print(f"one call, one kernel launch: max |error| vs float64 reference = {err:.3g}"
           f" (tolerance {atol} + {rtol}*|ref|): {'OK' if out_ok else 'FAILED'}")
     print(f"conv_state: {'bit-exact' if state_ok else 'MISMATCH'} vs reference (every line,"
           f" including pads and unused lines); copies: {jitconv.copy_counts()}")
@@ -179,12 +182,10 @@ def check(args):
             step, _ = _demo_step(torch.Generator().manual_seed(width), args.dim, width, dtype)
             ref_out, ref_state = reference.causal_conv1d_reference(**step)
             out = jitconv.causal_conv1d_mixed(**step)
-            rtol, atol = TOLERANCE[dtype]
-            err = np.abs(out.to(torch.float64).numpy() - ref_out)
-            ok = bool(np.all(err <= atol + rtol * np.abs(ref_out))) and torch.equal(
-                _bits(step["conv_state"]), _bits(torch.from_numpy(ref_state).to(dtype)))
+            err, out_ok, state_ok = _verify(out, step["conv_state"], ref_out, ref_state)
+            ok = out_ok and state_ok
             failures += not ok
-            print(f"  width {width} {name:9s} max error {err.max():.3g} "
+            print(f"  width {width} {name:9s} max error {err:.3g} "
                   f"{'OK' if ok else 'FAILED'}", flush=True)
     import dpctl
     print(f"dpctl {dpctl.__version__}, device {jitconv.get_device()}, kernels: "
@@ -213,10 +214,8 @@ def build_kernels(args):
     for width in widths:
         for dtype in dtypes:
             t0 = time.perf_counter()
-            spirv, name = launching.compile_spirv(width, dtype, queue)
-            launching._program(queue, spirv, name)  # only store what builds
-            path = kernel_cache.store(width, dtype, spirv, name, directory=target)
-            print(f"  width {width} {dtype:9s} {len(spirv) / 1024:6.1f} KiB "
+            _kernel, path = launching.compile_and_store(width, dtype, queue, target)
+            print(f"  width {width} {dtype:9s} {path.stat().st_size / 1024:6.1f} KiB "
                   f"{time.perf_counter() - t0:5.2f} s  {path.name}", flush=True)
     return 0
 

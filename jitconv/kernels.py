@@ -182,7 +182,7 @@ def kernel_source(width, name):
     ind = " " * 4
 
     def lines(fmt, count, depth=1):
-        return "\n".join(ind * depth + fmt.format(k=k, k1=k + 1) for k in range(count))
+        return "\n".join(ind * depth + fmt.format(k=k) for k in range(count))
 
     body = _BODY.format(
         taps=" + ".join([f"w{k} * f{k}" for k in range(S)] + [f"w{S} * xf"]),

@@ -118,13 +118,20 @@ def _build(width, dtype_name, device):
             f"installed to compile one; run `python -m jitconv build-kernels` where "
             f"numba-dpex is installed and point JITCONV_CACHE_DIR at the result"
             + (f" (ignored: {kernel_cache.rejected})" if kernel_cache.rejected else ""))
-    spirv, name = compile_spirv(width, dtype_name, queue)
-    kernel = _program(queue, spirv, name)  # store only what builds
     try:
-        kernel_cache.store(width, dtype_name, spirv, name)
+        kernel, _path = compile_and_store(width, dtype_name, queue)
     except OSError as exc:  # e.g. a read-only home: still usable, just not cached
         kernel_cache.rejected.append((str(kernel_cache.cache_dir()), f"not writable: {exc}"))
+        kernel = _program(queue, *compile_spirv(width, dtype_name, queue))
     return kernel
+
+
+def compile_and_store(width, dtype_name, queue, directory=None):
+    """Compile with numba-dpex, build (only what builds is stored), store the SPIR-V.
+    Returns (kernel, path of the stored SPIR-V)."""
+    spirv, name = compile_spirv(width, dtype_name, queue)
+    kernel = _program(queue, spirv, name)
+    return kernel, kernel_cache.store(width, dtype_name, spirv, name, directory)
 
 
 def get_conv_kernel(width, dtype_name, device=None):

@@ -36,7 +36,7 @@ def _sequences(query_start_loc, state_indices, token_indx, names, geo, first_row
                whole_x, lines_2d=False):
     """Common checks of one part: returns (qsl, lines, real mask, rows)."""
     qsl = validation.host_ints(query_start_loc, names["qsl"])
-    validation.check_query_start_loc(qsl, names["qsl"], None)
+    validation.check_query_start_loc(qsl, names["qsl"])
     count, nseq = int(qsl[-1]), len(qsl) - 1
     if state_indices is None:
         raise ValueError(f"{names['lines']}: required when {names['qsl']} is given "

@@ -11,6 +11,9 @@ values are copies of inputs, so casting ``new_state`` back to the state's dtype 
 
 import numpy as np
 
+# Output tolerances (rtol, atol) against this reference, by dtype name (SEMANTICS.md).
+TOLERANCE = {"float32": (3e-4, 1e-3), "float16": (3e-3, 5e-3), "bfloat16": (1e-2, 5e-2)}
+
 
 def as_float64(a):
     """numpy float64 copy of a numpy array or torch tensor (bfloat16 included)."""

@@ -6,11 +6,11 @@ import numpy as np
 import torch
 
 import jitconv
+from jitconv import reference
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-# (rtol, atol) against the float64 reference: docs/SEMANTICS.md
-TOLERANCE = {torch.float32: (3e-4, 1e-3), torch.float16: (3e-3, 5e-3),
-             torch.bfloat16: (1e-2, 5e-2)}
+# (rtol, atol) against the float64 reference, keyed by torch dtype
+TOLERANCE = {DTYPES[name]: tol for name, tol in reference.TOLERANCE.items()}
 _BITS = {torch.float32: torch.int32, torch.float16: torch.int16, torch.bfloat16: torch.int16}
 POISON = float("nan")
 
