@@ -11,6 +11,7 @@ shuffled (a stress case for the token maps).
 """
 
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -209,7 +210,9 @@ def run(dims=(2048, 8192), dtypes=("bfloat16", "float32"), workloads=None,
     per_call, submit = host_overhead()
     say(f"host overhead: {per_call:.0f} us per call for a tiny decode batch (64 x 1, dim 64)"
         f" end to end; bare kernel submit + wait {submit:.0f} us")
-    result = dict(device=jitconv.get_device(), copy_gbps=copy_gbps,
+    result = dict(device=jitconv.get_device(),
+                  grid=dict(dims=list(dims), dtypes=list(dtypes), workloads=workloads),
+                  copy_gbps=copy_gbps,
                   copy_bytes=copy["bytes"], copy_us=copy["us"], rows=rows,
                   host_us_per_call=per_call, submit_us=submit)
     if cold:
@@ -225,3 +228,48 @@ def run(dims=(2048, 8192), dtypes=("bfloat16", "float32"), workloads=None,
         except ImportError:
             say("plot skipped: matplotlib is not installed")
     return result
+
+
+def inconsistencies(result):
+    """What does not add up in a result of ``run`` (an empty list when all is well): every
+    workload of the grid measured once, bytes as ``bytes_moved`` counts them, GB/s equal to
+    bytes / time, % of copy and the speedup equal to their ratios, two calls measured
+    exactly for the steps that have both kinds of sequences. Timings themselves are never
+    judged: these machines are shared and noisy."""
+    problems = []
+
+    def differ(a, b):
+        return not math.isclose(a, b, rel_tol=1e-9)
+
+    if differ(result["copy_gbps"], result["copy_bytes"] / result["copy_us"] / 1e3):
+        problems.append("copy_gbps is not copy_bytes / copy_us")
+    grid = result["grid"]
+    want = [(w, t, d) for d in grid["dims"] for t in grid["dtypes"] for w in grid["workloads"]]
+    got = [(r["workload"], r["dtype"], r["dim"]) for r in result["rows"]]
+    if sorted(got) != sorted(want):
+        problems.append(f"rows {got} are not the grid {want}")
+    for r in result["rows"]:
+        name = f"{r['workload']} {r['dtype']} d{r['dim']}"
+        ns_lengths, sp_lengths = WORKLOADS[r["workload"]]
+        if r["tokens"] != sum(ns_lengths) + sum(sp_lengths):
+            problems.append(f"{name}: {r['tokens']} tokens")
+        step = make_step(r["workload"], r["dim"], getattr(torch, r["dtype"]))
+        if r["bytes"] != bytes_moved(step):
+            problems.append(f"{name}: bytes {r['bytes']} != {bytes_moved(step)}")
+        times = [r["one_us"], r["torch_us"]] + ([r["two_us"]] if r["two_us"] else [])
+        if not all(math.isfinite(t) and t > 0 for t in times):
+            problems.append(f"{name}: a time is not positive: {times}")
+            continue
+        if differ(r["gbps"], r["bytes"] / r["one_us"] / 1e3):
+            problems.append(f"{name}: GB/s is not bytes / time")
+        if differ(r["pct_copy"], 100 * r["gbps"] / result["copy_gbps"]):
+            problems.append(f"{name}: % of copy is not GB/s / copy GB/s")
+        if differ(r["speedup"], r["torch_us"] / r["one_us"]):
+            problems.append(f"{name}: speedup is not torch time / jitconv time")
+        if (r["two_us"] is not None) != bool(ns_lengths and sp_lengths):
+            problems.append(f"{name}: two calls measured for the wrong kind of step")
+    for key in ("host_us_per_call", "submit_us"):
+        if not result[key] > 0:
+            problems.append(f"{key} = {result[key]}")
+    return problems
+
