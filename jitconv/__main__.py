@@ -195,7 +195,8 @@ def bench(args):
     result = benchmark.run(dims=[int(d) for d in args.dims.split(",")],
                            dtypes=args.dtypes.split(","),
                            workloads=args.workloads.split(";") if args.workloads else None,
-                           plot_path=args.plot or None, cold=not args.no_cold_start)
+                           plot_path=args.plot or None, cold=not args.no_cold_start,
+                           layers=args.layers, layer_dim=args.layer_dim)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)
@@ -233,6 +234,9 @@ def main(argv=None):
     p.add_argument("--plot", default="bench.png", help="plot path ('' for none)")
     p.add_argument("--json", help="also write every figure to this JSON file")
     p.add_argument("--no-cold-start", action="store_true")
+    p.add_argument("--layers", type=int, default=48,
+                   help="layers of the plan-vs-one-shot step (0: skip it)")
+    p.add_argument("--layer-dim", type=int, default=8192)
     b = add("build-kernels", help="precompile kernels to SPIR-V (persistent)")
     where = b.add_mutually_exclusive_group()
     where.add_argument("--dir", help="directory to write (default: the user cache, "

@@ -24,7 +24,7 @@ import torch
 import jitconv
 from jitconv import launching
 from jitconv.baseline import causal_conv1d_mixed_torch
-from jitconv.steps import mixed_step, split_step
+from jitconv.steps import DATA_KEYS, mixed_step, random_values, split_step
 
 MTP_K = 3
 WORKLOADS = {  # name: (non-spec sequence lengths, spec sequence lengths)
@@ -115,20 +115,124 @@ def host_overhead():
     step = make_step("decode-only 64", 64, torch.float32)
     per_call = median_time(lambda: jitconv.causal_conv1d_mixed(**step), min_reps=50)
     captured = {}
-    original = launching.launch_conv
+    original = launching.submit_conv
 
     def capture(*args, **kwargs):
         captured["args"] = (args, kwargs)
         return original(*args, **kwargs)
 
-    launching.launch_conv = capture
+    launching.submit_conv = capture
     try:
         jitconv.causal_conv1d_mixed(**step)
     finally:
-        launching.launch_conv = original
+        launching.submit_conv = original
     args, kwargs = captured["args"]
     submit = median_time(lambda: original(*args, **kwargs), min_reps=50)
     return per_call * 1e6, submit * 1e6
+
+
+def _metadata(step):
+    return {k: v for k, v in step.items() if k not in DATA_KEYS}
+
+
+def _layers(step, count, seed=1):
+    """``count`` layers of the step's shape: their own x, weight, bias, conv_state and
+    out, all in USM memory (distinct tensors, as a model's layers have)."""
+    gen = torch.Generator().manual_seed(seed)
+    layers = []
+    for _ in range(count):
+        layer = {k: random_values(gen, tuple(step[k].shape), step["x"].dtype, usm=True)
+                 for k in ("x", "weight", "bias")}
+        stored = tuple(step["conv_state"].transpose(1, 2).shape)
+        layer["conv_state"] = random_values(gen, stored, step["x"].dtype,
+                                            usm=True).transpose(1, 2)
+        layer["out"] = jitconv.empty(tuple(step["x"].shape), step["x"].dtype)
+        layers.append(layer)
+    return layers
+
+
+def layer_loop(name, dim, dtype, layers=48, distinct=4, reps=3):
+    """One engine step of a ``layers``-layer model: ``jitconv.plan`` once and a run per
+    layer, against a one-shot ``causal_conv1d_mixed`` per layer. Runs go to an in-order
+    profiling queue, so the kernels' own time is read from their events. Layer tensors
+    are USM torch CPU tensors (runs wait for their kernel: host code may read them);
+    ``distinct`` sets of them are cycled to bound memory."""
+    import dpctl
+    step = make_step(name, dim, dtype)
+    meta = _metadata(step)
+    sets = _layers(step, distinct)
+    base = jitconv.get_queue()
+    queue = dpctl.SyclQueue(base.sycl_context, base.sycl_device,
+                            property=["enable_profiling", "in_order"])
+    lines, _dim, state_len = step["conv_state"].shape
+    width = step["weight"].shape[-1]
+
+    def planned():
+        plan = jitconv.plan(step["x"].shape[0], lines, state_len, width, queue=queue,
+                            **meta)
+        for i in range(layers):
+            plan.run(**sets[i % distinct])
+
+    def one_shot():
+        for i in range(layers):
+            jitconv.causal_conv1d_mixed(**sets[i % distinct], **meta)
+
+    plan_s = median_time(planned, min_time=0, min_reps=reps, max_reps=reps)
+    one_s = median_time(one_shot, min_time=0, min_reps=reps, max_reps=reps)
+    with launching.recording() as events:
+        planned()
+    kernel_s = sum(e.profiling_info_end - e.profiling_info_start for e in events) / 1e9
+    return dict(workload=name, dtype=str(dtype).replace("torch.", ""), dim=dim,
+                layers=layers, plan_step_us=plan_s * 1e6, one_shot_step_us=one_s * 1e6,
+                kernel_us=kernel_s * 1e6,
+                host_us_per_layer=(plan_s - kernel_s) / layers * 1e6,
+                one_shot_host_us_per_layer=(one_s - kernel_s) / layers * 1e6,
+                kernel_share=kernel_s / plan_s)
+
+
+def _DeviceArray(t, queue):
+    """A copy of torch CPU tensor ``t`` in device USM memory of ``queue``."""
+    import dpctl.tensor as dpt
+    return dpt.asarray(t.contiguous().numpy(), usm_type="device", sycl_queue=queue)
+
+
+def tiny_run_cost(runs=1000):
+    """Wall time per ``StepPlan.run`` of a tiny decode (1 sequence, dim 64, float32) over
+    ``runs`` runs, and of a one-shot call (plan + run). "waits": USM torch CPU tensors,
+    so every run waits for its kernel; "pipelined": device memory on an in-order queue,
+    one wait at the end (how torch XPU tensors on torch's stream run)."""
+    import dpctl
+    step = mixed_step(torch.Generator().manual_seed(0), dim=64, width=4,
+                      dtype=torch.float32, ns_lengths=[1], usm=True)
+    meta = _metadata(step)
+    data = {k: step[k] for k in DATA_KEYS}
+    lines, _dim, state_len = step["conv_state"].shape
+    out = jitconv.empty((1, 64))
+    plan = jitconv.plan(1, lines, state_len, 4, **meta)
+    plan.run(**data, out=out)
+
+    def loop(run, n):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            run()
+        return (time.perf_counter() - t0) / n
+
+    waits = loop(lambda: plan.run(**data, out=out), runs)
+    one_shot = loop(lambda: jitconv.causal_conv1d_mixed(**data, **meta, out=out), runs // 4)
+    base = jitconv.get_queue()
+    queue = dpctl.SyclQueue(base.sycl_context, base.sycl_device, property="in_order")
+    device = {k: _DeviceArray(v, queue) for k, v in data.items()}
+    device_out = _DeviceArray(out, queue)
+    qplan = jitconv.plan(1, lines, state_len, 4, queue=queue, **meta)
+    qplan.run(**device, out=device_out)
+    queue.wait()
+    t0 = time.perf_counter()
+    for _ in range(runs):
+        qplan.run(**device, out=device_out)
+    queue.wait()
+    pipelined = (time.perf_counter() - t0) / runs
+    return dict(run_waits_us=waits * 1e6, run_pipelined_us=pipelined * 1e6,
+                one_shot_us=one_shot * 1e6)
 
 
 _COLD_CHILD = """
@@ -178,7 +282,8 @@ def plot(rows, copy_gbps, path):
 
 
 def run(dims=(2048, 8192), dtypes=("bfloat16", "float32"), workloads=None,
-        plot_path="bench.png", cold=True, out=sys.stdout):
+        plot_path="bench.png", cold=True, out=sys.stdout, layers=48, layer_dim=8192,
+        layer_dtype="bfloat16", layer_workloads=("decode-only 64", "mixed step")):
     """Run the benchmark, print the table; returns a dict with every figure."""
     def say(text=""):
         print(text, file=out, flush=True)
@@ -210,11 +315,27 @@ def run(dims=(2048, 8192), dtypes=("bfloat16", "float32"), workloads=None,
     per_call, submit = host_overhead()
     say(f"host overhead: {per_call:.0f} us per call for a tiny decode batch (64 x 1, dim 64)"
         f" end to end; bare kernel submit + wait {submit:.0f} us")
+    tiny = tiny_run_cost()
+    say(f"tiny decode (1 x 1, dim 64), wall time per call over a loop: plan.run "
+        f"{tiny['run_waits_us']:.0f} us (USM tensors, waits for each kernel), "
+        f"{tiny['run_pipelined_us']:.0f} us (device memory, in-order queue, one wait at "
+        f"the end); one-shot call {tiny['one_shot_us']:.0f} us")
+    loops = []
+    for name in layer_workloads if layers else ():
+        r = layer_loop(name, layer_dim, getattr(torch, layer_dtype), layers=layers)
+        loops.append(r)
+        say(f"{layers}-layer step, {name}, {r['dtype']} dim {layer_dim}: plan + runs "
+            f"{r['plan_step_us'] / 1e3:.2f} ms, one-shot calls "
+            f"{r['one_shot_step_us'] / 1e3:.2f} ms, kernels {r['kernel_us'] / 1e3:.2f} ms "
+            f"({100 * r['kernel_share']:.0f}% of the planned step); outside the kernels "
+            f"per layer: {r['host_us_per_layer']:.0f} us planned, "
+            f"{r['one_shot_host_us_per_layer']:.0f} us one-shot")
     result = dict(device=jitconv.get_device(),
                   grid=dict(dims=list(dims), dtypes=list(dtypes), workloads=workloads),
                   copy_gbps=copy_gbps,
                   copy_bytes=copy["bytes"], copy_us=copy["us"], rows=rows,
-                  host_us_per_call=per_call, submit_us=submit)
+                  host_us_per_call=per_call, submit_us=submit, tiny_decode=tiny,
+                  layer_loops=loops)
     if cold:
         starts = cold_start()
         for label, t in starts.items():
@@ -271,5 +392,15 @@ def inconsistencies(result):
     for key in ("host_us_per_call", "submit_us"):
         if not result[key] > 0:
             problems.append(f"{key} = {result[key]}")
+    for r in result["layer_loops"]:
+        name = f"{r['layers']}-layer {r['workload']}"
+        if differ(r["host_us_per_layer"], (r["plan_step_us"] - r["kernel_us"]) / r["layers"]):
+            problems.append(f"{name}: host time per layer is not (step - kernels) / layers")
+        if differ(r["kernel_share"], r["kernel_us"] / r["plan_step_us"]):
+            problems.append(f"{name}: kernel share is not kernels / step")
+        if not 0 < r["kernel_share"] <= 1:
+            problems.append(f"{name}: kernel share {r['kernel_share']} outside (0, 1]")
+    if not all(v > 0 for v in result["tiny_decode"].values()):
+        problems.append(f"tiny decode: {result['tiny_decode']}")
     return problems
 

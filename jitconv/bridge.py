@@ -217,7 +217,7 @@ def to_device(t, name, writable=False, queue=None):
             raise TypeError(f"{name}: tensors on {t.device} are not supported "
                             f"(expected an XPU tensor, or a CPU tensor)")
         if t.numel() == 0:  # nothing is read or written: any valid memory will do
-            return DeviceView(_tables(queue).memory, 0, tuple(t.shape), tuple(t.stride()),
+            return DeviceView(_placeholder(queue), 0, tuple(t.shape), tuple(t.stride()),
                               t.element_size(), t), None
         found = _find_allocation(t.data_ptr())
         if found is None:
@@ -355,43 +355,43 @@ def channels_contiguous(t):
     return dpt.copy(_as_usm_ndarray(t), order="C")
 
 
-def flatten(view):
-    """A strided view as (flat 1-D view of its allocation, element offset, element
-    strides): the form every kernel array argument takes (see kernel_abi)."""
-    extent = 1 + sum((n - 1) * s for n, s in zip(view.shape, view.strides) if n > 0)
-    flat = view._replace(offset=0, shape=(view.offset + max(extent, 1),), strides=(1,))
-    return flat, view.offset, tuple(view.strides)
-
-
-class _TableBuffer:
-    """One USM shared int32 buffer per queue for the per-call metadata tables. The host
-    writes the tables straight into it (no allocation, no copy call per launch); callers
-    hold ``ops``' lock from writing the tables until their kernel finished."""
-
-    def __init__(self, queue, capacity):
-        self.memory = _SharedAllocation(4 * capacity, queue=queue)
-        self.array = np.frombuffer(self.memory, dtype=np.int32)
-
-
-_table_buffers = {}
-
-
-def _tables(queue, needed=1):
-    buf = _table_buffers.get(queue)
-    if buf is None or len(buf.array) < needed:
-        capacity = max(needed, 2 * len(buf.array) if buf is not None else 1 << 16)
-        buf = _table_buffers[queue] = _TableBuffer(queue, capacity)
-    return buf
-
-
-def write_tables(host_arrays, queue=None):
-    """Write int32 tables into the queue's table buffer; returns (memory, offsets)."""
-    queue = queue or devices.get_queue()
+def upload_tables(host_arrays, queue):
+    """Copy int32 tables into a new USM shared allocation of the queue's context (a plan
+    owns it and never writes it again). Returns (DeviceView of it, element offsets)."""
     sizes = [len(a) for a in host_arrays]
-    buf = _tables(queue, sum(sizes) + 1)
+    memory = dpm.MemoryUSMShared(4 * max(sum(sizes), 1), queue=queue)
+    array = np.frombuffer(memory, dtype=np.int32)
     offsets, start = [], 0
     for a, n in zip(host_arrays, sizes):
-        buf.array[start:start + n] = a
+        array[start:start + n] = a
         offsets.append(start)
         start += n
-    return DeviceView(buf.memory, 0, (start,), (1,), 4, buf), offsets
+    return DeviceView(memory, 0, (max(start, 1),), (1,), 4, memory), offsets
+
+
+_placeholders = {}  # queue's context -> a small allocation that no kernel reads
+
+
+def _placeholder(queue):
+    """Valid USM memory for an argument with no elements (the kernel never reads it)."""
+    memory = _placeholders.get(queue.sycl_context)
+    if memory is None:
+        memory = _placeholders.setdefault(queue.sycl_context,
+                                          dpm.MemoryUSMShared(64, queue=queue))
+    return memory
+
+
+def normalize_all(x, weight, bias, conv_state, out):
+    """``normalize`` for the five tensor arguments of the ops, in that order."""
+    return [normalize(t, n) for t, n in zip((x, weight, bias, conv_state, out),
+                                            ("x", "weight", "bias", "conv_state", "out"))]
+
+
+def same_memory(a, b):
+    """True if two arguments share an allocation (then writing one may change the other)."""
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+    ua, ub = _as_usm_ndarray(a), _as_usm_ndarray(b)
+    if ua is not None and ub is not None:
+        return ua.usm_data._pointer == ub.usm_data._pointer
+    return False

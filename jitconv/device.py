@@ -9,6 +9,7 @@ kernel's type, so a new SyclQueue object for the same device would force a recom
 dpctl's per-device cached queue is the one arrays made with ``device=...`` use too.
 """
 
+import ctypes
 import os
 
 from ._bootstrap import bootstrap
@@ -87,3 +88,49 @@ def get_queue(device=None):
         queue = _queues[filter_str] = dpctl.get_device_cached_queue(
             dpctl.SyclDevice(filter_str))
     return queue
+
+
+# ------------------------------------------------------------------ the caller's queue
+
+_PyCapsule_New = ctypes.pythonapi.PyCapsule_New
+_PyCapsule_New.restype = ctypes.py_object
+_PyCapsule_New.argtypes = (ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p)
+_by_address = {}  # sycl::queue address -> dpctl.SyclQueue sharing that queue
+
+
+def queue_from_address(address):
+    """A dpctl.SyclQueue for the ``sycl::queue*`` at ``address`` (what torch's
+    ``torch.xpu.Stream.sycl_queue`` returns): dpctl takes it as a "SyclQueueRef" capsule
+    and shares the queue, so work submitted on it is ordered with the owner's work.
+    Cached per address: a stream's queue lives as long as the stream."""
+    if not isinstance(address, int) or isinstance(address, bool) or address <= 0:
+        raise ValueError(f"queue address: expected a positive int (a sycl::queue*), "
+                         f"got {address!r}")
+    queue = _by_address.get(address)
+    if queue is None:
+        queue = _by_address.setdefault(address,
+                                       dpctl.SyclQueue(capsule(address, b"SyclQueueRef")))
+    return queue
+
+
+def capsule(address, name):
+    """A PyCapsule named ``name`` around a C pointer, the form dpctl takes a SYCL object
+    reference in (it copies the object: the capsule does not own it)."""
+    return _PyCapsule_New(address, name, None)
+
+
+def torch_stream_queue(device):
+    """The SYCL queue of torch's current XPU stream on ``device`` (a torch.device)."""
+    import torch
+    return queue_from_address(int(torch.xpu.current_stream(device).sycl_queue))
+
+
+def queue_for(x):
+    """The queue a call whose x is ``x`` runs on: for a torch XPU tensor the queue of
+    torch's current stream (ordered with torch's kernels, no host wait); for a dpctl or
+    dpnp array its own queue; otherwise the current device's cached queue."""
+    device = getattr(x, "device", None)
+    if getattr(device, "type", None) == "xpu":
+        return torch_stream_queue(device)
+    queue = getattr(x, "sycl_queue", None)
+    return queue if queue is not None else get_queue()

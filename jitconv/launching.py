@@ -11,17 +11,20 @@ imported.
 
 A numba-dpex array argument is flattened into five kernel parameters (its device data
 model): nitems (int64), itemsize (int64), data pointer, shape[ndim] (int64) and
-strides[ndim] (int64, in bytes). ``_flatten`` builds exactly that list.
+strides[ndim] (int64, in bytes). ``_array`` builds exactly that list.
 """
 
+import contextlib
 import ctypes
+import os
 import threading
 import warnings
+from pathlib import Path
 
 import numpy as np
 
 from . import kernel_cache
-from .kernel_abi import CONV_ARGS, STORAGE
+from .kernel_abi import CONV_ARGS, STORAGE, TABLES
 from . import device as devices
 
 _lock = threading.Lock()
@@ -100,9 +103,8 @@ def _program(queue, spirv, name):
     return kernel
 
 
-def _build(width, dtype_name, device):
+def _build(width, dtype_name, queue):
     """Disk cache first (no numba-dpex import at all), else compile and store."""
-    queue = devices.get_queue(device)
     entry = kernel_cache.load(width, dtype_name)
     if entry is not None:
         spirv, name, path = entry
@@ -149,46 +151,171 @@ def compile_and_store(width, dtype_name, queue, directory=None, required=True):
         return kernel, None
 
 
-def get_conv_kernel(width, dtype_name, device=None):
-    """The built SYCL kernel for (device, width, dtype): from this process's table, the
-    disk cache, or a fresh numba-dpex compile, in that order."""
-    device = device or devices.get_device()
-    key = (device, width, dtype_name)
+def get_conv_kernel(width, dtype_name, queue=None):
+    """The built SYCL kernel for (the queue's device and context, width, dtype): from this
+    process's table, the disk cache, or a fresh numba-dpex compile, in that order. A
+    program belongs to one context: a queue of another context (torch's, a user's) gets
+    its own build of the same SPIR-V."""
+    queue = queue or devices.get_queue()
+    key = (queue.sycl_device.filter_string, queue.sycl_context, width, dtype_name)
     kernel = _built.get(key)
     if kernel is None:
         with _lock:
             kernel = _built.get(key)
             if kernel is None:
-                kernel = _built[key] = _build(width, dtype_name, device)
+                kernel = _built[key] = _build(width, dtype_name, queue)
     return kernel
 
 
-def _flatten(view):
-    """One array argument as the kernel's parameters (see the module docstring)."""
-    nitems = 1
-    for n in view.shape:
-        nitems *= n
-    flat = [ctypes.c_int64(nitems), ctypes.c_int64(view.itemsize), view.memory]
-    flat += [ctypes.c_int64(n) for n in view.shape]
-    flat += [ctypes.c_int64(s * view.itemsize) for s in view.strides]
-    return flat
+def _array(view):
+    """One array argument as the kernel's parameters: the view's whole allocation as a
+    flat 1-D array (see the module docstring); its element offset and strides follow as
+    separate scalars. Returns (values, is-pointer flags)."""
+    extent = 1 + sum((n - 1) * s for n, s in zip(view.shape, view.strides) if n > 0)
+    nitems = view.offset + max(extent, 1)
+    return ([nitems, view.itemsize, view.memory, nitems, view.itemsize],
+            [False, False, True, False, False])
 
 
-def launch_conv(width, dtype_name, args, num_blocks, dim, device=None):
-    """Submit the conv kernel over (num_blocks, dim) work-items and wait for it.
+# submit_conv packs the arguments in this order; a change of the ABI must change both.
+_PACKED = (("x", "x_offset", "x_row_stride", "out", "out_offset", "out_row_stride",
+            "weight", "weight_offset", "weight_stride_c", "weight_stride_k", "bias",
+            "bias_offset", "bias_stride", "state", "state_offset", "state_stride_line",
+            "state_stride_c", "state_stride_col", "tables") + TABLES + ("has_bias", "silu"))
+if tuple(a[0] for a in CONV_ARGS) != _PACKED:
+    raise ImportError("kernel_abi.CONV_ARGS changed: update launching.submit_conv")
 
-    ``args`` maps the names of CONV_ARGS to ``bridge.DeviceView``s (ints for scalars), all
-    in memory of the queue of ``device``.
+
+def _pack(views, tables, has_bias, silu):
+    """The kernel's arguments as (values, is-pointer flags): ints, and dpctl memory
+    objects where a USM pointer goes."""
+    values, pointers = [], []
+
+    def array(view, *scalars):
+        v, p = _array(view)
+        values.extend(v + [int(s) for s in scalars])
+        pointers.extend(p + [False] * len(scalars))
+
+    x, out, w, b, st = (views[k] for k in ("x", "out", "weight", "bias", "conv_state"))
+    table_view, offsets = tables
+    array(x, x.offset, x.strides[0])
+    array(out, out.offset, out.strides[0])
+    array(w, w.offset, *w.strides)
+    array(b, b.offset, b.strides[0])
+    array(st, st.offset, *st.strides)
+    array(table_view, *(offsets[name] for name in TABLES))
+    values += [int(has_bias), int(silu)]
+    pointers += [False, False]
+    return values, pointers
+
+
+def submit_conv(queue, width, dtype_name, views, tables, num_blocks, dim, *, has_bias,
+                silu, wait=True):
+    """Pack the conv kernel's arguments (kernel_abi.CONV_ARGS, in order) and submit it
+    over (num_blocks, dim) work-items on ``queue``; wait for it when ``wait``.
+
+    views: "x", "out", "weight", "bias", "conv_state" -> bridge.DeviceView in memory of
+    the queue's context; tables: (DeviceView of the int32 table memory, {table name:
+    element offset}).
     """
-    if num_blocks == 0 or dim == 0:
-        return
-    device = device or devices.get_device()
-    queue = devices.get_queue(device)
-    kernel = get_conv_kernel(width, dtype_name, device)
-    flat = []
-    for name, ndim, _elem, _layout in CONV_ARGS:
-        value = args[name]
-        flat += [ctypes.c_int64(int(value))] if ndim == 0 else _flatten(value)
+    kernel = get_conv_kernel(width, dtype_name, queue)
+    values, pointers = _pack(views, tables, has_bias, silu)
+    sink = getattr(_recording, "events", None)
     # SYCL order (slowest first): the kernel's get_id(0) is the last, fastest dimension.
-    queue.submit(kernel, flat, [int(num_blocks), int(dim)]).wait()
+    if _c_submit is not None:
+        event = _c_submit(kernel, queue, values, pointers, (int(num_blocks), int(dim)),
+                          wait, keep_event=sink is not None)
+    else:
+        args = [v if p else ctypes.c_int64(v) for v, p in zip(values, pointers)]
+        event = queue.submit(kernel, args, [int(num_blocks), int(dim)])
+        if wait:
+            event.wait()
+    if sink is not None:
+        sink.append(event)
     stats["submitted"] += 1
+
+
+_recording = threading.local()
+
+
+@contextlib.contextmanager
+def recording():
+    """Collect the dpctl.SyclEvent of every conv kernel this thread submits inside the
+    block (the benchmark reads kernel times from them on a profiling queue)."""
+    events = _recording.events = []
+    try:
+        yield events
+    finally:
+        _recording.events = None
+
+
+class _CSubmit:
+    """Submit through dpctl's C interface (libDPCTLSyclInterface: DPCTLQueue_SubmitRange),
+    the same call dpctl's Python ``SyclQueue.submit`` makes, without its per-argument
+    Python type dispatch (~65 us for this kernel's 52 arguments on opencl:cpu). The
+    interface takes an array of void*: for an int64 argument the address of its value,
+    for a USM pointer argument the pointer itself. Both arrays are per thread, reused."""
+
+    INT64, VOID_PTR = 6, 10  # DPCTLKernelArgType in dpctl 0.17 - 0.22 (same prefix)
+
+    def __init__(self, lib):
+        self.submit = lib.DPCTLQueue_SubmitRange
+        self.submit.restype = ctypes.c_void_p
+        self.submit.argtypes = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                                ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p,
+                                ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t)
+        self.wait, self.delete = lib.DPCTLEvent_Wait, lib.DPCTLEvent_Delete
+        for f in (self.wait, self.delete):
+            f.restype, f.argtypes = None, (ctypes.c_void_p,)
+        self.local = threading.local()
+        self.types = {}  # pointer flags -> DPCTLKernelArgType array
+
+    def _buffers(self, n):
+        bufs = getattr(self.local, "bufs", None)
+        if bufs is None or len(bufs[0]) != n:
+            bufs = self.local.bufs = ((ctypes.c_int64 * n)(), (ctypes.c_void_p * n)(),
+                                      (ctypes.c_size_t * 3)())
+        return bufs
+
+    def __call__(self, kernel, queue, values, pointers, grid, wait, keep_event=False):
+        key = tuple(pointers)
+        types = self.types.get(key)
+        if types is None:
+            types = self.types.setdefault(key, (ctypes.c_int * len(key))(
+                *[self.VOID_PTR if p else self.INT64 for p in key]))
+        buf, args, rng = self._buffers(len(values))
+        base = ctypes.addressof(buf)
+        buf[:] = [0 if p else v for v, p in zip(values, pointers)]
+        args[:] = [v._pointer if p else base + 8 * i
+                   for i, (v, p) in enumerate(zip(values, pointers))]
+        rng[0], rng[1] = grid
+        event = self.submit(kernel.addressof_ref(), queue.addressof_ref(), args, types,
+                            len(values), rng, len(grid), None, 0)
+        if not event:
+            raise RuntimeError("jitconv: the SYCL runtime refused the kernel submission "
+                               "(DPCTLQueue_SubmitRange returned no event; see stderr)")
+        if wait:
+            self.wait(event)
+        kept = None
+        if keep_event:  # dpctl copies the event out of a "SyclEventRef" capsule
+            import dpctl
+            kept = dpctl.SyclEvent(devices.capsule(event, b"SyclEventRef"))
+        self.delete(event)  # the handle only: the work is not cancelled
+        return kept
+
+
+def _load_c_submit():
+    """The C submit path if dpctl's interface library is there (JITCONV_PY_SUBMIT=1 turns
+    it off: then dpctl's Python submit is used)."""
+    if os.environ.get("JITCONV_PY_SUBMIT") == "1":
+        return None
+    import dpctl
+    for path in sorted(Path(dpctl.__file__).parent.glob("libDPCTLSyclInterface.so*")):
+        try:
+            return _CSubmit(ctypes.CDLL(str(path)))
+        except (OSError, AttributeError):
+            continue
+    return None
+
+
+_c_submit = _load_c_submit()

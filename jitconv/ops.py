@@ -1,35 +1,19 @@
 """Public ops: validate everything on the host, then one kernel launch.
 
-All ops share one path: metadata -> ``batch.Part``s (one per kind of sequence) ->
-``batch.Batch`` -> ONE launch of the mixed kernel, whatever mix of prefill chunks, plain
-decodes, spec verify sequences and pads the step holds. ``causal_conv1d_fn`` and
-``causal_conv1d_update`` are thin views of ``causal_conv1d_mixed``'s machinery.
+All ops share one path: metadata -> ``batch.Part``s (one per kind of sequence) -> a
+``step_plan.StepPlan`` -> ONE launch of the mixed kernel, whatever mix of prefill chunks, plain
+decodes, spec verify sequences and pads the step holds. ``jitconv.plan`` builds the plan
+once for many layers; ``causal_conv1d_fn``, ``causal_conv1d_update`` and
+``causal_conv1d_mixed`` are a plan plus one run.
 The contract is docs/SEMANTICS.md; ``jitconv.reference`` implements it in float64.
 """
 
-import threading
-from dataclasses import dataclass
-
 import numpy as np
-import torch
 
-from . import bridge, launching, validation
-from . import device as devices
-from .batch import Part, build_batch
-from .kernel_abi import TABLES
-
-
-_launch_lock = threading.Lock()
-
-
-@dataclass
-class _Geometry:
-    """What the metadata checks need to know about the data tensors."""
-    num_tokens: int
-    num_lines: int
-    state_len: int
-    width: int
-    pad_slot_id: int
+from . import bridge, validation
+from .batch import Part
+from .step_plan import StepPlan
+from .validation import Geometry
 
 
 def _sequences(query_start_loc, state_indices, token_indx, names, geo, first_row,
@@ -132,89 +116,12 @@ def _prepare(x, weight, bias, conv_state, out, activation, pad_slot_id):
     silu = validation.check_activation(activation)
     if isinstance(pad_slot_id, bool) or not isinstance(pad_slot_id, (int, np.integer)):
         raise TypeError(f"pad_slot_id: expected an int, got {pad_slot_id!r}")
-    names = ("x", "weight", "bias", "conv_state", "out")
-    x, weight, bias, conv_state, out = [
-        bridge.normalize(t, n) for t, n in zip((x, weight, bias, conv_state, out), names)]
-    _dim, width, dtype = validation.check_tensors(x, weight, bias, conv_state, out)
-    num_lines, _, state_len = validation.shape_of(conv_state)
-    geo = _Geometry(validation.shape_of(x)[0], num_lines, state_len, width,
-                    int(pad_slot_id))
-    return (x, weight, bias, conv_state, out), silu, dtype, geo
-
-
-def execute(tensors, parts, *, silu, dtype, geo, row_names="token_indx",
-            line_names="state_indices"):
-    """Check the parts together, then launch the kernel once. Returns the output."""
-    x, weight, bias, conv_state, out = tensors
-    all_rows = np.concatenate([p.rows for p in parts] + [np.zeros(0, np.int64)])
-    validation.check_unique(all_rows, row_names, "row", geo.num_tokens)
-    all_lines = np.concatenate([p.lines for p in parts] + [np.zeros(0, np.int64)])
-    validation.check_unique(all_lines[all_lines >= 0], line_names, "cache line",
-                            geo.num_lines)
-
-    batch = build_batch(parts, geo.num_tokens)
-    dim = validation.shape_of(x)[1]
-    # The kernel needs channels contiguous in x and out (see kernel_abi). out may also
-    # alias x, and the kernel reads neighbouring rows of x: then compute into a separate
-    # buffer and copy (both cases are rare; correctness over a saved copy).
-    x = bridge.channels_contiguous(x)
-    target = out
-    if out is None or _overlaps(out, x) or not bridge.has_unit_channel_stride(out):
-        target = bridge.empty_like_output(x, validation.shape_of(x), dtype)
-    if dim == 0 or batch.num_blocks == 0:
-        return _finish(out, target)
-
-    queue = devices.get_queue()
-    if len(weight.shape) == 3:
-        weight = weight[:, 0, :]
-    views, write_backs = {}, []
-    for name, t, writable in (("x", x, False), ("out", target, True),
-                              ("weight", weight, False), ("conv_state", conv_state, True)):
-        views[name], wb = bridge.to_device(t, name, writable, queue)
-        if wb is not None:
-            write_backs.append(wb)
-    if bias is not None:
-        views["bias"], _ = bridge.to_device(bias, "bias", False, queue)
-    else:
-        # The kernel does not read bias then, but the argument must be a valid 1-D array.
-        views["bias"] = views["weight"]._replace(shape=(1,), strides=(1,))
-    flat = {name: bridge.flatten(view) for name, view in views.items()}
-    args = {"has_bias": int(bias is not None), "silu": int(silu)}
-    for name, prefix in (("x", "x"), ("out", "out"), ("weight", "weight"),
-                         ("bias", "bias"), ("conv_state", "state")):
-        args[prefix], args[f"{prefix}_offset"], _strides = flat[name]
-    args["x_row_stride"] = flat["x"][2][0]
-    args["out_row_stride"] = flat["out"][2][0]
-    args["weight_stride_c"], args["weight_stride_k"] = flat["weight"][2]
-    args["bias_stride"] = flat["bias"][2][0]
-    (args["state_stride_line"], args["state_stride_c"],
-     args["state_stride_col"]) = flat["conv_state"][2]
-    with _launch_lock:  # the table buffer is reused: one writer until its kernel is done
-        args["tables"], offsets = bridge.write_tables(batch.tables(), queue)
-        args.update(zip(TABLES, offsets))
-        launching.launch_conv(geo.width, dtype, args, batch.num_blocks, dim)
-    for wb in write_backs:
-        wb()
-    return _finish(out, target)
-
-
-def _finish(out, target):
-    if out is not None and target is not out:
-        if isinstance(out, torch.Tensor):
-            out.copy_(target)
-        else:
-            out[...] = target
-        return out
-    return target
-
-
-def _overlaps(a, b):
-    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
-        return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
-    ua, ub = bridge._as_usm_ndarray(a), bridge._as_usm_ndarray(b)
-    if ua is not None and ub is not None:
-        return ua.usm_data._pointer == ub.usm_data._pointer
-    return False
+    tensors = bridge.normalize_all(x, weight, bias, conv_state, out)
+    _dim, width, dtype = validation.check_tensors(*tensors)
+    num_lines, _, state_len = validation.shape_of(tensors[3])
+    geo = Geometry(validation.shape_of(tensors[0])[0], num_lines, state_len, width,
+                   int(pad_slot_id))
+    return tensors, silu, dtype, geo
 
 
 _FN_NAMES = {"qsl": "query_start_loc", "lines": "cache_indices",
@@ -239,8 +146,8 @@ def causal_conv1d_fn(x, weight, bias, conv_state, query_start_loc, cache_indices
                                          pad_slot_id)
     part = non_spec_part(query_start_loc, cache_indices, has_initial_state, token_indx,
                          None, _FN_NAMES, geo, whole_x=True)
-    return execute(tensors, [part], silu=silu, dtype=dtype, geo=geo,
-                   line_names="cache_indices")
+    plan = StepPlan([part], geo, line_names="cache_indices")
+    return plan.launch(tensors, silu, dtype)
 
 
 def causal_conv1d_update(x, weight, bias, conv_state, conv_state_indices,
@@ -272,8 +179,8 @@ def causal_conv1d_update(x, weight, bias, conv_state, conv_state_indices,
     else:
         part = spec_part(query_start_loc, conv_state_indices, token_indx,
                          num_accepted_tokens, names, geo, whole_x=True)
-    return execute(tensors, [part], silu=silu, dtype=dtype, geo=geo,
-                   line_names="conv_state_indices")
+    plan = StepPlan([part], geo, line_names="conv_state_indices")
+    return plan.launch(tensors, silu, dtype)
 
 
 def causal_conv1d_mixed(x, weight, bias, conv_state, *, non_spec_query_start_loc=None,
@@ -294,6 +201,40 @@ def causal_conv1d_mixed(x, weight, bias, conv_state, *, non_spec_query_start_loc
     """
     tensors, silu, dtype, geo = _prepare(x, weight, bias, conv_state, out, activation,
                                          pad_slot_id)
+    plan = _mixed_plan(geo, None, non_spec_query_start_loc, non_spec_state_indices,
+                       has_initial_state, non_spec_token_indx, spec_query_start_loc,
+                       spec_state_indices, spec_token_indx, num_accepted_tokens,
+                       non_spec_num_accepted_tokens)
+    return plan.launch(tensors, silu, dtype)
+
+
+def plan(num_tokens, num_cache_lines, state_len, width, *, non_spec_query_start_loc=None,
+         non_spec_state_indices=None, has_initial_state=None, non_spec_token_indx=None,
+         spec_query_start_loc=None, spec_state_indices=None, spec_token_indx=None,
+         num_accepted_tokens=None, non_spec_num_accepted_tokens=None, pad_slot_id=-1,
+         queue=None):
+    """Validate one engine step's metadata once and return a ``StepPlan`` whose
+    ``run(x, weight, bias, conv_state, out=None, activation="silu")`` does the conv of
+    one layer. The metadata arguments are ``causal_conv1d_mixed``'s (same rules, same
+    errors); the geometry is what every layer's tensors must have: x with ``num_tokens``
+    rows, conv_state viewed as (``num_cache_lines``, dim, ``state_len``), weight of
+    ``width`` taps. Metadata may be numpy arrays, lists, CPU or device tensors: it is read
+    here, once, and never again. ``queue``: a dpctl.SyclQueue to run on (default: torch's
+    current stream for XPU tensors, the array's own queue for dpctl/dpnp arrays, else the
+    current device's queue).
+    """
+    geo = validation.check_geometry(num_tokens, num_cache_lines, state_len, width, pad_slot_id)
+    return _mixed_plan(geo, queue, non_spec_query_start_loc, non_spec_state_indices,
+                       has_initial_state, non_spec_token_indx, spec_query_start_loc,
+                       spec_state_indices, spec_token_indx, num_accepted_tokens,
+                       non_spec_num_accepted_tokens)
+
+
+def _mixed_plan(geo, queue, non_spec_query_start_loc, non_spec_state_indices,
+                has_initial_state, non_spec_token_indx, spec_query_start_loc,
+                spec_state_indices, spec_token_indx, num_accepted_tokens,
+                non_spec_num_accepted_tokens):
+    """The parts of a mixed step (names as in causal_conv1d_mixed) as a StepPlan."""
     no_maps = non_spec_token_indx is None and spec_token_indx is None
     parts = []
     given = {"non_spec_state_indices": non_spec_state_indices,
@@ -321,9 +262,9 @@ def causal_conv1d_mixed(x, weight, bias, conv_state, *, non_spec_query_start_loc
             {"qsl": "spec_query_start_loc", "lines": "spec_state_indices",
              "rows": "spec_token_indx", "accepted": "num_accepted_tokens"},
             geo, first_row=first, whole_x=no_maps))
-    return execute(tensors, parts, silu=silu, dtype=dtype, geo=geo,
-                   row_names="non_spec_token_indx/spec_token_indx",
-                   line_names="non_spec_state_indices/spec_state_indices")
+    return StepPlan(parts, geo, queue=queue,
+                    row_names="non_spec_token_indx/spec_token_indx",
+                    line_names="non_spec_state_indices/spec_state_indices")
 
 
 def _reject_orphans(given, owner):

@@ -5,6 +5,8 @@ Errors name the argument and say what was expected: TypeError for a wrong kind o
 ValueError for a wrong shape or value.
 """
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 
@@ -150,3 +152,51 @@ def check_unique(values, name, what, bound):
     if counts.max() > 1:
         raise ValueError(f"{name}: {what} {int(np.argmax(counts > 1))} is used more "
                          f"than once in one call")
+
+
+# ---------------------------------------------------------------- plans
+
+@dataclass(frozen=True)
+class Geometry:
+    """What the metadata checks need to know about the data tensors of a step."""
+    num_tokens: int   # rows of x (and out)
+    num_lines: int    # cache lines of conv_state
+    state_len: int
+    width: int
+    pad_slot_id: int
+
+
+def check_geometry(num_tokens, num_cache_lines, state_len, width, pad_slot_id):
+    """The plan's geometry arguments as a Geometry (errors name the argument)."""
+    values = {}
+    for name, value, low in (("num_tokens", num_tokens, 0),
+                             ("num_cache_lines", num_cache_lines, 0),
+                             ("state_len", state_len, 1), ("width", width, 2),
+                             ("pad_slot_id", pad_slot_id, None)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+            raise TypeError(f"{name}: expected an int, got {value!r}")
+        if low is not None and value < low:
+            raise ValueError(f"{name}: expected an int >= {low}, got {value}")
+        values[name] = int(value)
+    if values["width"] not in SUPPORTED_WIDTHS:
+        raise ValueError(f"width: must be one of {SUPPORTED_WIDTHS}, got {width}")
+    if values["state_len"] < values["width"] - 1:
+        raise ValueError(f"state_len: must be >= width - 1 = {values['width'] - 1}, "
+                         f"got {state_len}")
+    return Geometry(values["num_tokens"], values["num_cache_lines"], values["state_len"],
+                    values["width"], values["pad_slot_id"])
+
+
+def check_fits_plan(geometry, x, conv_state, width):
+    """x, conv_state and the width of one run have the plan's geometry (errors name the
+    tensor and the plan's expectation)."""
+    rows = shape_of(x)[0]
+    lines, _dim, state_len = shape_of(conv_state)
+    for name, got, want, what in (("x", rows, geometry.num_tokens, "rows (num_tokens)"),
+                                  ("weight", width, geometry.width, "taps (width)"),
+                                  ("conv_state", lines, geometry.num_lines,
+                                   "cache lines (num_cache_lines)"),
+                                  ("conv_state", state_len, geometry.state_len,
+                                   "columns (state_len)")):
+        if got != want:
+            raise ValueError(f"{name}: has {got} {what}, but the plan was built for {want}")

@@ -152,10 +152,33 @@ def gdn_conv_step(mixed_qkv, weight, bias, conv_state, attn_metadata, activation
             kwargs["spec_token_indx" if has_spec else "non_spec_token_indx"] = rows
     original_dtype = mixed_qkv.dtype
     mixed_qkv, weight, bias = _to_state_dtype(conv_state, mixed_qkv, weight, bias)
-    out = ops.causal_conv1d_mixed(mixed_qkv, weight, bias, conv_state,
-                                  activation=_activation(activation),
-                                  pad_slot_id=pad_slot_id, **kwargs)
+    lines, _dim, state_len = conv_state.shape
+    geometry = (int(mixed_qkv.shape[0]), int(lines), int(state_len), int(weight.shape[-1]),
+                int(pad_slot_id))
+    plan = _step_plan(m, geometry, non_spec_num_accepted_tokens, kwargs)
+    out = plan.run(mixed_qkv, weight, bias, conv_state, activation=_activation(activation))
     return out.to(original_dtype)
+
+
+def _step_plan(attn_metadata, geometry, extra, kwargs):
+    """The plan of this step for this geometry: built by the first layer that asks, kept
+    on the metadata object (vLLM builds a new one every step), reused by every later
+    layer, so the metadata is validated and read back once per step, not once per layer.
+    Objects that take no new attributes just get a plan per call."""
+    plans = getattr(attn_metadata, "_jitconv_plans", None)
+    if plans is None:
+        plans = {}
+        try:
+            attn_metadata._jitconv_plans = plans
+        except AttributeError:
+            pass
+    cached = plans.get(geometry)
+    if cached is not None and cached[0] is extra:
+        return cached[1]
+    num_tokens, lines, state_len, width, pad_slot_id = geometry
+    plan = ops.plan(num_tokens, lines, state_len, width, pad_slot_id=pad_slot_id, **kwargs)
+    plans[geometry] = (extra, plan)  # `extra`: the plan is valid for this object only
+    return plan
 
 
 __all__ = ["causal_conv1d_fn", "causal_conv1d_update", "gdn_conv_step", "PAD_SLOT_ID"]

@@ -9,7 +9,7 @@ import torch
 import jitconv
 from jitconv import reference
 # One place for steps and their metadata, shared with the demo and the benchmark.
-from jitconv.steps import (cumulative, fn_arguments, mixed_step,  # noqa: F401
+from jitconv.steps import (DATA_KEYS, cumulative, fn_arguments, mixed_step,  # noqa: F401
                            random_values as randn, split_step, token_rows)
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}

@@ -19,7 +19,7 @@ def small_run(sycl_device, tmp_path_factory):
     text = io.StringIO()
     plot = tmp_path_factory.mktemp("bench") / "bench.png"
     result = bench.run(dims=(128,), dtypes=("float32",), plot_path=str(plot), cold=True,
-                       out=text)
+                       out=text, layers=3, layer_dim=128)
     return result, text.getvalue(), plot
 
 
@@ -28,6 +28,7 @@ def test_bench_figures_add_up(small_run):
     assert bench.inconsistencies(result) == []
     assert [r["workload"] for r in result["rows"]] == list(bench.WORKLOADS)
     assert set(result["cold_start"]) == {"empty cache", "warm cache"}
+    assert [r["workload"] for r in result["layer_loops"]] == ["decode-only 64", "mixed step"]
     assert plot.stat().st_size > 1000
     for r in result["rows"]:  # the table shows the figures of the result
         assert f"{r['one_us']:8.0f}us {r['gbps']:6.2f} {r['pct_copy']:5.1f}%" in printed
@@ -43,7 +44,8 @@ def test_bytes_moved_counts_what_must_move():
 
 
 @pytest.mark.parametrize("tamper", ["copy", "row missing", "row twice", "GB/s", "% copy",
-                                    "speedup", "bytes", "two calls"])
+                                    "speedup", "bytes", "two calls", "layer host",
+                                    "kernel share"])
 def test_inconsistencies_are_found(small_run, tamper):
     result, _, _ = small_run
     bad = dict(result, rows=[dict(r) for r in result["rows"]])
@@ -56,6 +58,9 @@ def test_inconsistencies_are_found(small_run, tamper):
         rows[1] = dict(rows[0])
     elif tamper == "two calls":
         rows[0]["two_us"] = rows[0]["one_us"]  # decode-only has no second part
+    elif tamper in ("layer host", "kernel share"):
+        loops = bad["layer_loops"] = [dict(r) for r in result["layer_loops"]]
+        loops[-1]["host_us_per_layer" if tamper == "layer host" else "kernel_share"] *= 1.01
     else:
         key = {"GB/s": "gbps", "% copy": "pct_copy", "speedup": "speedup",
                "bytes": "bytes"}[tamper]

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import jitconv
+from jitconv import ops
 from jitconv.reference import causal_conv1d_fn_reference, causal_conv1d_reference
 
 from helpers import assert_outputs_close, assert_state_exact, cumulative, mixed_step
@@ -56,6 +57,24 @@ def _checked(op, reference, checked):
     return call
 
 
+class _CheckedPlan:
+    """A jitconv.plan whose runs are compared with the reference."""
+
+    def __init__(self, checked, *args, **metadata):
+        self.plan, self.metadata, self.checked = ops.plan(*args, **metadata), metadata, \
+            checked
+
+    def run(self, x, weight, bias, conv_state, out=None, activation="silu"):
+        meta = {k: v for k, v in self.metadata.items() if k not in ("queue",)}
+        ref_out, ref_state = causal_conv1d_reference(x, weight, bias, conv_state,
+                                                     activation=activation, **meta)
+        result = self.plan.run(x, weight, bias, conv_state, out=out, activation=activation)
+        assert_outputs_close(result, ref_out, x.dtype)
+        assert_state_exact(conv_state, ref_state)
+        self.checked.append("plan.run")
+        return result
+
+
 def test_readme_usage_examples_compute_the_contract(sycl_device, monkeypatch):
     assert len(USAGE) >= 4, "the README lost its examples"
     checked = []
@@ -64,6 +83,7 @@ def test_readme_usage_examples_compute_the_contract(sycl_device, monkeypatch):
                             ("causal_conv1d_update", _update_reference)):
         monkeypatch.setattr(jitconv, name, _checked(getattr(jitconv, name), reference,
                                                     checked))
+    monkeypatch.setattr(jitconv, "plan", lambda *a, **k: _CheckedPlan(checked, *a, **k))
     namespace = {}
     try:
         for block in USAGE:
@@ -71,7 +91,7 @@ def test_readme_usage_examples_compute_the_contract(sycl_device, monkeypatch):
     finally:
         jitconv.set_device(sycl_device)  # the first example picks opencl:cpu
     assert checked == ["causal_conv1d_mixed", "causal_conv1d_fn", "causal_conv1d_update",
-                       "causal_conv1d_update"], checked
+                       "causal_conv1d_update"] + ["plan.run"] * 3, checked
 
 
 @pytest.mark.parametrize("layout", ["vllm", "shuffled"])

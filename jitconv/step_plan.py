@@ -1,0 +1,132 @@
+"""Step plans: an engine step's metadata validated and turned into kernel tables ONCE,
+then run on every layer.
+
+Every GDN / Mamba layer of one engine step uses the same metadata (query_start_loc, cache
+lines, token maps, accepted counts); only x, weight, bias and conv_state change per layer.
+``jitconv.plan(...)`` checks the metadata against the step's geometry (rows of x, cache
+lines, state_len, width), builds the per-sequence and per-block tables and copies them into
+USM memory that the plan owns. ``StepPlan.run(x, weight, bias, conv_state)`` then checks
+only what can differ per layer (shapes, dtypes, strides, devices against the plan) and
+submits one kernel. The one-shot ops (``causal_conv1d_fn`` / ``_update`` / ``_mixed``) are
+a plan and one run.
+
+A plan is never written after it is built, so any number of threads may run it (or run
+different plans) at once: there is no lock and no shared mutable buffer.
+
+When ``run`` waits: it returns right after the submit when the kernel's results are only
+read by later work on the same in-order queue (torch XPU tensors on torch's current stream,
+or dpctl/dpnp arrays on an in-order queue). It waits for the kernel when host code may read
+the results next: torch CPU tensors (USM shared memory from ``jitconv.empty``, or plain
+tensors that were copied and must be copied back), or an out-of-order queue (dpctl's
+default), where later work is not ordered after the kernel.
+"""
+
+import weakref
+import numpy as np
+import torch
+
+from . import bridge, launching, validation
+from .validation import Geometry  # noqa: F401  (re-exported: the plan's geometry)
+from . import device as devices
+from .batch import build_batch
+from .kernel_abi import TABLES
+
+
+def _release(memory, queue, state):
+    """Finalizer: a kernel that was not waited for may still read the tables."""
+    if state["unwaited"]:
+        queue.wait()
+    del memory
+
+
+class StepPlan:
+    """One engine step, ready to run on every layer (build it with ``jitconv.plan``)."""
+
+    def __init__(self, parts, geometry, *, queue=None, row_names="token_indx",
+                 line_names="state_indices"):
+        geo = self.geometry = geometry
+        all_rows = np.concatenate([p.rows for p in parts] + [np.zeros(0, np.int64)])
+        validation.check_unique(all_rows, row_names, "row", geo.num_tokens)
+        all_lines = np.concatenate([p.lines for p in parts] + [np.zeros(0, np.int64)])
+        self.lines = all_lines[all_lines >= 0]  # the cache lines a run writes
+        validation.check_unique(self.lines, line_names, "cache line", geo.num_lines)
+        batch = build_batch(parts, geo.num_tokens)
+        self.num_blocks = batch.num_blocks
+        self.queue = queue  # None: chosen per run (torch's stream, or the current device)
+        self._tables = {}   # queue's context -> (DeviceView, offsets), built on first use
+        self._host_tables = batch.tables()
+        self._state = {"unwaited": False}
+
+    # ---------------------------------------------------------------- per layer
+
+    def run(self, x, weight, bias, conv_state, out=None, activation="silu"):
+        """The conv of one layer: returns out (new, or the given ``out``, which may alias
+        x). conv_state is updated in place. Checks the tensors against the plan before
+        launching anything."""
+        silu = validation.check_activation(activation)
+        tensors = bridge.normalize_all(x, weight, bias, conv_state, out)
+        _dim, width, dtype = validation.check_tensors(*tensors)
+        validation.check_fits_plan(self.geometry, tensors[0], tensors[3], width)
+        return self.launch(tensors, silu, dtype)
+
+    def launch(self, tensors, silu, dtype):
+        """Launch on checked tensors (``run`` checks; the one-shot ops checked already)."""
+        x, weight, bias, conv_state, out = tensors
+        dim = validation.shape_of(x)[1]
+        # The kernel needs channels contiguous in x and out (see kernel_abi). out may also
+        # alias x, and the kernel reads neighbouring rows of x: then compute into a
+        # separate buffer and copy (both rare; correctness over a saved copy).
+        x = bridge.channels_contiguous(x)
+        target = out
+        if out is None or bridge.same_memory(out, x) or not bridge.has_unit_channel_stride(out):
+            target = bridge.empty_like_output(x, validation.shape_of(x), dtype)
+        if dim == 0 or self.num_blocks == 0:
+            return _finish(out, target)
+
+        queue = self.queue or devices.queue_for(x)
+        if len(weight.shape) == 3:
+            weight = weight[:, 0, :]
+        views, write_backs = {}, []
+        for name, t, writable in (("x", x, False), ("out", target, True),
+                                  ("weight", weight, False),
+                                  ("conv_state", conv_state, True)):
+            views[name], wb = bridge.to_device(t, name, writable, queue)
+            if wb is not None:
+                write_backs.append(wb)
+        if bias is not None:
+            views["bias"], _ = bridge.to_device(bias, "bias", False, queue)
+        else:
+            # The kernel does not read bias then, but the argument must be a valid array.
+            views["bias"] = views["weight"]._replace(shape=(1,), strides=(1,))
+        host_reads = write_backs or any(isinstance(t, torch.Tensor) and t.device.type == "cpu"
+                                        for t in (x, target, conv_state))
+        wait = bool(host_reads) or not queue.is_in_order
+        if not wait:
+            self._state["unwaited"] = True
+        launching.submit_conv(queue, self.geometry.width, dtype, views,
+                              self._tables_on(queue), self.num_blocks, dim,
+                              has_bias=bias is not None, silu=silu, wait=wait)
+        for wb in write_backs:
+            wb()
+        return _finish(out, target)
+
+    def _tables_on(self, queue):
+        """The tables in USM memory of the queue's context (copied there once)."""
+        context = queue.sycl_context
+        tables = self._tables.get(context)
+        if tables is None:
+            view, offsets = bridge.upload_tables(self._host_tables, queue)
+            weakref.finalize(self, _release, view.memory, queue, self._state)
+            # setdefault: two threads that both uploaded agree on one copy
+            tables = self._tables.setdefault(context, (view, dict(zip(TABLES, offsets))))
+        return tables
+
+
+def _finish(out, target):
+    if out is not None and target is not out:
+        if isinstance(out, torch.Tensor):
+            out.copy_(target)
+        else:
+            out[...] = target
+        return out
+    return target
