@@ -11,7 +11,6 @@ import threading
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 
 from . import bridge, launching, validation
 from . import device as devices
@@ -159,20 +158,26 @@ def execute(tensors, parts, *, silu, dtype, geo, row_names="token_indx",
     # buffer and copy (both cases are rare; correctness over a saved copy).
     x = bridge.channels_contiguous(x)
     target = out
-    if out is None or _overlaps(out, x) or not bridge.has_unit_channel_stride(out):
+    if out is None or bridge.overlaps(out, x) or not bridge.has_unit_channel_stride(out):
+        if out is not None and not bridge.can_assign(out):
+            raise ValueError(f"out: a {type(out.source).__name__} that overlaps x or has "
+                             f"strided channels cannot be written through a copy; pass "
+                             f"out=None or a separate array with contiguous channels")
         target = bridge.empty_like_output(x, validation.shape_of(x), dtype)
     if dim == 0 or batch.num_blocks == 0:
         return _finish(out, target)
 
     queue = devices.get_queue()
-    if len(weight.shape) == 3:
-        weight = weight[:, 0, :]
     views, write_backs = {}, []
     for name, t, writable in (("x", x, False), ("out", target, True),
                               ("weight", weight, False), ("conv_state", conv_state, True)):
         views[name], wb = bridge.to_device(t, name, writable, queue)
         if wb is not None:
             write_backs.append(wb)
+    if len(views["weight"].shape) == 3:  # (dim, 1, width): drop the unit axis
+        w = views["weight"]
+        views["weight"] = w._replace(shape=(w.shape[0], w.shape[2]),
+                                     strides=(w.strides[0], w.strides[2]))
     if bias is not None:
         views["bias"], _ = bridge.to_device(bias, "bias", False, queue)
     else:
@@ -200,21 +205,9 @@ def execute(tensors, parts, *, silu, dtype, geo, row_names="token_indx",
 
 def _finish(out, target):
     if out is not None and target is not out:
-        if isinstance(out, torch.Tensor):
-            out.copy_(target)
-        else:
-            out[...] = target
-        return out
-    return target
-
-
-def _overlaps(a, b):
-    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
-        return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
-    ua, ub = bridge._as_usm_ndarray(a), bridge._as_usm_ndarray(b)
-    if ua is not None and ub is not None:
-        return ua.usm_data._pointer == ub.usm_data._pointer
-    return False
+        bridge.assign(out, target)
+        target = out
+    return target.source if isinstance(target, bridge.UsmArray) else target
 
 
 _FN_NAMES = {"qsl": "query_start_loc", "lines": "cache_indices",
