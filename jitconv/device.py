@@ -11,7 +11,7 @@ dpctl's per-device cached queue is the one arrays made with ``device=...`` use t
 
 import os
 
-from ._bootstrap import bootstrap
+from ._bootstrap import bootstrap, no_device_hint
 
 bootstrap()
 
@@ -45,7 +45,7 @@ def _resolve(filter_str):
         raise DeviceNotFoundError(
             f"no SYCL device matches {filter_str!r}; available: {devices() or 'none'}"
             f" (check ONEAPI_DEVICE_SELECTOR / OCL_ICD_FILENAMES if this list is empty)"
-        ) from exc
+            + no_device_hint()) from exc
     return _filter_string(device)
 
 
@@ -63,7 +63,7 @@ def default_device():
         return _filter_string(available[0])
     raise DeviceNotFoundError(
         "no SYCL device found; jitconv needs a Level Zero GPU or the Intel OpenCL CPU "
-        "runtime (pip package intel-opencl-rt)")
+        "runtime (pip package intel-opencl-rt)." + no_device_hint())
 
 
 def set_device(filter_str):
