@@ -16,6 +16,7 @@ strides[ndim] (int64, in bytes). ``_flatten`` builds exactly that list.
 
 import ctypes
 import threading
+import warnings
 
 import numpy as np
 
@@ -111,6 +112,8 @@ def _build(width, dtype_name, device):
             return kernel
         except Exception as exc:  # dpctl could not build it for this device
             kernel_cache.rejected.append((str(path), f"build failed: {exc}"))
+            warnings.warn(f"jitconv: ignoring the {kernel_cache.origin(path)} kernel "
+                          f"{path}: the device rejected it ({exc})", RuntimeWarning)
     if not have_compiler():
         raise KernelUnavailableError(
             f"no usable prebuilt kernel for width={width}, dtype={dtype_name} in "

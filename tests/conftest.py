@@ -19,6 +19,9 @@ def pytest_configure(config):
     # user points JITCONV_CACHE_DIR somewhere on purpose.
     if "JITCONV_CACHE_DIR" not in os.environ:
         os.environ["JITCONV_CACHE_DIR"] = tempfile.mkdtemp(prefix="jitconv-test-cache-")
+    # The shipped kernels would make every kernel warm: leave them out unless asked for
+    # (tests/test_prebuilt.py checks them; the dpctl-only environments run on them).
+    os.environ.setdefault("JITCONV_NO_SHIPPED_KERNELS", "1")
 
 
 def pytest_addoption(parser):
