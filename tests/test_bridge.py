@@ -27,6 +27,13 @@ class OneApiProducer:
         return self._array.__dlpack_device__()
 
 
+class ClassicOneApiProducer(OneApiProducer):
+    """A producer from before DLPack 1.0: no max_version, classic "dltensor" capsules."""
+
+    def __dlpack__(self, stream=None):
+        return self._array.__dlpack__()
+
+
 def _host_case(seed, dtype, dim=48, width=4):
     rng = np.random.default_rng(seed)
     lengths = [3, 1, 9, 2]
@@ -90,10 +97,11 @@ def test_kdloneapi_capsules_are_imported_zero_copy(sycl_device):
     for producer in (dpt.reshape(dpt.arange(12, dtype="f4", sycl_queue=q), (3, 4)),
                      dpnp.arange(12, dtype="f4", sycl_queue=q).reshape(3, 4)):
         assert producer.__dlpack_device__()[0] == bridge.KDL_ONEAPI
-        view, write_back = bridge.to_device(OneApiProducer(producer), "x")
-        usm = producer if isinstance(producer, dpt.usm_ndarray) else producer.get_array()
-        assert view.address == usm.__sycl_usm_array_interface__["data"][0]
-        assert view.shape == (3, 4) and view.strides == (4, 1) and write_back is None
+        for kind in (OneApiProducer, ClassicOneApiProducer):  # versioned, then classic
+            view, write_back = bridge.to_device(kind(producer), "x")
+            usm = producer if isinstance(producer, dpt.usm_ndarray) else producer.get_array()
+            assert view.address == usm.__sycl_usm_array_interface__["data"][0]
+            assert view.shape == (3, 4) and view.strides == (4, 1) and write_back is None
 
 
 def test_state_update_visible_through_dlpack_producer(sycl_device):
