@@ -95,8 +95,14 @@ def environment(request, sycl_device, wheel, tmp_path):
         pytest.skip("JITCONV_SKIP_DPCTL_ONLY=1")
     requirements, venv, dpctl_version, kernels = ENVIRONMENTS[request.param]
     py = _ensure_venv(ROOT / requirements, ROOT / venv)
+    # With its dependencies: dpctl, numpy and torch are there, so pip must keep them (it
+    # would replace dpctl and the runtime if the wheel still required the compile stack).
     _run([str(py), "-m", "pip", "install", "--disable-pip-version-check", "-q",
-          "--no-deps", "--force-reinstall", str(wheel)], timeout=600)
+          "--force-reinstall", "--no-index", "--no-deps", str(wheel)], timeout=600)
+    _run([str(py), "-m", "pip", "install", "--disable-pip-version-check", "-q", str(wheel)],
+         timeout=600)
+    frozen = _run([str(py), "-m", "pip", "freeze"])
+    assert f"dpctl=={dpctl_version}" in frozen and "numba" not in frozen, frozen
     env = {k: v for k, v in os.environ.items() if k not in _RUNTIME_VARS}
     cache = tmp_path / "user-cache"
     cache.mkdir()
