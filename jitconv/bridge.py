@@ -151,11 +151,26 @@ def dlpack_device_id(device):
     return found
 
 
+_dlpack_devices = {}  # DLPack device id -> filter string (listing devices costs ~50 us)
+
+
 def _filter_string_of_dlpack_id(device_id):
-    listed = dpctl.get_devices()
-    if 0 <= device_id < len(listed):
-        return listed[device_id].filter_string
-    return f"oneAPI device {device_id}"
+    found = _dlpack_devices.get(device_id)
+    if found is None:
+        listed = dpctl.get_devices()
+        found = (listed[device_id].filter_string if 0 <= device_id < len(listed)
+                 else f"oneAPI device {device_id}")
+        _dlpack_devices[device_id] = found
+    return found
+
+
+def _c_strides(shape):
+    """Row-major strides, in elements."""
+    strides, step = [], 1
+    for n in reversed(shape):
+        strides.insert(0, step)
+        step *= max(int(n), 1)
+    return tuple(strides)
 
 
 class _SharedAllocation(dpm.MemoryUSMShared):
@@ -239,7 +254,7 @@ def _from_usm_interface(obj, name):
     shape = tuple(int(n) for n in iface["shape"])
     strides = iface.get("strides")
     if strides is None:
-        strides = tuple(int(s) for s in np.cumprod((1,) + shape[:0:-1])[::-1])
+        strides = _c_strides(shape)
     syclobj = iface.get("syclobj")
     device = getattr(syclobj, "sycl_device", None)
     address = iface["data"][0] + int(iface.get("offset", 0) or 0) * dt.itemsize
@@ -251,7 +266,10 @@ def _from_usm_interface(obj, name):
 
 
 def _from_dlpack(obj, name, source=None):
-    t = dlpack.import_tensor(obj)
+    try:
+        t = dlpack.import_tensor(obj)
+    except (TypeError, ValueError) as exc:
+        raise type(exc)(f"{name}: {exc}") from exc
     kind, device_id = t.device
     if kind != KDL_ONEAPI:
         raise TypeError(f"{name}: the DLPack tensor is on device type {kind}, expected "
@@ -308,6 +326,9 @@ def _view_of_usm_array(arr, name, writable, queue):
     if arr.device is not None and arr.device != where:
         raise ValueError(f"{name}: the array is on {arr.device}, but jitconv runs on "
                          f"{where} (jitconv.set_device)")
+    if any(n == 0 for n in arr.shape):  # nothing is read or written (address may be 0)
+        return DeviceView(_tables(queue).memory, 0, arr.shape, arr.strides, arr.itemsize,
+                          arr.owner)
     memory, byte_offset = arr.allocation, None
     if memory is not None and memory.sycl_context == queue.sycl_context:
         byte_offset = arr.address - memory._pointer
@@ -378,8 +399,8 @@ def _copy_in(t, name, writable, queue):
     if host.nbytes:
         queue.memcpy(memory, host.reshape(-1).view(np.uint8), host.nbytes)
     _counts["to_device"] += 1
-    contiguous = tuple(int(s) for s in np.cumprod((1,) + host.shape[:0:-1])[::-1])
-    view = DeviceView(memory, 0, tuple(host.shape), contiguous, host.itemsize, memory)
+    view = DeviceView(memory, 0, tuple(host.shape), _c_strides(host.shape), host.itemsize,
+                      memory)
     if not writable:
         return view, None
 

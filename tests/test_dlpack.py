@@ -139,3 +139,21 @@ def test_wrong_device_type_and_read_only_are_refused(sycl_device):
     arr.read_only = True
     with pytest.raises(ValueError, match="conv_state: the array is read-only"):
         bridge.to_device(arr, "conv_state", writable=True)
+
+
+def test_empty_cache_and_unsupported_dtype(sycl_device):
+    """A conv_state with no cache lines (every sequence padded) has no memory to speak of;
+    a dtype DLPack can describe but jitconv cannot use is refused naming the argument."""
+    dim, width = 16, 3
+    x = jitconv.empty((2, dim))
+    x.copy_(torch.randn(2, dim))
+    weight = jitconv.empty((dim, width))
+    weight.copy_(torch.randn(dim, width))
+    state = jitconv.empty((0, 2, dim)).transpose(1, 2)
+    out = jitconv.causal_conv1d_fn(
+        *(UsmTorchProducer(t, versioned=True) for t in (x, weight)), None,
+        UsmTorchProducer(state, versioned=True), cumulative([1, 1]),
+        torch.tensor([-1, -1], dtype=torch.int32))
+    assert torch.equal(out, torch.zeros(2, dim))
+    with pytest.raises(TypeError, match="x: DLPack dtype .code=5"):
+        bridge.normalize(UsmTorchProducer(jitconv.empty((2, 2), torch.complex64), True), "x")
