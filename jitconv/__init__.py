@@ -15,11 +15,12 @@ from .bridge import (CopyRequiredError, copy_counts, empty, reset_copy_counts,  
                      set_allow_copies, zeros)
 from .kernel_abi import SUPPORTED_WIDTHS  # noqa: E402
 from .ops import causal_conv1d_fn, causal_conv1d_mixed, causal_conv1d_update  # noqa: E402
-from . import reference  # noqa: E402
+# Submodules as attributes: `jitconv.vllm.gdn_conv_step` works after `import jitconv`.
+from . import reference, steps, vllm  # noqa: E402
 
 __all__ = [
     "causal_conv1d_fn", "causal_conv1d_update", "causal_conv1d_mixed", "devices",
     "get_device", "set_device", "get_queue", "empty", "zeros", "copy_counts",
     "reset_copy_counts", "set_allow_copies", "CopyRequiredError",
-    "DeviceNotFoundError", "SUPPORTED_WIDTHS", "reference",
+    "DeviceNotFoundError", "SUPPORTED_WIDTHS", "reference", "steps", "vllm",
 ]

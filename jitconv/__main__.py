@@ -13,6 +13,7 @@ import torch
 
 import jitconv
 from jitconv import reference
+from jitconv.steps import mixed_step, split_step
 
 
 def info(_args):
@@ -73,42 +74,18 @@ def _demo_step(gen, dim, width, dtype, mtp_k=3):
     prefill, as vLLM schedules it: prefill chunks (two continue from cached state, one
     starts fresh), plain decodes, spec verify sequences of 1+k tokens, one padded slot of
     each kind, token rows interleaved. conv_state in vLLM's (lines, state_len, dim)
-    storage with room for the spec window (state_len = width - 1 + k)."""
-    prefill, decodes, spec = [640, 512, 256], 24, 16
-    ns_lengths = prefill + [1] * decodes + [1]   # last: pad
-    sp_lengths = [1 + mtp_k] * (spec + 1)        # last: pad
-    n_ns, n_sp = sum(ns_lengths), sum(sp_lengths)
-    num_tokens = n_ns + n_sp
-    num_lines = 96
-    state_len = width - 1 + mtp_k
-    lines = torch.randperm(num_lines, generator=gen)[:len(ns_lengths) + len(sp_lengths)]
-    lines = lines.to(torch.int32)
-    ns_lines, sp_lines = lines[:len(ns_lengths)].clone(), lines[len(ns_lengths):].clone()
-    ns_lines[-1] = -1
-    sp_lines[-1] = -1
-    init = torch.ones(len(ns_lengths), dtype=torch.bool)
-    init[2] = False  # a new request's first chunk
-    rows = torch.randperm(num_tokens, generator=gen).to(torch.int32)
-
-    def usm_randn(*shape):
-        t = jitconv.empty(shape, dtype)
-        t.copy_(torch.randn(shape, generator=gen).to(dtype))
-        return t
-
-    def cumulative(lengths):
-        return torch.tensor(np.concatenate([[0], np.cumsum(lengths)]), dtype=torch.int32)
-
-    state_storage = usm_randn(num_lines, state_len, dim)
-    step = dict(
-        x=usm_randn(num_tokens, dim), weight=usm_randn(dim, width), bias=usm_randn(dim),
-        conv_state=state_storage.transpose(1, 2),
-        non_spec_query_start_loc=cumulative(ns_lengths), non_spec_state_indices=ns_lines,
-        has_initial_state=init, non_spec_token_indx=rows[:n_ns],
-        spec_query_start_loc=cumulative(sp_lengths),
-        spec_state_indices=sp_lines[:, None].repeat(1, 1 + mtp_k),  # vLLM's (Q, 1+k)
-        spec_token_indx=rows[n_ns:],
-        num_accepted_tokens=torch.randint(1, mtp_k + 2, (len(sp_lengths),), generator=gen,
-                                          dtype=torch.int32))
+    storage with room for the spec window (state_len = width - 1 + k), in USM memory."""
+    prefill, decodes, spec, num_lines = [640, 512, 256], 24, 16, 96
+    ns_lengths = prefill + [1] * (decodes + 1)   # one of them padded
+    sp_lengths = [1 + mtp_k] * (spec + 1)        # one of them padded
+    step = mixed_step(
+        gen, dim=dim, width=width, dtype=dtype, ns_lengths=ns_lengths,
+        sp_lengths=sp_lengths, rows="shuffled", ns_pads=1, sp_pads=1,
+        initial=[True, True, False] + [True] * (decodes + 1),  # a new request's chunk
+        spec_columns=1 + mtp_k,  # vLLM's (Q, 1+k) block table
+        state_len=width - 1 + mtp_k, extra_lines=num_lines - len(ns_lengths) - len(sp_lengths),
+        usm=True)
+    num_tokens = sum(ns_lengths) + sum(sp_lengths)
     summary = (f"{len(prefill)} prefill chunks {prefill} (2 continue from cached state, 1 "
                f"fresh), {decodes} decodes, {spec} spec verify sequences of 1+{mtp_k} "
                f"tokens (MTP), 1 padded slot of each kind; {num_tokens} tokens with spec "
@@ -155,16 +132,11 @@ def demo(args):
 
     # The same step as two calls (non-spec part, then spec part) from the same state.
     split_state = state_before.clone()
-    spec_keys = ("spec_query_start_loc", "spec_state_indices", "spec_token_indx",
-                 "num_accepted_tokens")
-    common = {k: step[k] for k in ("x", "weight", "bias")}
-    non_spec = {k: v for k, v in step.items() if k not in spec_keys and k not in common
-                and k != "conv_state"}
-    spec = {k: step[k] for k in spec_keys}
-    out_ns = jitconv.causal_conv1d_mixed(conv_state=split_state, **common, **non_spec)
-    out_sp = jitconv.causal_conv1d_mixed(conv_state=split_state, **common, **spec)
-    ns_rows = step["non_spec_token_indx"].long()
-    sp_rows = step["spec_token_indx"].long()
+    non_spec, spec = split_step(step, conv_state=split_state)
+    out_ns = jitconv.causal_conv1d_mixed(**non_spec)
+    out_sp = jitconv.causal_conv1d_mixed(**spec)
+    ns_rows = non_spec["non_spec_token_indx"].long()
+    sp_rows = spec["spec_token_indx"].long()
     same = (torch.equal(_bits(out[ns_rows]), _bits(out_ns[ns_rows]))
             and torch.equal(_bits(out[sp_rows]), _bits(out_sp[sp_rows]))
             and torch.equal(_bits(split_state), _bits(step["conv_state"])))
@@ -173,9 +145,7 @@ def demo(args):
 
     reps = args.reps
     timings = {}
-    for name, calls in (("one call", [step]),
-                        ("two calls", [dict(common, conv_state=split_state, **non_spec),
-                                       dict(common, conv_state=split_state, **spec)])):
+    for name, calls in (("one call", [step]), ("two calls", [non_spec, spec])):
         t0 = time.perf_counter()
         for _ in range(reps):
             for kwargs in calls:
@@ -269,31 +239,37 @@ def bench(args):
 
 
 def main(argv=None):
+    device_help = "dpctl filter string (default: jitconv's choice)"
     parser = argparse.ArgumentParser(prog="python -m jitconv")
-    parser.add_argument("--device", help="dpctl filter string (default: jitconv's choice)")
+    parser.add_argument("--device", help=device_help)
+    # --device is accepted after the subcommand too (`demo --device opencl:cpu`);
+    # SUPPRESS keeps a subcommand without it from resetting the one given before.
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--device", default=argparse.SUPPRESS, help=device_help)
     sub = parser.add_subparsers(dest="command", required=True)
-    d = sub.add_parser("demo", help="run and verify a realistic mixed engine step")
+    add = lambda name, **kw: sub.add_parser(name, parents=[common], **kw)  # noqa: E731
+    d = add("demo", help="run and verify a realistic mixed engine step")
     d.add_argument("--dim", type=int, default=8192)
     d.add_argument("--width", type=int, default=4)
     d.add_argument("--dtype", default="bfloat16",
                    choices=["bfloat16", "float16", "float32"])
     d.add_argument("--reps", type=int, default=10)
     d.add_argument("--seed", type=int, default=0)
-    sub.add_parser("info", help="versions and SYCL devices")
-    c = sub.add_parser("check", help="verify a small mixed step per width and dtype")
+    add("info", help="versions and SYCL devices")
+    c = add("check", help="verify a small mixed step per width and dtype")
     c.add_argument("--widths", default="2,3,4,5")
     c.add_argument("--dtypes", default="float32,float16,bfloat16")
     c.add_argument("--dim", type=int, default=256)
     c.add_argument("--require-prebuilt", action="store_true",
                    help="fail if any kernel had to be compiled (not found in the cache)")
-    p = sub.add_parser("bench", help="benchmark against copy bandwidth and pure torch")
+    p = add("bench", help="benchmark against copy bandwidth and pure torch")
     p.add_argument("--dims", default="2048,8192")
     p.add_argument("--dtypes", default="bfloat16,float32")
     p.add_argument("--workloads", help="';'-separated subset of the workload names")
     p.add_argument("--plot", default="bench.png", help="plot path ('' for none)")
     p.add_argument("--json", help="also write every figure to this JSON file")
     p.add_argument("--no-cold-start", action="store_true")
-    b = sub.add_parser("build-kernels", help="precompile kernels to SPIR-V (persistent)")
+    b = add("build-kernels", help="precompile kernels to SPIR-V (persistent)")
     where = b.add_mutually_exclusive_group()
     where.add_argument("--dir", help="directory to write (default: the user cache, "
                                      "$JITCONV_CACHE_DIR or ~/.cache/jitconv)")
@@ -305,7 +281,10 @@ def main(argv=None):
     b.add_argument("--dtypes", default="float32,float16,bfloat16")
     args = parser.parse_args(argv)
     if args.device:
-        jitconv.set_device(args.device)
+        try:
+            jitconv.set_device(args.device)
+        except jitconv.DeviceNotFoundError as exc:
+            parser.error(f"--device: {exc}")
     jobs = {"demo": demo, "info": info, "check": check, "bench": bench,
             "build-kernels": build_kernels}
     return jobs[args.command](args)

@@ -11,6 +11,7 @@ shuffled (a stress case for the token maps).
 """
 
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -18,61 +19,33 @@ import sys
 import tempfile
 import time
 
-import numpy as np
 import torch
 
 import jitconv
 from jitconv import launching
 from jitconv.baseline import causal_conv1d_mixed_torch
+from jitconv.steps import mixed_step, split_step
 
 MTP_K = 3
-SPEC_KEYS = ("spec_query_start_loc", "spec_state_indices", "spec_token_indx",
-             "num_accepted_tokens")
-
-
-def _cumulative(lengths):
-    return torch.tensor(np.concatenate([[0], np.cumsum(lengths)]), dtype=torch.int32)
+WORKLOADS = {  # name: (non-spec sequence lengths, spec sequence lengths)
+    "decode-only 64": ([1] * 64, []),
+    "spec-only 16x(1+3)": ([], [1 + MTP_K] * 16),
+    "prefill-heavy 4x1024": ([1024] * 4, []),
+    "decode-heavy mixed": ([1] * 48, [1 + MTP_K] * 16),
+    "mixed step": ([640, 512, 256] + [1] * 24, [1 + MTP_K] * 16),
+    "mixed, rows shuffled": ([640, 512, 256] + [1] * 24, [1 + MTP_K] * 16),
+}
 
 
 def make_step(name, dim, dtype, width=4, seed=0):
-    """kwargs of causal_conv1d_mixed for one workload, all tensors in USM (zero-copy)."""
-    gen = torch.Generator().manual_seed(seed)
-    ns_lengths, sp_lengths = {
-        "decode-only 64": ([1] * 64, []),
-        "spec-only 16x(1+3)": ([], [1 + MTP_K] * 16),
-        "prefill-heavy 4x1024": ([1024] * 4, []),
-        "decode-heavy mixed": ([1] * 48, [1 + MTP_K] * 16),
-        "mixed step": ([640, 512, 256] + [1] * 24, [1 + MTP_K] * 16),
-        "mixed, rows shuffled": ([640, 512, 256] + [1] * 24, [1 + MTP_K] * 16),
-    }[name]
-    n_ns, n_sp = sum(ns_lengths), sum(sp_lengths)
-    nseq = len(ns_lengths) + len(sp_lengths)
-    lines = torch.randperm(nseq + 32, generator=gen)[:nseq].to(torch.int32)
-    if name == "mixed, rows shuffled":  # stress: every token's row anywhere in x
-        rows = torch.randperm(n_ns + n_sp, generator=gen).to(torch.int32)
-    else:  # as vLLM lays a step out: spec rows first, each sequence's rows contiguous
-        rows = torch.cat([torch.arange(n_sp, n_sp + n_ns), torch.arange(n_sp)]).to(torch.int32)
-
-    def usm(*shape):
-        t = jitconv.empty(shape, dtype)
-        t.copy_(torch.randn(shape, generator=gen))
-        return t
-
-    state_len = width - 1 + MTP_K
-    step = dict(x=usm(n_ns + n_sp, dim), weight=usm(dim, width), bias=usm(dim),
-                conv_state=usm(nseq + 32, state_len, dim).transpose(1, 2))
-    if ns_lengths:
-        step.update(non_spec_query_start_loc=_cumulative(ns_lengths),
-                    non_spec_state_indices=lines[:len(ns_lengths)],
-                    has_initial_state=torch.ones(len(ns_lengths), dtype=torch.bool))
-    if sp_lengths:
-        step.update(spec_query_start_loc=_cumulative(sp_lengths),
-                    spec_state_indices=lines[len(ns_lengths):],
-                    num_accepted_tokens=torch.randint(1, MTP_K + 2, (len(sp_lengths),),
-                                                      generator=gen, dtype=torch.int32))
-    if ns_lengths and sp_lengths:
-        step.update(non_spec_token_indx=rows[:n_ns], spec_token_indx=rows[n_ns:])
-    return step
+    """kwargs of causal_conv1d_mixed for one workload, all tensors in USM (zero-copy).
+    Laid out as vLLM lays a step out (spec rows first, each sequence's rows contiguous),
+    except "mixed, rows shuffled", a stress case that gives every token a random row."""
+    ns_lengths, sp_lengths = WORKLOADS[name]
+    return mixed_step(torch.Generator().manual_seed(seed), dim=dim, width=width,
+                      dtype=dtype, ns_lengths=ns_lengths, sp_lengths=sp_lengths,
+                      rows="shuffled" if name == "mixed, rows shuffled" else "vllm",
+                      state_len=width - 1 + MTP_K, extra_lines=32, usm=True)
 
 
 def bytes_moved(step):
@@ -106,20 +79,12 @@ def median_time(fn, min_time=0.2, min_reps=5, max_reps=200):
 
 
 def copy_bandwidth(nbytes=256 << 20):
-    """Device memcpy bandwidth, counting read + write (GB/s)."""
+    """Device memcpy of ``nbytes``: {"bytes": read + write, "us": median time, "gbps"}."""
     import dpctl.memory as dpm
     q = jitconv.get_queue()
     src, dst = dpm.MemoryUSMDevice(nbytes, queue=q), dpm.MemoryUSMDevice(nbytes, queue=q)
     t = median_time(lambda: q.memcpy(dst, src, nbytes))
-    return 2 * nbytes / t / 1e9
-
-
-def _split(step):
-    """The same step as two calls: the non-spec part, then the spec part."""
-    common = {k: step[k] for k in ("x", "weight", "bias", "conv_state")}
-    spec = {k: v for k, v in step.items() if k in SPEC_KEYS}
-    non_spec = {k: v for k, v in step.items() if k not in SPEC_KEYS and k not in common}
-    return dict(common, **non_spec), dict(common, **spec)
+    return {"bytes": 2 * nbytes, "us": t * 1e6, "gbps": 2 * nbytes / t / 1e9}
 
 
 def _torch_step(step):
@@ -132,15 +97,16 @@ def run_workload(name, dim, dtype):
     one = median_time(lambda: jitconv.causal_conv1d_mixed(**step))
     two = None
     if "spec_query_start_loc" in step and "non_spec_query_start_loc" in step:
-        first, second = _split(step)
+        first, second = split_step(step)
         two = median_time(lambda: (jitconv.causal_conv1d_mixed(**first),
                                    jitconv.causal_conv1d_mixed(**second)))
     tstep = _torch_step(step)
     base = median_time(lambda: causal_conv1d_mixed_torch(**tstep), min_reps=3)
+    moved = bytes_moved(step)
     return dict(workload=name, dtype=str(dtype).replace("torch.", ""), dim=dim,
-                tokens=int(step["x"].shape[0]), one_us=one * 1e6,
+                tokens=int(step["x"].shape[0]), bytes=moved, one_us=one * 1e6,
                 two_us=None if two is None else two * 1e6, torch_us=base * 1e6,
-                gbps=bytes_moved(step) / one / 1e9)
+                gbps=moved / one / 1e9)
 
 
 def host_overhead():
@@ -217,10 +183,13 @@ def run(dims=(2048, 8192), dtypes=("bfloat16", "float32"), workloads=None,
     def say(text=""):
         print(text, file=out, flush=True)
 
-    workloads = workloads or ["decode-only 64", "spec-only 16x(1+3)", "prefill-heavy 4x1024",
-                              "decode-heavy mixed", "mixed step", "mixed, rows shuffled"]
+    workloads = list(workloads or WORKLOADS)
+    unknown = [w for w in workloads if w not in WORKLOADS]
+    if unknown:
+        raise ValueError(f"workloads: unknown {unknown}; expected names from {list(WORKLOADS)}")
     say(f"device: {jitconv.get_device()}")
-    copy_gbps = copy_bandwidth()
+    copy = copy_bandwidth()
+    copy_gbps = copy["gbps"]
     say(f"device copy bandwidth (memcpy, read + write): {copy_gbps:.1f} GB/s")
     rows = []
     total = len(dims) * len(dtypes) * len(workloads)
@@ -241,7 +210,10 @@ def run(dims=(2048, 8192), dtypes=("bfloat16", "float32"), workloads=None,
     per_call, submit = host_overhead()
     say(f"host overhead: {per_call:.0f} us per call for a tiny decode batch (64 x 1, dim 64)"
         f" end to end; bare kernel submit + wait {submit:.0f} us")
-    result = dict(device=jitconv.get_device(), copy_gbps=copy_gbps, rows=rows,
+    result = dict(device=jitconv.get_device(),
+                  grid=dict(dims=list(dims), dtypes=list(dtypes), workloads=workloads),
+                  copy_gbps=copy_gbps,
+                  copy_bytes=copy["bytes"], copy_us=copy["us"], rows=rows,
                   host_us_per_call=per_call, submit_us=submit)
     if cold:
         starts = cold_start()
@@ -256,3 +228,48 @@ def run(dims=(2048, 8192), dtypes=("bfloat16", "float32"), workloads=None,
         except ImportError:
             say("plot skipped: matplotlib is not installed")
     return result
+
+
+def inconsistencies(result):
+    """What does not add up in a result of ``run`` (an empty list when all is well): every
+    workload of the grid measured once, bytes as ``bytes_moved`` counts them, GB/s equal to
+    bytes / time, % of copy and the speedup equal to their ratios, two calls measured
+    exactly for the steps that have both kinds of sequences. Timings themselves are never
+    judged: these machines are shared and noisy."""
+    problems = []
+
+    def differ(a, b):
+        return not math.isclose(a, b, rel_tol=1e-9)
+
+    if differ(result["copy_gbps"], result["copy_bytes"] / result["copy_us"] / 1e3):
+        problems.append("copy_gbps is not copy_bytes / copy_us")
+    grid = result["grid"]
+    want = [(w, t, d) for d in grid["dims"] for t in grid["dtypes"] for w in grid["workloads"]]
+    got = [(r["workload"], r["dtype"], r["dim"]) for r in result["rows"]]
+    if sorted(got) != sorted(want):
+        problems.append(f"rows {got} are not the grid {want}")
+    for r in result["rows"]:
+        name = f"{r['workload']} {r['dtype']} d{r['dim']}"
+        ns_lengths, sp_lengths = WORKLOADS[r["workload"]]
+        if r["tokens"] != sum(ns_lengths) + sum(sp_lengths):
+            problems.append(f"{name}: {r['tokens']} tokens")
+        step = make_step(r["workload"], r["dim"], getattr(torch, r["dtype"]))
+        if r["bytes"] != bytes_moved(step):
+            problems.append(f"{name}: bytes {r['bytes']} != {bytes_moved(step)}")
+        times = [r["one_us"], r["torch_us"]] + ([r["two_us"]] if r["two_us"] else [])
+        if not all(math.isfinite(t) and t > 0 for t in times):
+            problems.append(f"{name}: a time is not positive: {times}")
+            continue
+        if differ(r["gbps"], r["bytes"] / r["one_us"] / 1e3):
+            problems.append(f"{name}: GB/s is not bytes / time")
+        if differ(r["pct_copy"], 100 * r["gbps"] / result["copy_gbps"]):
+            problems.append(f"{name}: % of copy is not GB/s / copy GB/s")
+        if differ(r["speedup"], r["torch_us"] / r["one_us"]):
+            problems.append(f"{name}: speedup is not torch time / jitconv time")
+        if (r["two_us"] is not None) != bool(ns_lengths and sp_lengths):
+            problems.append(f"{name}: two calls measured for the wrong kind of step")
+    for key in ("host_us_per_call", "submit_us"):
+        if not result[key] > 0:
+            problems.append(f"{key} = {result[key]}")
+    return problems
+

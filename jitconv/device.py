@@ -24,14 +24,9 @@ class DeviceNotFoundError(ValueError):
     """A device filter string matched no usable SYCL device."""
 
 
-def _filter_string(device):
-    """The shortest filter string that names this device: backend:type:index."""
-    return device.filter_string
-
-
 def devices():
     """Usable SYCL devices as dpctl filter strings, e.g. ['opencl:cpu:0']."""
-    return [_filter_string(d) for d in dpctl.get_devices()]
+    return [d.filter_string for d in dpctl.get_devices()]
 
 
 def _resolve(filter_str):
@@ -46,7 +41,7 @@ def _resolve(filter_str):
             f"no SYCL device matches {filter_str!r}; available: {devices() or 'none'}"
             f" (check ONEAPI_DEVICE_SELECTOR / OCL_ICD_FILENAMES if this list is empty)"
             + no_device_hint()) from exc
-    return _filter_string(device)
+    return device.filter_string
 
 
 def default_device():
@@ -58,9 +53,9 @@ def default_device():
     for backend, dtype in (("level_zero", "gpu"), ("opencl", "cpu")):
         for d in available:
             if d.backend.name == backend and d.device_type.name == dtype:
-                return _filter_string(d)
+                return d.filter_string
     if available:
-        return _filter_string(available[0])
+        return available[0].filter_string
     raise DeviceNotFoundError(
         "no SYCL device found; jitconv needs a Level Zero GPU or the Intel OpenCL CPU "
         "runtime (pip package intel-opencl-rt)." + no_device_hint())

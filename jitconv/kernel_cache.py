@@ -21,8 +21,8 @@ An entry is ``<key>.spv`` (the SPIR-V) plus ``<key>.json`` (kernel name, argumen
 layout, SHA-256 of the SPIR-V, and the versions that produced it). The key hashes
 everything that changes the code: the kernel source files, jitconv's version, the ABI,
 the width and the dtype. An entry whose metadata does not parse, whose checksum or ABI
-does not match, or (when numba-dpex is installed) that another numba-dpex version
-produced, is stale: it is ignored and rebuilt, never trusted.
+does not match, or (when numba-dpex is installed) that another numba-dpex or numba
+version produced, is stale: it is ignored and rebuilt, never trusted.
 """
 
 import hashlib
@@ -36,22 +36,31 @@ from .kernel_abi import CONV_ARGS
 
 _PACKAGE_DIR = Path(__file__).resolve().parent
 PREBUILT_DIR = _PACKAGE_DIR / "prebuilt"
+# The files whose text decides the generated code (the kernel template and its ABI).
+SOURCE_FILES = ("kernels.py", "kernel_abi.py")
 FORMAT = 1  # bump when the entry format changes
 
 
 def cache_dir():
-    """The writable cache directory (created on first write)."""
+    """The writable cache directory (created on first write), or None when there is no
+    JITCONV_CACHE_DIR, XDG_CACHE_HOME or home directory to put it in."""
     env = os.environ.get("JITCONV_CACHE_DIR")
     if env:
         return Path(env)
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    base = os.environ.get("XDG_CACHE_HOME")
+    if not base:
+        try:
+            base = Path.home() / ".cache"
+        except (RuntimeError, KeyError):  # no HOME and no passwd entry
+            return None
     return Path(base) / "jitconv"
 
 
 def search_dirs():
-    if os.environ.get("JITCONV_NO_SHIPPED_KERNELS") == "1":
-        return [cache_dir()]
-    return [cache_dir(), PREBUILT_DIR]
+    dirs = [cache_dir()]
+    if os.environ.get("JITCONV_NO_SHIPPED_KERNELS") != "1":
+        dirs.append(PREBUILT_DIR)
+    return [d for d in dirs if d is not None]
 
 
 def origin(path):
@@ -87,7 +96,7 @@ def key(width, dtype_name):
     """Hash of everything that changes the generated code."""
     from . import __version__
     h = hashlib.sha256()
-    for name in ("kernels.py", "kernel_abi.py"):
+    for name in SOURCE_FILES:
         h.update((_PACKAGE_DIR / name).read_bytes())
     h.update(json.dumps([FORMAT, __version__, _abi(), width, dtype_name]).encode())
     return f"conv_w{width}_{dtype_name}_{h.hexdigest()[:20]}"
@@ -101,7 +110,9 @@ def load(width, dtype_name):
     """(spirv bytes, kernel name, path) of a valid entry, or None. Stale entries are
     recorded in ``rejected`` and ignored."""
     k = key(width, dtype_name)
-    installed = compiler_versions()["numba-dpex"]
+    # The compiler's versions are checked here rather than hashed into the key: an
+    # environment without numba-dpex must still find the entries shipped for it.
+    installed = {k: v for k, v in compiler_versions().items() if v}
     for directory in search_dirs():
         meta_path, spv_path = directory / f"{k}.json", directory / f"{k}.spv"
         if not meta_path.exists():
@@ -114,9 +125,9 @@ def load(width, dtype_name):
                 problem = "format or argument layout differs"
             elif hashlib.sha256(spirv).hexdigest() != meta.get("sha256"):
                 problem = "checksum mismatch (corrupt SPIR-V)"
-            elif installed and meta.get("numba-dpex") != installed:
-                problem = (f"built by numba-dpex {meta.get('numba-dpex')}, "
-                           f"{installed} is installed")
+            elif any(meta.get(k) != v for k, v in installed.items()):
+                k = next(k for k, v in installed.items() if meta.get(k) != v)
+                problem = f"built by {k} {meta.get(k)}, {installed[k]} is installed"
         except (OSError, ValueError, AttributeError) as exc:
             problem = f"unreadable ({exc})"
         if problem:
@@ -131,6 +142,8 @@ def store(width, dtype_name, spirv, kernel_name, directory=None):
     """Write an entry atomically (a concurrent reader sees the old state or the new one,
     never half a file). Returns the path of the SPIR-V file."""
     directory = Path(directory) if directory else cache_dir()
+    if directory is None:
+        raise OSError("no cache directory (no home directory; JITCONV_CACHE_DIR unset)")
     directory.mkdir(parents=True, exist_ok=True)
     k = key(width, dtype_name)
     meta = {"format": FORMAT, "kernel_name": kernel_name, "width": width,
@@ -143,10 +156,3 @@ def store(width, dtype_name, spirv, kernel_name, directory=None):
             f.write(data)
         os.replace(tmp, directory / f"{k}{suffix}")
     return directory / f"{k}.spv"
-
-
-def forget(width, dtype_name):
-    """Remove this specialization's entry from the writable cache (after a failed build)."""
-    k = key(width, dtype_name)
-    for suffix in (".json", ".spv"):
-        (cache_dir() / f"{k}{suffix}").unlink(missing_ok=True)

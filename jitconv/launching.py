@@ -121,20 +121,34 @@ def _build(width, dtype_name, device):
             f"installed to compile one; run `python -m jitconv build-kernels` where "
             f"numba-dpex is installed and point JITCONV_CACHE_DIR at the result"
             + (f" (ignored: {kernel_cache.rejected})" if kernel_cache.rejected else ""))
-    try:
-        kernel, _path = compile_and_store(width, dtype_name, queue)
-    except OSError as exc:  # e.g. a read-only home: still usable, just not cached
-        kernel_cache.rejected.append((str(kernel_cache.cache_dir()), f"not writable: {exc}"))
-        kernel = _program(queue, *compile_spirv(width, dtype_name, queue))
+    kernel, _path = compile_and_store(width, dtype_name, queue, required=False)
     return kernel
 
 
-def compile_and_store(width, dtype_name, queue, directory=None):
+_warned_dirs = set()  # unwritable cache directories already reported in this process
+
+
+def compile_and_store(width, dtype_name, queue, directory=None, required=True):
     """Compile with numba-dpex, build (only what builds is stored), store the SPIR-V.
-    Returns (kernel, path of the stored SPIR-V)."""
+    Returns (kernel, path of the stored SPIR-V). With ``required=False`` a cache that
+    cannot be written (read-only, no home directory) costs a warning, once per
+    directory, and the kernel is still returned (path None): compiled once, not cached."""
     spirv, name = compile_spirv(width, dtype_name, queue)
     kernel = _program(queue, spirv, name)
-    return kernel, kernel_cache.store(width, dtype_name, spirv, name, directory)
+    try:
+        return kernel, kernel_cache.store(width, dtype_name, spirv, name, directory)
+    except OSError as exc:
+        if required:
+            raise
+        where = str(directory or kernel_cache.cache_dir())
+        kernel_cache.rejected.append((where, f"not writable: {exc}"))
+        if where not in _warned_dirs:
+            _warned_dirs.add(where)
+            warnings.warn(
+                f"jitconv: cannot write the kernel cache {where} ({exc}); kernels are "
+                f"compiled in every new process until it is writable. Set "
+                f"JITCONV_CACHE_DIR to a writable directory.", RuntimeWarning, stacklevel=2)
+        return kernel, None
 
 
 def get_conv_kernel(width, dtype_name, device=None):
@@ -151,7 +165,7 @@ def get_conv_kernel(width, dtype_name, device=None):
     return kernel
 
 
-def _flatten(view, queue):
+def _flatten(view):
     """One array argument as the kernel's parameters (see the module docstring)."""
     nitems = 1
     for n in view.shape:
@@ -176,7 +190,7 @@ def launch_conv(width, dtype_name, args, num_blocks, dim, device=None):
     flat = []
     for name, ndim, _elem, _layout in CONV_ARGS:
         value = args[name]
-        flat += [ctypes.c_int64(int(value))] if ndim == 0 else _flatten(value, queue)
+        flat += [ctypes.c_int64(int(value))] if ndim == 0 else _flatten(value)
     # SYCL order (slowest first): the kernel's get_id(0) is the last, fastest dimension.
     queue.submit(kernel, flat, [int(num_blocks), int(dim)]).wait()
     stats["submitted"] += 1

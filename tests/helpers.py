@@ -1,5 +1,6 @@
-"""Shared test helpers: random inputs, state layouts, and the comparisons every kernel
-test makes (outputs against the float64 reference within the dtype's tolerance, states
+"""Shared test helpers: random inputs, engine steps (from ``jitconv.steps``, which the
+demo and the benchmark use too), state layouts, and the comparisons every kernel test
+makes (outputs against the float64 reference within the dtype's tolerance, states
 bit-exact)."""
 
 import numpy as np
@@ -7,22 +8,15 @@ import torch
 
 import jitconv
 from jitconv import reference
+# One place for steps and their metadata, shared with the demo and the benchmark.
+from jitconv.steps import (cumulative, fn_arguments, mixed_step,  # noqa: F401
+                           random_values as randn, split_step, token_rows)
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 # (rtol, atol) against the float64 reference, keyed by torch dtype
 TOLERANCE = {DTYPES[name]: tol for name, tol in reference.TOLERANCE.items()}
 _BITS = {torch.float32: torch.int32, torch.float16: torch.int16, torch.bfloat16: torch.int16}
 POISON = float("nan")
-
-
-def randn(gen, shape, dtype, usm=False):
-    """Fresh random values (never zeros) in ``dtype``; in USM memory when ``usm``."""
-    values = torch.randn(shape, generator=gen, dtype=torch.float32).to(dtype)
-    if not usm:
-        return values
-    t = jitconv.empty(shape, dtype)
-    t.copy_(values)
-    return t
 
 
 def make_state(gen, lines, dim, state_len, dtype, layout, usm=False):
@@ -67,7 +61,3 @@ def assert_state_exact(state, ref_state):
         diff = (got != want).nonzero()
         raise AssertionError(f"conv_state differs from the reference at {diff.shape[0]} "
                              f"places, first (line, channel, column) = {diff[0].tolist()}")
-
-
-def cumulative(lengths):
-    return torch.tensor(np.concatenate([[0], np.cumsum(lengths)]), dtype=torch.int32)

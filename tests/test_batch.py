@@ -1,16 +1,16 @@
 """The host tables: blocks cover every token once, and the contiguous-rows flag is right
-(a wrong 1 would make the kernel read the wrong rows)."""
+(a wrong 1 would make the kernel compute rows instead of loading them: wrong rows read)."""
 
 import numpy as np
 
 from jitconv.batch import Part, build_batch
+from jitconv.steps import cumulative
 
 
 def part(lengths, rows, spec=False):
-    qsl = np.concatenate([[0], np.cumsum(lengths)])
     n = len(lengths)
-    return Part(qsl, np.arange(n), np.asarray(rows), np.zeros(n, np.int64),
-                np.ones(n, bool), spec)
+    return Part(cumulative(lengths).numpy().astype(np.int64), np.arange(n), np.asarray(rows),
+                np.zeros(n, np.int64), np.ones(n, bool), spec)
 
 
 def test_blocks_cover_each_token_once_and_flag_contiguous_rows():
@@ -24,11 +24,18 @@ def test_blocks_cover_each_token_once_and_flag_contiguous_rows():
     for t, n, flag in zip(b.blk_tok, b.blk_len, b.blk_contig):
         block_rows = b.rows[t:t + n]
         assert flag == int(np.all(np.diff(block_rows) == 1)), (t, n, block_rows)
-    assert 0 in b.blk_contig and 1 in b.blk_contig
+    # Blocks: 40 tokens as 16+16+8 (consecutive rows), the reversed 3, 35 tokens as
+    # 16+16+3, then the 22 rows nobody uses (40-42, 46-59, 95-99) as 16+6: not consecutive.
+    assert b.blk_len.tolist() == [16, 16, 8, 3, 16, 16, 3, 16, 6]
+    assert b.blk_contig.tolist() == [1, 1, 1, 0, 1, 1, 1, 0, 0]
 
 
-def test_empty_sequences_get_a_block_and_flags_stay_in_range():
-    p = part([0, 5, 0], list(range(5)))
-    b = build_batch([p], num_tokens=5)
-    assert len(b.blk_seq) == 3 and list(b.blk_len) == [0, 5, 0]
-    assert set(b.blk_contig.tolist()) <= {0, 1}
+def test_empty_sequences_get_a_block_and_flags_match_their_rows():
+    # Sequences of 0, 5, 0 and 3 tokens; the last one's rows are out of order; rows 5 and
+    # 6 are used by nobody (one zero-writing block, consecutive rows).
+    p = part([0, 5, 0, 3], list(range(5)) + [9, 7, 8])
+    b = build_batch([p], num_tokens=10)
+    assert b.blk_seq.tolist() == [0, 1, 2, 3, 4]
+    assert b.blk_len.tolist() == [0, 5, 0, 3, 2]
+    assert b.rows[b.blk_tok[4]:b.blk_tok[4] + 2].tolist() == [5, 6]
+    assert b.blk_contig.tolist() == [1, 1, 1, 0, 1]

@@ -1,40 +1,75 @@
-"""The benchmark runs end to end on a small setting and reports every figure it promises
-(timings are printed, never asserted: these machines are shared and noisy)."""
+"""The benchmark runs end to end and its figures add up (timings are printed, never
+asserted: these machines are shared and noisy)."""
 
 import io
 
+import pytest
 import torch
 
+import jitconv
 from jitconv import bench
 from jitconv.baseline import causal_conv1d_mixed_torch
+from jitconv.reference import TOLERANCE
 
-import jitconv
+from helpers import bits
 
 
-def test_bench_small_setting_reports_all_figures(sycl_device, tmp_path):
+@pytest.fixture(scope="module")
+def small_run(sycl_device, tmp_path_factory):
     text = io.StringIO()
-    result = bench.run(dims=(256,), dtypes=("float32",),
-                       workloads=["decode-heavy mixed", "mixed step"],
-                       plot_path=str(tmp_path / "bench.png"), cold=True, out=text)
-    assert result["copy_gbps"] > 0
-    assert len(result["rows"]) == 2
-    for row in result["rows"]:
-        assert row["one_us"] > 0 and row["torch_us"] > 0 and row["two_us"] > 0
-        assert row["gbps"] > 0 and row["speedup"] > 0
-    assert result["host_us_per_call"] > 0 and result["submit_us"] > 0
+    plot = tmp_path_factory.mktemp("bench") / "bench.png"
+    result = bench.run(dims=(128,), dtypes=("float32",), plot_path=str(plot), cold=True,
+                       out=text)
+    return result, text.getvalue(), plot
+
+
+def test_bench_figures_add_up(small_run):
+    result, printed, plot = small_run
+    assert bench.inconsistencies(result) == []
+    assert [r["workload"] for r in result["rows"]] == list(bench.WORKLOADS)
     assert set(result["cold_start"]) == {"empty cache", "warm cache"}
-    assert (tmp_path / "bench.png").stat().st_size > 1000
-    printed = text.getvalue()
+    assert plot.stat().st_size > 1000
+    for r in result["rows"]:  # the table shows the figures of the result
+        assert f"{r['one_us']:8.0f}us {r['gbps']:6.2f} {r['pct_copy']:5.1f}%" in printed
     assert "device copy bandwidth" in printed and "host overhead" in printed
+
+
+def test_bytes_moved_counts_what_must_move():
+    """decode-only 64, dim 128, float32: x read and out written (2 x 64 x 128 x 4), the
+    weights and bias (128 x 5 x 4), and per sequence the old window read and the new one
+    written (64 x 2 x 3 x 128 x 4)."""
+    step = bench.make_step("decode-only 64", 128, torch.float32)
+    assert bench.bytes_moved(step) == 2 * 64 * 128 * 4 + 128 * 5 * 4 + 64 * 2 * 3 * 128 * 4
+
+
+@pytest.mark.parametrize("tamper", ["copy", "row missing", "row twice", "GB/s", "% copy",
+                                    "speedup", "bytes", "two calls"])
+def test_inconsistencies_are_found(small_run, tamper):
+    result, _, _ = small_run
+    bad = dict(result, rows=[dict(r) for r in result["rows"]])
+    rows = bad["rows"]
+    if tamper == "copy":
+        bad["copy_gbps"] *= 1.01
+    elif tamper == "row missing":
+        del rows[2]
+    elif tamper == "row twice":
+        rows[1] = dict(rows[0])
+    elif tamper == "two calls":
+        rows[0]["two_us"] = rows[0]["one_us"]  # decode-only has no second part
+    else:
+        key = {"GB/s": "gbps", "% copy": "pct_copy", "speedup": "speedup",
+               "bytes": "bytes"}[tamper]
+        rows[3][key] *= 1.01
+    assert bench.inconsistencies(bad) != []
 
 
 def test_bench_workloads_compute_the_same_thing_both_ways(sycl_device):
     """What the benchmark times is correct: jitconv == the torch baseline on its steps."""
-    for name in ("decode-only 64", "spec-only 16x(1+3)", "mixed step",
-                 "mixed, rows shuffled"):
+    rtol, atol = TOLERANCE["float32"]
+    for name in bench.WORKLOADS:
         step = bench.make_step(name, 128, torch.float32)
         tstep = {k: (v.clone() if k == "conv_state" else v) for k, v in step.items()}
         ours = jitconv.causal_conv1d_mixed(**step)
         theirs = causal_conv1d_mixed_torch(**tstep)
-        torch.testing.assert_close(ours, theirs, rtol=3e-4, atol=1e-3)
-        torch.testing.assert_close(step["conv_state"], tstep["conv_state"], rtol=0, atol=0)
+        torch.testing.assert_close(ours, theirs, rtol=rtol, atol=atol)
+        assert torch.equal(bits(step["conv_state"]), bits(tstep["conv_state"]))

@@ -16,12 +16,7 @@ import jitconv
 from jitconv.reference import causal_conv1d_fn_reference
 
 from helpers import (DTYPES, TOLERANCE, assert_outputs_close, assert_state_exact, bits,
-                     cumulative,
-                     make_state, poisoned, randn, strided_rows)
-
-EXTRA_STATE_COLUMNS = 3  # state_len = width - 1 + 3: the tail must stay bit-identical
-EXTRA_LINES = 3          # cache lines no sequence uses: must stay bit-identical
-
+                     cumulative, fn_arguments, make_state, mixed_step, poisoned, randn)
 
 def lengths_for(width):
     return [1, 2, width - 1, 8, 129, 1024]
@@ -29,36 +24,18 @@ def lengths_for(width):
 
 def build_case(seed, *, dtype, width, dim, layout, use_bias, pads, shuffle, init_mode,
                lengths=None, usm=False, strided=False):
-    """Random inputs and metadata for one call. Returns a dict of causal_conv1d_fn kwargs
-    plus the sequence lengths."""
+    """Random inputs and metadata for one call: causal_conv1d_fn kwargs plus the sequence
+    lengths. Two pads when ``pads``; 3 spare state columns (state_len = width - 1 + 3) and
+    3 unused cache lines, which must stay bit-identical."""
     gen = torch.Generator().manual_seed(seed)
-    rng = np.random.default_rng(seed)
     lengths = list(lengths if lengths is not None else lengths_for(width))
-    rng.shuffle(lengths)
-    nseq = len(lengths)
-    num_tokens = int(sum(lengths))
-    state_len = width - 1 + EXTRA_STATE_COLUMNS
-    num_lines = nseq + EXTRA_LINES
-    x = (strided_rows(gen, num_tokens, dim, dtype, usm) if strided
-         else randn(gen, (num_tokens, dim), dtype, usm))
-    lines = torch.tensor(rng.permutation(num_lines)[:nseq], dtype=torch.int32)
-    if pads:
-        lines[rng.choice(nseq, size=2, replace=False)] = -1
-    if init_mode == "all":
-        init = None
-    else:  # mixed, with at least one of each
-        init = torch.tensor(rng.permutation([i % 2 == 0 for i in range(nseq)]))
-    token_indx = torch.randperm(num_tokens, generator=gen).to(torch.int32) if shuffle else None
-    return dict(
-        x=x,
-        weight=randn(gen, (dim, width), dtype, usm),
-        bias=randn(gen, (dim,), dtype, usm) if use_bias else None,
-        conv_state=make_state(gen, num_lines, dim, state_len, dtype, layout, usm),
-        query_start_loc=cumulative(lengths),
-        cache_indices=lines,
-        has_initial_state=init,
-        token_indx=token_indx,
-    ), lengths
+    lengths = [lengths[i] for i in torch.randperm(len(lengths), generator=gen)]
+    step = mixed_step(gen, dim=dim, width=width, dtype=dtype, ns_lengths=lengths,
+                      rows="shuffled" if shuffle else "plain", ns_pads=2 if pads else 0,
+                      initial=None if init_mode == "all" else "alternate",
+                      extra_state_columns=3, extra_lines=3, layout=layout, bias=use_bias,
+                      usm=usm, strided=strided)
+    return fn_arguments(step), lengths
 
 
 def run_and_check(case, *, activation, dtype, out=None):

@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+import jitconv
 from jitconv import kernel_cache
 
 # A child process: one update call, then what the launcher did, as JSON.
@@ -22,9 +23,11 @@ ref, ref_state = jitconv.reference.causal_conv1d_reference(
 t0 = time.perf_counter()
 out = jitconv.causal_conv1d_update(x, w, None, st, torch.arange(3, dtype=torch.int32))
 first_call = time.perf_counter() - t0
+rtol, atol = jitconv.reference.TOLERANCE["float32"]
+close = bool((abs(out.double().numpy() - ref) <= atol + rtol * abs(ref)).all())
 print(json.dumps(dict(launching.stats, first_call=first_call,
                       numba_dpex="numba_dpex" in sys.modules,
-                      correct=bool(abs(out.double().numpy() - ref).max() < 1e-3),
+                      correct=close and torch.equal(st, torch.from_numpy(ref_state).float()),
                       rejected=[r for _, r in kernel_cache.rejected])))
 """
 
@@ -101,7 +104,79 @@ def test_unreadable_metadata_is_rejected(tmp_path, monkeypatch):
     assert "unreadable" in kernel_cache.rejected[-1][1]
 
 
-def test_key_changes_with_what_changes_the_code():
+def _store_old_entry(tmp_path, monkeypatch):
+    monkeypatch.setenv("JITCONV_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(kernel_cache, "rejected", [])
+    kernel_cache.store(4, "float32", b"old-spirv", "old_kernel")
+    assert kernel_cache.load(4, "float32")[:2] == (b"old-spirv", "old_kernel")
+    return kernel_cache.key(4, "float32")
+
+
+def _edit_kernel_source(tmp_path, monkeypatch):
+    """A copy of the package's source files in which the kernel template changed."""
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in kernel_cache.SOURCE_FILES:
+        (src / name).write_bytes((kernel_cache._PACKAGE_DIR / name).read_bytes())
+    kernels = src / "kernels.py"
+    kernels.write_text(kernels.read_text().replace("acc", "acc_", 1))
+    monkeypatch.setattr(kernel_cache, "_PACKAGE_DIR", src)
+
+
+@pytest.mark.parametrize("change", ["kernel source", "ABI", "jitconv version"])
+def test_key_changes_with_what_changes_the_code(tmp_path, monkeypatch, change):
+    """Each input of the generated code gives a new key, and an entry stored under the old
+    key is never loaded for the new code."""
+    old_key = _store_old_entry(tmp_path, monkeypatch)
+    if change == "kernel source":
+        _edit_kernel_source(tmp_path, monkeypatch)
+    elif change == "ABI":
+        monkeypatch.setattr(kernel_cache, "CONV_ARGS",
+                            kernel_cache.CONV_ARGS + (("extra", 0, "int64", None),))
+    else:
+        monkeypatch.setattr(jitconv, "__version__", jitconv.__version__ + ".post1")
+    assert kernel_cache.key(4, "float32") != old_key
+    assert kernel_cache.load(4, "float32") is None
+
+
+def test_key_separates_widths_and_dtypes():
     keys = {kernel_cache.key(w, d) for w in (2, 3, 4) for d in ("float32", "bfloat16")}
     assert len(keys) == 6
-    assert kernel_cache.key(4, "float32") == kernel_cache.key(4, "float32")
+
+
+@pytest.mark.parametrize("tool", ["numba-dpex", "numba"])
+def test_entry_from_another_compiler_version_is_not_used(tmp_path, monkeypatch, tool):
+    """The compiler's version is in the entry, not in the key (an environment without
+    numba-dpex must find shipped entries): where another version is installed, the entry
+    is rejected, and the one stored after recompiling is used."""
+    old_key = _store_old_entry(tmp_path, monkeypatch)
+    newer = dict(kernel_cache.compiler_versions(), **{tool: "99.0"})
+    monkeypatch.setattr(kernel_cache, "compiler_versions", lambda: newer)
+    assert kernel_cache.key(4, "float32") == old_key
+    assert kernel_cache.load(4, "float32") is None
+    assert f"built by {tool}" in kernel_cache.rejected[-1][1]
+    kernel_cache.store(4, "float32", b"new-spirv", "new_kernel")
+    assert kernel_cache.load(4, "float32")[:2] == (b"new-spirv", "new_kernel")
+
+
+def test_unwritable_cache_compiles_once_and_warns_once(sycl_device, tmp_path):
+    """A cache directory that cannot be created: each specialization is compiled once
+    (not twice), the results are right, and one warning names the directory and
+    JITCONV_CACHE_DIR."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    child = CHILD.replace("print(json.dumps(", "x2, w2 = x[:, :8].contiguous(), "
+                          "torch.randn(8, 3)\njitconv.causal_conv1d_update(x2, w2, None, "
+                          "torch.randn(3, 8, 2), torch.arange(3, dtype=torch.int32))\n"
+                          "print(json.dumps(")
+    env = dict(os.environ, JITCONV_CACHE_DIR=str(blocker / "cache"),
+               JITCONV_DEVICE=sycl_device, PYTHONWARNINGS="default")
+    done = subprocess.run([sys.executable, "-c", child], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["correct"]
+    assert result["compiled"] == 2, "two specializations (widths 4 and 3), each compiled once"
+    warnings = [line for line in done.stderr.splitlines() if "RuntimeWarning" in line]
+    assert len(warnings) == 1, done.stderr
+    assert str(blocker / "cache") in warnings[0] and "JITCONV_CACHE_DIR" in warnings[0]

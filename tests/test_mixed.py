@@ -4,7 +4,6 @@ docs/SEMANTICS.md."""
 
 import itertools
 
-import numpy as np
 import pytest
 import torch
 
@@ -13,67 +12,24 @@ from jitconv import launching
 from jitconv.reference import causal_conv1d_reference
 
 from helpers import (DTYPES, assert_outputs_close, assert_state_exact, bits, cumulative,
-                     make_state, poisoned, randn, strided_rows)
-
-EXTRA_STATE_COLUMNS = 2
-EXTRA_LINES = 3
-
+                     make_state, mixed_step, poisoned, randn, split_step, token_rows)
 
 def build_mixed(seed, *, dtype, width, dim, layout="SD", use_bias=True, pads=True,
                 shuffle=True, usm=False, non_spec=True, spec=True, spec_2d=True,
                 non_spec_accepted=False, strided=False):
-    """kwargs for one mixed step; the same names serve jitconv and the reference."""
+    """kwargs for one mixed step; the same names serve jitconv and the reference.
+    Non-spec lengths {1, 2, width-1, 8, 129} in random order, six ragged spec sequences
+    of 1 + (0..4) tokens, one pad of each kind, 2 spare state columns, 3 unused lines."""
     gen = torch.Generator().manual_seed(seed)
-    rng = np.random.default_rng(seed)
-    S = width - 1
-    ns_lengths = list(rng.permutation([1, 2, S, 8, 129])) if non_spec else []
-    sp_lengths = list(rng.integers(1, 6, size=6)) if spec else []  # ragged 1 + (0..4)
-    state_len = max(S, S - 1 + max(sp_lengths, default=0)) + EXTRA_STATE_COLUMNS
-    nseq = len(ns_lengths) + len(sp_lengths)
-    num_lines = nseq + EXTRA_LINES
-    lines = rng.permutation(num_lines)[:nseq].astype(np.int32)
-    ns_lines, sp_lines = lines[:len(ns_lengths)].copy(), lines[len(ns_lengths):].copy()
-    if pads:
-        if non_spec:
-            ns_lines[rng.integers(len(ns_lines))] = -1
-        if spec:
-            sp_lines[rng.integers(len(sp_lines))] = -1
-    n_ns, n_sp = int(sum(ns_lengths)), int(sum(sp_lengths))
-    num_tokens = n_ns + n_sp
-    max_accept = state_len - S + 1  # window a-1 .. a-1+S must fit in state_len
-
-    case = dict(
-        x=(strided_rows(gen, num_tokens, dim, dtype, usm) if strided
-           else randn(gen, (num_tokens, dim), dtype, usm)),
-        weight=randn(gen, (dim, width), dtype, usm),
-        bias=randn(gen, (dim,), dtype, usm) if use_bias else None,
-        conv_state=make_state(gen, num_lines, dim, state_len, dtype, layout, usm),
-    )
-    rows = rng.permutation(num_tokens) if shuffle else np.arange(num_tokens)
-    if non_spec:
-        case.update(
-            non_spec_query_start_loc=cumulative(ns_lengths),
-            non_spec_state_indices=torch.from_numpy(ns_lines),
-            has_initial_state=torch.from_numpy(
-                rng.permutation([i % 2 == 0 for i in range(len(ns_lengths))])))
-        if shuffle:
-            case["non_spec_token_indx"] = torch.from_numpy(rows[:n_ns].astype(np.int32))
-        if non_spec_accepted:
-            case["non_spec_num_accepted_tokens"] = torch.from_numpy(
-                rng.integers(1, max_accept + 1, size=len(ns_lengths)).astype(np.int32))
-    if spec:
-        sp_idx = sp_lines[:, None]
-        if spec_2d:  # (Q, K): only column 0 is the conv's line
-            sp_idx = np.concatenate([sp_idx, rng.integers(0, 99, (len(sp_lines), 3))], 1)
-        case.update(
-            spec_query_start_loc=cumulative(sp_lengths),
-            spec_state_indices=torch.from_numpy(
-                (sp_idx if spec_2d else sp_lines).astype(np.int32)),
-            num_accepted_tokens=torch.from_numpy(
-                rng.integers(1, max_accept + 1, size=len(sp_lengths)).astype(np.int32)))
-        if shuffle:
-            case["spec_token_indx"] = torch.from_numpy(rows[n_ns:].astype(np.int32))
-    return case
+    ns_lengths = [1, 2, width - 1, 8, 129] if non_spec else []
+    ns_lengths = [ns_lengths[i] for i in torch.randperm(len(ns_lengths), generator=gen)]
+    sp_lengths = torch.randint(1, 6, (6,), generator=gen).tolist() if spec else []
+    return mixed_step(gen, dim=dim, width=width, dtype=dtype, ns_lengths=ns_lengths,
+                      sp_lengths=sp_lengths, rows="shuffled" if shuffle else "plain",
+                      ns_pads=int(pads), sp_pads=int(pads), initial="alternate",
+                      spec_columns=4 if spec_2d else 1, extra_state_columns=2,
+                      extra_lines=3, layout=layout, bias=use_bias, usm=usm,
+                      strided=strided, non_spec_accepted=non_spec_accepted)
 
 
 def used_lines(case):
@@ -145,23 +101,10 @@ def test_mixed_equals_spec_call_plus_non_spec_call(sycl_device, dtype_name, shuf
     case = build_mixed(21, dtype=dtype, width=4, dim=136, shuffle=shuffle)
     split_state = case["conv_state"].clone()
     mixed = jitconv.causal_conv1d_mixed(**case)
-
-    spec_keys = ("spec_query_start_loc", "spec_state_indices", "spec_token_indx",
-                 "num_accepted_tokens")
-    common = dict(x=case["x"], weight=case["weight"], bias=case["bias"],
-                  conv_state=split_state)
-    non_spec_only = {k: v for k, v in case.items() if k.startswith("non_spec")
-                     or k == "has_initial_state"}
-    spec_only = {k: v for k, v in case.items() if k in spec_keys}
-    if not shuffle:  # without maps each call would cover x by itself: give explicit rows
-        n_ns = int(case["non_spec_query_start_loc"][-1])
-        non_spec_only["non_spec_token_indx"] = torch.arange(n_ns, dtype=torch.int32)
-        spec_only["spec_token_indx"] = torch.arange(n_ns, case["x"].shape[0],
-                                                    dtype=torch.int32)
-    out_ns = jitconv.causal_conv1d_mixed(**common, **non_spec_only)
-    out_sp = jitconv.causal_conv1d_mixed(**common, **spec_only)
-    ns_rows = non_spec_only["non_spec_token_indx"].long()
-    sp_rows = spec_only["spec_token_indx"].long()
+    non_spec_only, spec_only = split_step(case, conv_state=split_state)
+    out_ns = jitconv.causal_conv1d_mixed(**non_spec_only)
+    out_sp = jitconv.causal_conv1d_mixed(**spec_only)
+    ns_rows, sp_rows = token_rows(case, "non_spec"), token_rows(case, "spec")
     assert torch.equal(bits(mixed[ns_rows]), bits(out_ns[ns_rows]))
     assert torch.equal(bits(mixed[sp_rows]), bits(out_sp[sp_rows]))
     assert torch.equal(bits(case["conv_state"]), bits(split_state))

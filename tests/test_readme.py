@@ -1,22 +1,117 @@
-"""The README's usage examples run as written (blocks that need a vLLM layer, which
-mention `self.`, are documentation only and skipped)."""
+"""The README's examples run as written and compute what the contract says.
+
+The usage blocks run in order in one namespace, with jitconv's three ops wrapped so that
+every call they make is checked against the float64 reference (outputs within the
+dtype's tolerance, conv_state bit-exact). The vLLM wiring block, which reads attributes
+of a GDN layer, runs against a stand-in layer and metadata object that carry exactly
+those attributes; what it computes is checked too.
+"""
 
 import re
+import types
 from pathlib import Path
 
+import pytest
+import torch
+
+import jitconv
+from jitconv.reference import causal_conv1d_fn_reference, causal_conv1d_reference
+
+from helpers import assert_outputs_close, assert_state_exact, cumulative, mixed_step
+
 README = Path(__file__).resolve().parents[1] / "README.md"
+BLOCKS = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
+WIRING = [b for b in BLOCKS if "gdn_conv_step" in b and "self." in b]
+USAGE = [b for b in BLOCKS if b not in WIRING]
 
 
-def test_readme_examples_run(sycl_device):
-    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
-    runnable = [b for b in blocks if "self." not in b]
-    assert len(runnable) >= 4, "the README lost its examples"
+def _update_reference(x, weight, bias, conv_state, conv_state_indices,
+                      query_start_loc=None, num_accepted_tokens=None, activation="silu",
+                      **rest):
+    """causal_conv1d_update's arguments in the reference's terms."""
+    assert not rest, f"argument not handled by this test: {sorted(rest)}"
+    lines = torch.as_tensor(conv_state_indices)
+    lines = lines[:, 0] if lines.dim() == 2 else lines
+    if query_start_loc is None:
+        query_start_loc = cumulative([1] * len(lines))
+    if num_accepted_tokens is None:
+        return causal_conv1d_reference(x, weight, bias, conv_state, activation=activation,
+                                       non_spec_query_start_loc=query_start_loc,
+                                       non_spec_state_indices=lines)
+    return causal_conv1d_reference(x, weight, bias, conv_state, activation=activation,
+                                   spec_query_start_loc=query_start_loc,
+                                   spec_state_indices=lines,
+                                   num_accepted_tokens=num_accepted_tokens)
+
+
+def _checked(op, reference, checked):
+    """``op`` that compares each call with the reference before returning."""
+    def call(x, weight, bias, conv_state, *args, **kwargs):
+        ref_out, ref_state = reference(x, weight, bias, conv_state, *args, **kwargs)
+        out = op(x, weight, bias, conv_state, *args, **kwargs)
+        assert_outputs_close(out, ref_out, x.dtype)
+        assert_state_exact(conv_state, ref_state)
+        checked.append(op.__name__)
+        return out
+    return call
+
+
+def test_readme_usage_examples_compute_the_contract(sycl_device, monkeypatch):
+    assert len(USAGE) >= 4, "the README lost its examples"
+    checked = []
+    for name, reference in (("causal_conv1d_mixed", causal_conv1d_reference),
+                            ("causal_conv1d_fn", causal_conv1d_fn_reference),
+                            ("causal_conv1d_update", _update_reference)):
+        monkeypatch.setattr(jitconv, name, _checked(getattr(jitconv, name), reference,
+                                                    checked))
     namespace = {}
     try:
-        for block in runnable:
+        for block in USAGE:
             exec(compile(block, str(README), "exec"), namespace)
     finally:
-        import jitconv
-        jitconv.set_device(sycl_device)  # the example picks opencl:cpu
-    # The mixed-step example updated the state it allocated.
-    assert namespace["state"].abs().sum() > 0
+        jitconv.set_device(sycl_device)  # the first example picks opencl:cpu
+    assert checked == ["causal_conv1d_mixed", "causal_conv1d_fn", "causal_conv1d_update",
+                       "causal_conv1d_update"], checked
+
+
+@pytest.mark.parametrize("layout", ["vllm", "shuffled"])
+def test_readme_vllm_wiring_runs_one_step_of_a_gdn_layer(sycl_device, layout):
+    """The wiring block against a stand-in layer: mixed_qkv becomes the conv of the whole
+    step (one launch), the layer's cache holds the reference state, and the spec rows it
+    selects are the conv output's."""
+    assert len(WIRING) == 1, "the README's vLLM wiring example is missing"
+    gen = torch.Generator().manual_seed(7)
+    dim, width, k, padding = 96, 4, 3, 5
+    step = mixed_step(gen, dim=dim, width=width, dtype=torch.float32,
+                      ns_lengths=[9, 1, 1, 4], sp_lengths=[1 + k] * 3, rows=layout,
+                      ns_pads=1, sp_pads=1, initial=[False, True, True, True],
+                      spec_columns=1 + k, extra_lines=4)
+    num_actual = step["x"].shape[0]
+    mixed_qkv = torch.cat([step["x"], torch.randn(padding, dim, generator=gen)])
+    kv_cache = step["conv_state"].transpose(-1, -2)  # the stored (lines, state_len, dim)
+    layer = types.SimpleNamespace(
+        conv1d=types.SimpleNamespace(weight=step["weight"][:, None, :], bias=step["bias"]),
+        activation="silu")
+    meta = types.SimpleNamespace(
+        num_actual_tokens=num_actual,
+        non_spec_query_start_loc=step["non_spec_query_start_loc"],
+        non_spec_state_indices_tensor=step["non_spec_state_indices"],
+        has_initial_state=step["has_initial_state"],
+        non_spec_token_indx=step["non_spec_token_indx"],
+        spec_query_start_loc=step["spec_query_start_loc"],
+        spec_state_indices_tensor=step["spec_state_indices"],
+        spec_token_indx=step["spec_token_indx"],
+        num_accepted_tokens=step["num_accepted_tokens"])
+    ref_out, ref_state = causal_conv1d_reference(**step)
+
+    namespace = dict(jitconv=jitconv, self=layer, self_kv_cache=[kv_cache],
+                     mixed_qkv=mixed_qkv, attn_metadata=meta,
+                     num_actual_tokens=num_actual, spec_token_indx=meta.spec_token_indx)
+    exec(compile(WIRING[0], str(README), "exec"), namespace)
+
+    out = namespace["mixed_qkv"]
+    assert tuple(out.shape) == (num_actual, dim)
+    assert_outputs_close(out, ref_out, torch.float32)
+    assert_state_exact(kv_cache.transpose(-1, -2), ref_state)
+    rows = meta.spec_token_indx.long()
+    assert torch.equal(namespace["mixed_qkv_spec"], out[rows])

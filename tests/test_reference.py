@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from jitconv.reference import causal_conv1d_fn_reference, causal_conv1d_reference
+from jitconv.steps import cumulative
 
 DIM = 6
 WIDTHS = [2, 3, 4, 5]
@@ -39,8 +40,8 @@ def make_weights(rng, width, with_bias=True):
 
 
 def start_loc(lengths):
-    """Cumulative token counts starting at 0, as int32 (vLLM's query_start_loc)."""
-    return np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    """Cumulative token counts starting at 0, as an int32 numpy array (query_start_loc)."""
+    return cumulative(lengths).numpy()
 
 
 def i32(values):

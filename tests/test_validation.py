@@ -5,8 +5,9 @@ import pytest
 import torch
 
 import jitconv
+from jitconv.reference import causal_conv1d_fn_reference, causal_conv1d_reference
 
-from helpers import bits, cumulative, randn
+from helpers import assert_outputs_close, assert_state_exact, bits, cumulative, randn
 
 DIM, WIDTH, LINES, STATE_LEN = 32, 4, 5, 4
 
@@ -103,10 +104,13 @@ def test_bad_input_raises_and_leaves_state(sycl_device, case):
 
 
 def test_good_call_passes(sycl_device):
-    """The baseline the bad cases start from is itself valid (so each case tests one fault)."""
+    """The baseline the bad cases start from is itself valid and computes the contract
+    (so each bad case tests one fault)."""
     call = good_call()
+    ref_out, ref_state = causal_conv1d_fn_reference(**call)
     out = jitconv.causal_conv1d_fn(**call)
-    assert out.shape == (7, DIM)
+    assert_outputs_close(out, ref_out, torch.float32)
+    assert_state_exact(call["conv_state"], ref_state)
 
 
 # --- causal_conv1d_mixed / causal_conv1d_update -------------------------------------
@@ -187,8 +191,30 @@ def test_bad_mixed_input_raises_and_leaves_state(sycl_device, case):
 
 
 def test_good_mixed_call_passes(sycl_device):
-    out = jitconv.causal_conv1d_mixed(**good_mixed())
-    assert out.shape == (9, DIM)
+    call = good_mixed()
+    ref_out, ref_state = causal_conv1d_reference(**call)
+    out = jitconv.causal_conv1d_mixed(**call)
+    assert_outputs_close(out, ref_out, torch.float32)
+    assert_state_exact(call["conv_state"], ref_state)
+
+
+def good_update():
+    gen = torch.Generator().manual_seed(2)
+    return dict(x=randn(gen, (2, DIM), torch.float32),
+                weight=randn(gen, (DIM, WIDTH), torch.float32), bias=None,
+                conv_state=randn(gen, (LINES, DIM, STATE_LEN), torch.float32),
+                conv_state_indices=i32(0, 1))
+
+
+def test_good_update_call_passes(sycl_device):
+    call = good_update()
+    ref_out, ref_state = causal_conv1d_reference(
+        call["x"], call["weight"], None, call["conv_state"],
+        non_spec_query_start_loc=cumulative([1, 1]),
+        non_spec_state_indices=call["conv_state_indices"])
+    out = jitconv.causal_conv1d_update(**call)
+    assert_outputs_close(out, ref_out, torch.float32)
+    assert_state_exact(call["conv_state"], ref_state)
 
 
 @pytest.mark.parametrize("changes,text", [
@@ -198,11 +224,7 @@ def test_good_mixed_call_passes(sycl_device):
     (dict(conv_state_indices=i32(1, 1)), "cache line 1 is used more than once"),
 ])
 def test_bad_update_input(sycl_device, changes, text):
-    gen = torch.Generator().manual_seed(2)
-    call = dict(x=randn(gen, (2, DIM), torch.float32),
-                weight=randn(gen, (DIM, WIDTH), torch.float32), bias=None,
-                conv_state=randn(gen, (LINES, DIM, STATE_LEN), torch.float32),
-                conv_state_indices=i32(0, 1))
+    call = good_update()
     call.update(changes)
     before = bits(call["conv_state"])
     with pytest.raises(ValueError, match=text):
