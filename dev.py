@@ -44,7 +44,7 @@ def ensure_venv():
     print("dev.py: installing jitconv and its pinned dependencies into .venv "
           "(a few minutes the first time)", flush=True)
     pip = [str(PY), "-m", "pip", "install", "--disable-pip-version-check"]
-    subprocess.run(pip + ["-c", str(ROOT / "constraints.txt"), "-e", f"{ROOT}[test]"],
+    subprocess.run(pip + ["-c", str(ROOT / "constraints.txt"), "-e", f"{ROOT}[test,compile]"],
                    check=True, cwd=ROOT)
     STAMP.write_text(want)
 

@@ -11,8 +11,9 @@ import torch  # noqa: F401,E402
 
 from .device import (DeviceNotFoundError, devices, get_device, get_queue,  # noqa: E402
                       set_device)
-from .bridge import (CopyRequiredError, copy_counts, empty, reset_copy_counts,  # noqa: E402
-                     set_allow_copies, zeros)
+from .bridge import (CopyRequiredError, copy_counts, reset_copy_counts,  # noqa: E402
+                     set_allow_copies)
+from .usm import empty, zeros  # noqa: E402
 from .kernel_abi import SUPPORTED_WIDTHS  # noqa: E402
 from .ops import (causal_conv1d_fn, causal_conv1d_mixed, causal_conv1d_update,  # noqa: E402
                   plan)

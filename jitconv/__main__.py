@@ -39,8 +39,32 @@ def info(_args):
     for directory in kernel_cache.search_dirs():
         count = len(list(directory.glob("*.spv"))) if directory.exists() else 0
         print(f"kernel cache: {directory} ({count} SPIR-V files)")
-    print(f"numba-dpex available to compile missing kernels: {launching.have_compiler()}")
+    compiler = launching.have_compiler()
+    print(f"numba-dpex available to compile missing kernels: {compiler}")
+    print("where each kernel comes from (shipped with the package / user cache / "
+          "compiled on first use):")
+    for width, dtype, where in kernel_origins(compiler):
+        print(f"  width {width} {dtype:9s} {where}")
+    for path, reason in kernel_cache.rejected:
+        print(f"  ignored {path}: {reason}")
     return 0
+
+
+def kernel_origins(compiler):
+    """(width, dtype, where its SPIR-V comes from) for every supported specialization."""
+    from jitconv import kernel_cache
+    from jitconv.kernel_abi import STORAGE, SUPPORTED_WIDTHS
+    rows = []
+    for width in SUPPORTED_WIDTHS:
+        for dtype in STORAGE:
+            entry = kernel_cache.load(width, dtype)
+            if entry is not None:
+                where = f"{kernel_cache.origin(entry[2])} ({entry[2]})"
+            else:
+                where = ("compiled on first use (numba-dpex)" if compiler
+                         else "MISSING: no SPIR-V and no numba-dpex to compile it")
+            rows.append((width, dtype, where))
+    return rows
 
 
 
@@ -158,8 +182,11 @@ def check(args):
             print(f"  width {width} {name:9s} max error {err:.3g} "
                   f"{'OK' if ok else 'FAILED'}", flush=True)
     import dpctl
+    used = {(w, d) for w in args.widths.split(",") for d in args.dtypes.split(",")}
+    origins = sorted({where.split(" (")[0] for w, d, where in kernel_origins(False)
+                      if (str(w), d) in used})
     print(f"dpctl {dpctl.__version__}, device {jitconv.get_device()}, kernels: "
-          f"{launching.stats['cache_hits']} from the SPIR-V cache, "
+          f"{launching.stats['cache_hits']} from the SPIR-V cache ({', '.join(origins)}), "
           f"{launching.stats['compiled']} compiled; numba-dpex imported: "
           f"{'numba_dpex' in sys.modules}; ignored cache entries: {kernel_cache.rejected}")
     if args.require_prebuilt and launching.stats["compiled"]:
@@ -178,6 +205,9 @@ def build_kernels(args):
     target = kernel_cache.PREBUILT_DIR if args.ship else (
         args.dir or kernel_cache.cache_dir())
     queue = jitconv.get_queue()
+    if args.ship:  # the package carries every supported specialization
+        args.widths = ",".join(str(w) for w in jitconv.SUPPORTED_WIDTHS)
+        args.dtypes = "float32,float16,bfloat16"
     widths = [int(w) for w in args.widths.split(",")]
     dtypes = args.dtypes.split(",")
     print(f"building {len(widths) * len(dtypes)} kernels into {target}")
@@ -187,6 +217,12 @@ def build_kernels(args):
             _kernel, path = launching.compile_and_store(width, dtype, queue, target)
             print(f"  width {width} {dtype:9s} {path.stat().st_size / 1024:6.1f} KiB "
                   f"{time.perf_counter() - t0:5.2f} s  {path.name}", flush=True)
+    if args.ship:  # entries of older kernel sources would only bloat the wheel
+        keep = set(kernel_cache.shipped_files())
+        for stale in target.iterdir():
+            if stale.suffix in (".spv", ".json") and stale.name not in keep:
+                stale.unlink()
+                print(f"  removed stale {stale.name}")
     return 0
 
 
@@ -242,7 +278,9 @@ def main(argv=None):
     where.add_argument("--dir", help="directory to write (default: the user cache, "
                                      "$JITCONV_CACHE_DIR or ~/.cache/jitconv)")
     where.add_argument("--ship", action="store_true",
-                       help="write into jitconv/prebuilt/ (ships with the package)")
+                       help="write every supported width and dtype into "
+                            "jitconv/prebuilt/ (ships with the package) and remove "
+                            "entries of older kernel sources")
     b.add_argument("--widths", default="2,3,4,5")
     b.add_argument("--dtypes", default="float32,float16,bfloat16")
     args = parser.parse_args(argv)

@@ -3,30 +3,47 @@
 Why this exists: the Intel runtime wheels (intel-sycl-rt, intel-opencl-rt, mkl, ...) put
 their shared libraries in ``<prefix>/lib`` with RPATHs that do not point there, and the
 OpenCL ICD file they ship names a placeholder build path. Without help, ``import dpctl``
-fails with ``libintlc.so.5: cannot open shared object file`` and, once that is fixed,
+may fail with ``libintlc.so.5: cannot open shared object file`` and, once that is fixed,
 ``dpctl.get_devices()`` is empty. Conda environments and oneAPI installs set
 LD_LIBRARY_PATH / OCL_ICD_FILENAMES themselves; a venv does not.
 
-What it does, before dpctl / dpnp / numba_dpex are imported (and only then):
-1. If OCL_ICD_FILENAMES is unset, point it at ``<prefix>/lib/libintelocl.so`` so the
+Where the libraries are: read from the installed distributions' own file lists
+(importlib.metadata), starting from the package that needs them (dpctl, dpnp,
+numba-dpex) and following its requirements (intel-sycl-rt, intel-cmplr-lib-rt, mkl, ...).
+No directory or soname is guessed, so libsycl.so.7 (2024.x), .8 (2025.x) and .9 (2026.x)
+are all found the same way.
+
+What it does, before dpctl is imported (and only then):
+1. If OCL_ICD_FILENAMES is unset, point it at intel-opencl-rt's ``libintelocl.so`` so the
    OpenCL loader finds the Intel CPU runtime (the ``opencl:cpu`` SYCL device).
-2. Unless ``<prefix>/lib`` is already on LD_LIBRARY_PATH, preload the libraries of
-   ``<prefix>/lib`` that the extension modules of those packages need, transitively. The
-   dynamic loader then finds them by soname when the extension modules load. RTLD_LAZY
-   matters: MKL's core and threading layers need each other's symbols, so neither can be
-   bound eagerly before the other is loaded.
+2. Unless the runtime's directory is already on LD_LIBRARY_PATH, preload the libraries
+   dpctl's extension modules need, transitively. The dynamic loader then finds them by
+   soname when the extension modules load. dpnp's and numba-dpex's much larger closures
+   (oneMKL) are preloaded only when those packages are imported (a meta-path hook), which
+   jitconv itself does only to compile a kernel. RTLD_LAZY matters: MKL's core and
+   threading layers need each other's symbols, so neither can be bound eagerly before the
+   other is loaded.
 
 Variables the user set are respected; JITCONV_NO_BOOTSTRAP=1 disables all of this.
 """
 
+import csv
 import ctypes
-import importlib.util
+import functools
+import importlib.abc
+import importlib.metadata as metadata
 import mmap
 import os
+import re
 import struct
+import sys
+import threading
 from pathlib import Path
 
-_PACKAGES = ("dpctl", "dpnp", "numba_dpex")
+# Top-level package -> its distribution. dpctl's closure is loaded at import; the others
+# when they are first imported.
+_DISTRIBUTIONS = {"dpctl": "dpctl", "dpnp": "dpnp", "numba_dpex": "numba-dpex"}
+_ICD_DISTRIBUTION = "intel-opencl-rt"  # not a requirement of dpctl 0.22: named here
 # Loaded RTLD_GLOBAL: oneMKL's SYCL libraries use mkl_core / threading-layer symbols
 # without listing those libraries as needed, and libmkl_sycl_dft needs `fftw3_mkl`, which
 # only the interface layers define. We make the LP64 interface global for it, never the
@@ -36,18 +53,76 @@ _PACKAGES = ("dpctl", "dpnp", "numba_dpex")
 # extension needs it, never overriding other code's symbols (libimf exports exp/sin/pow).
 _GLOBAL = ("libmkl_core.", "libmkl_tbb_thread.", "libmkl_sequential.", "libmkl_intel_thread.",
            "libmkl_gnu_thread.", "libmkl_intel_lp64.")
+_LIBRARY = re.compile(r"lib[^/]*\.so(\.\d+)*$")
+_PLUGIN = re.compile(r"lib(pi|ur_adapter)_\w+\.so$")
+
+_lock = threading.RLock()  # re-entered if reading metadata imports a hooked name
 _done = False
+_skip_preload = False  # the runtime is on LD_LIBRARY_PATH, or bootstrapping is off
+_preloaded_for = set()
 preloaded = []  # sonames this module loaded, for `python -m jitconv info`
+dpctl_imported_first = False  # dpctl was imported before jitconv could prepare it
+icd_set = None  # the OCL_ICD_FILENAMES value we set, if we set one
+
+
+def _requirement_names(dist):
+    for req in dist.requires or ():
+        if "extra ==" not in req:
+            yield re.split(r"[\s;<>=!~\[(]", req.strip(), maxsplit=1)[0]
+
+
+def _closure(name):
+    """The installed distribution ``name`` and everything it requires, transitively."""
+    found, todo, seen = [], [name], set()
+    while todo:
+        key = re.sub(r"[-_.]+", "-", todo.pop()).lower()
+        if key in seen:
+            continue
+        seen.add(key)
+        try:
+            dist = metadata.distribution(key)
+        except metadata.PackageNotFoundError:
+            continue
+        found.append(dist)
+        todo.extend(_requirement_names(dist))
+    return found
+
+
+def _shared_objects(dist):
+    """Absolute paths of the shared objects a distribution installed, from its RECORD.
+    Read as CSV here rather than through ``dist.files``: building a path object for each
+    of intel-sycl-rt's ~2500 files tripled the import time."""
+    paths = []
+    lines = [line for line in (dist.read_text("RECORD") or "").splitlines() if ".so" in line]
+    for row in csv.reader(lines):
+        name = row[0].rsplit("/", 1)[-1] if row else ""
+        if name.endswith(".so") or ".so." in name:
+            path = Path(dist.locate_file(row[0])).resolve()
+            if path.exists():
+                paths.append(path)
+    return paths
+
+
+@functools.lru_cache(maxsize=None)
+def runtime_libraries(name="dpctl"):
+    """soname -> path for every library of ``name``'s distribution closure (and of
+    intel-opencl-rt, whose ICD provides opencl:cpu). Cached: installs do not change
+    under a running process."""
+    libs = {}
+    dists = _closure(name) + _closure(_ICD_DISTRIBUTION)
+    for dist in dists:
+        for path in _shared_objects(dist):
+            if _LIBRARY.match(path.name):
+                libs.setdefault(path.name, path)
+    return libs
 
 
 def runtime_lib_dir():
-    """The ``<prefix>/lib`` directory that holds the oneAPI runtime libraries, or None."""
-    spec = importlib.util.find_spec("dpctl")
-    if spec is None or spec.origin is None:
-        return None
-    # <prefix>/lib/pythonX.Y/site-packages/dpctl/__init__.py -> <prefix>/lib
-    lib = Path(spec.origin).resolve().parents[3]
-    return lib if (lib / "libsycl.so.7").exists() or (lib / "libintelocl.so").exists() else None
+    """The directory holding the SYCL runtime (libsycl.so.N, whatever N), or None."""
+    for soname, path in runtime_libraries().items():
+        if re.fullmatch(r"libsycl\.so\.\d+", soname):
+            return path.parent
+    return None
 
 
 def _elf_needed(path):
@@ -77,59 +152,99 @@ def _elf_needed(path):
         return []
 
 
-def _preload(lib):
-    roots = []
-    for pkg in _PACKAGES:
-        spec = importlib.util.find_spec(pkg)
-        if spec is not None and spec.submodule_search_locations:
-            for d in spec.submodule_search_locations:
-                roots.extend(Path(d).rglob("*.so"))
-    # Post-order walk of the needed-library graph restricted to <prefix>/lib, so that a
-    # library comes after what it needs. Children are walked in reverse: link lines list
-    # high-level libraries before the ones they rely on (mkl_sycl_* ... mkl_core), and some
-    # of them (mkl_sycl_*) use mkl_core symbols in constructors without declaring it.
+def _load_order(roots, libs):
+    """Post-order walk of the needed-library graph restricted to ``libs``, so that a
+    library comes after what it needs. Children are walked in reverse: link lines list
+    high-level libraries before the ones they rely on (mkl_sycl_* ... mkl_core), and some
+    of them (mkl_sycl_*) use mkl_core symbols in constructors without declaring it."""
     order, seen = [], set()
 
     def visit(path):
         for name in reversed(_elf_needed(path)):
-            cand = lib / name
-            if name not in seen and cand.exists():
+            if name not in seen and name in libs:
                 seen.add(name)
-                visit(cand)
+                visit(libs[name])
                 order.append(name)
 
     for root in roots:
         visit(root)
-    if "libmkl_sycl_dft.so.4" in order and (lib / "libmkl_intel_lp64.so.2").exists():
+    if "libmkl_sycl_dft.so.4" in order and "libmkl_intel_lp64.so.2" in libs:
         order.insert(order.index("libmkl_sycl_dft.so.4"), "libmkl_intel_lp64.so.2")
-    pending = order
-    while pending:
-        failed = []
-        for name in pending:
-            flags = os.RTLD_LAZY | (os.RTLD_GLOBAL if name.startswith(_GLOBAL) else os.RTLD_LOCAL)
-            try:
-                ctypes.CDLL(str(lib / name), mode=flags)
-                preloaded.append(name)
-            except OSError:
-                failed.append(name)  # a dependency is not loaded yet: retry next round
-        if len(failed) == len(pending):
-            break  # no progress; the import itself will report what is missing
-        pending = failed
+    return order
+
+
+def _preload(package):
+    """Load the libraries ``package``'s extension modules need (once per package)."""
+    with _lock:
+        if package in _preloaded_for or _skip_preload:
+            return
+        _preloaded_for.add(package)
+        try:
+            dist = metadata.distribution(_DISTRIBUTIONS[package])
+        except metadata.PackageNotFoundError:
+            return
+        libs = runtime_libraries(dist.metadata["Name"])
+        roots = [p for p in _shared_objects(dist) if not _LIBRARY.match(p.name)]
+        if package == "dpctl":
+            # Opened by path at device discovery, not linked: the OpenCL ICD, and the
+            # SYCL runtime's backend plugins (libpi_* in 2024.x, libur_adapter_* later;
+            # 2026.2 builds the OpenCL adapter into libsycl). Their own dependencies
+            # (libOpenCL.so.1, libtbb, ...) must be loadable by soname.
+            roots += [path for soname, path in libs.items()
+                      if soname == "libintelocl.so" or _PLUGIN.match(soname)]
+        pending = [name for name in _load_order(roots, libs) if name not in preloaded]
+        while pending:
+            failed = []
+            for name in pending:
+                flags = os.RTLD_LAZY | (os.RTLD_GLOBAL if name.startswith(_GLOBAL)
+                                        else os.RTLD_LOCAL)
+                try:
+                    ctypes.CDLL(str(libs[name]), mode=flags)
+                    preloaded.append(name)
+                except OSError:
+                    failed.append(name)  # a dependency is not loaded yet: retry next round
+            if len(failed) == len(pending):
+                break  # no progress; the import itself will report what is missing
+            pending = failed
+
+
+class _PreloadOnImport(importlib.abc.MetaPathFinder):
+    """Preloads dpnp's / numba-dpex's libraries right before their first import, then
+    lets the normal finders import them."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname in _DISTRIBUTIONS:
+            _preload(fullname)
+        return None
 
 
 def bootstrap():
-    global _done
-    if _done:
-        return
-    _done = True
+    global _done, _skip_preload, dpctl_imported_first, icd_set
+    with _lock:
+        if _done:
+            return
+        _done = True
     if os.environ.get("JITCONV_NO_BOOTSTRAP") == "1":
         return
-    lib = runtime_lib_dir()
-    if lib is None:
+    dpctl_imported_first = "dpctl" in sys.modules
+    libs = runtime_libraries()
+    icd = libs.get("libintelocl.so")
+    if "OCL_ICD_FILENAMES" not in os.environ and icd is not None:
+        os.environ["OCL_ICD_FILENAMES"] = icd_set = str(icd)
+    lib_dir = runtime_lib_dir()
+    on_path = [Path(p) for p in os.environ.get("LD_LIBRARY_PATH", "").split(":") if p]
+    if lib_dir is None or any(p.exists() and p.resolve() == lib_dir for p in on_path):
+        _skip_preload = True
         return
-    icd = lib / "libintelocl.so"
-    if "OCL_ICD_FILENAMES" not in os.environ and icd.exists():
-        os.environ["OCL_ICD_FILENAMES"] = str(icd)
-    on_path = [p for p in os.environ.get("LD_LIBRARY_PATH", "").split(":") if p]
-    if not any(Path(p).resolve() == lib for p in on_path if Path(p).exists()):
-        _preload(lib)
+    _preload("dpctl")
+    sys.meta_path.insert(0, _PreloadOnImport())
+
+
+def no_device_hint():
+    """Why there may be no SYCL device, when jitconv can tell (for error messages)."""
+    if dpctl_imported_first and icd_set:
+        return (" dpctl was imported before jitconv, so the OpenCL loader had already "
+                "started without OCL_ICD_FILENAMES (jitconv sets it to "
+                f"{icd_set}): import jitconv before dpctl, or set OCL_ICD_FILENAMES "
+                "yourself.")
+    return ""

@@ -25,6 +25,7 @@ import jitconv
 from jitconv import launching
 from jitconv.baseline import causal_conv1d_mixed_torch
 from jitconv.steps import DATA_KEYS, mixed_step, random_values, split_step
+from jitconv.usm import DeviceArray
 
 MTP_K = 3
 WORKLOADS = {  # name: (non-spec sequence lengths, spec sequence lengths)
@@ -190,12 +191,6 @@ def layer_loop(name, dim, dtype, layers=48, distinct=4, reps=3):
                 kernel_share=kernel_s / plan_s)
 
 
-def _DeviceArray(t, queue):
-    """A copy of torch CPU tensor ``t`` in device USM memory of ``queue``."""
-    import dpctl.tensor as dpt
-    return dpt.asarray(t.contiguous().numpy(), usm_type="device", sycl_queue=queue)
-
-
 def tiny_run_cost(runs=1000):
     """Wall time per ``StepPlan.run`` of a tiny decode (1 sequence, dim 64, float32) over
     ``runs`` runs, and of a one-shot call (plan + run). "waits": USM torch CPU tensors,
@@ -221,8 +216,8 @@ def tiny_run_cost(runs=1000):
     one_shot = loop(lambda: jitconv.causal_conv1d_mixed(**data, **meta, out=out), runs // 4)
     base = jitconv.get_queue()
     queue = dpctl.SyclQueue(base.sycl_context, base.sycl_device, property="in_order")
-    device = {k: _DeviceArray(v, queue) for k, v in data.items()}
-    device_out = _DeviceArray(out, queue)
+    device = {k: DeviceArray(v, queue) for k, v in data.items()}
+    device_out = DeviceArray(out, queue)
     qplan = jitconv.plan(1, lines, state_len, 4, queue=queue, **meta)
     qplan.run(**device, out=device_out)
     queue.wait()

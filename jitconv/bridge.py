@@ -1,47 +1,53 @@
 """The torch bridge: tensors in, tensors out, zero-copy where the memory allows it.
 
 How an argument reaches a kernel (``to_device``):
-- torch XPU tensor: DLPack (kDLOneAPI) into dpctl, zero-copy. float16/bfloat16 are viewed
-  as int16 first: dpctl refuses kDLBfloat, and the kernels read raw 16-bit patterns anyway.
+- torch XPU tensor: its DLPack capsule (kDLOneAPI) is read by ``jitconv.dlpack``,
+  zero-copy. float16/bfloat16 are viewed as int16 first: the kernels read raw 16-bit
+  patterns anyway.
 - torch CPU tensor whose memory is USM of the device's context (``jitconv.empty`` /
   ``jitconv.zeros`` make such tensors): passed by pointer, zero-copy.
-- any other torch CPU tensor: copied into USM memory, and copied back afterwards when the
-  argument is updated in place (conv_state, out). Copies are counted (``copy_counts``);
-  ``set_allow_copies(False)`` (or JITCONV_ALLOW_COPIES=0) turns a needed copy into a
-  ``CopyRequiredError``.
-- dpctl usm_ndarray, dpnp array, or any object exporting a kDLOneAPI DLPack capsule:
-  zero-copy.
+- any other torch CPU tensor: copied into USM device memory (dpctl.memory +
+  ``SyclQueue.memcpy``), and copied back afterwards when the argument is updated in place
+  (conv_state, out). Copies are counted (``copy_counts``); ``set_allow_copies(False)`` (or
+  JITCONV_ALLOW_COPIES=0) turns a needed copy into a ``CopyRequiredError``.
+- dpctl usm_ndarray, dpnp array, any object with ``__sycl_usm_array_interface__``, or any
+  object exporting a kDLOneAPI DLPack capsule: zero-copy. They are recognised by those
+  attributes, never by importing dpnp or dpctl.tensor (dpctl 0.22 has no dpctl.tensor).
+
+Only ``dpctl.memory`` and ``SyclQueue`` are used here: what every dpctl from 0.17 to 0.22
+has. ``normalize`` turns every non-torch argument into a ``UsmArray`` (address, shape,
+strides, dtype, device), which is what validation and the launch read.
 
 A kernel receives a ``DeviceView``: the dpctl memory object of the allocation, the view's
 element offset, shape, strides (in elements) and itemsize. Memory objects are reused (the
-allocation's own, or looked up in a registry of jitconv.empty allocations): making one for
+allocation's own, or looked up in ``usm``'s registry of jitconv.empty allocations): making one for
 an arbitrary pointer is a SYCL pointer query that costs ~40 us on opencl:cpu. Kernels do
 not care about the element type beyond its size: the dtype each op expects is checked by
 the op before launch.
 """
 
-import bisect
 import os
-import threading
-import weakref
+import sys
 from typing import NamedTuple
 
 import numpy as np
 import torch
 
 from . import device as devices
+from . import dlpack, usm
 
-import dpctl.memory as dpm  # noqa: E402  (devices bootstraps the runtime first)
-import dpctl.tensor as dpt  # noqa: E402
+import dpctl  # noqa: E402  (devices bootstraps the runtime first)
+import dpctl.memory as dpm  # noqa: E402
 
-KDL_ONEAPI = 14  # DLPack device type of SYCL USM memory
+KDL_ONEAPI = dlpack.KDL_ONEAPI
 
 DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16",
                torch.bfloat16: "bfloat16", torch.int32: "int32", torch.int64: "int64",
                torch.bool: "bool", torch.int16: "int16", torch.uint8: "uint8",
                torch.int8: "int8", torch.float64: "float64"}
-_TORCH_DTYPES = {v: k for k, v in DTYPE_NAMES.items()}
+DTYPE_TORCH = {v: k for k, v in DTYPE_NAMES.items()}
 _SIXTEEN_BIT = (torch.float16, torch.bfloat16)
+_USM_CLASSES = (dpm.MemoryUSMShared, dpm.MemoryUSMDevice, dpm.MemoryUSMHost)
 
 _counts = {"to_device": 0, "from_device": 0}
 _allow_copies = os.environ.get("JITCONV_ALLOW_COPIES", "1") != "0"
@@ -82,75 +88,107 @@ class DeviceView(NamedTuple):
         return self.memory._pointer + self.offset * self.itemsize
 
 
+class UsmArray:
+    """A non-torch array in USM memory, as validation and the launch see it: a dpctl
+    usm_ndarray, a dpnp array, any ``__sycl_usm_array_interface__`` object, or a tensor
+    imported from a kDLOneAPI DLPack capsule. ``source`` is the caller's object (outputs
+    are made of its kind); ``owner`` keeps the memory valid (the source, or the DLPack
+    import whose deleter frees it)."""
+
+    __slots__ = ("source", "owner", "address", "shape", "strides", "dtype", "itemsize",
+                 "device", "allocation", "read_only", "copied")
+
+    def __init__(self, source, owner, address, shape, strides, dtype, itemsize, device,
+                 allocation=None, read_only=False, copied=False):
+        self.source, self.owner, self.address = source, owner, address
+        self.shape, self.strides = tuple(shape), tuple(strides)
+        self.dtype, self.itemsize, self.device = dtype, itemsize, device
+        self.allocation = allocation  # the allocation's dpctl memory object, if known
+        self.read_only, self.copied = read_only, copied
+
+    def stride(self):
+        return self.strides
+
+    def extent(self):
+        """(first, last + 1) byte addresses the view touches."""
+        if any(n == 0 for n in self.shape):
+            return self.address, self.address
+        span = sum((n - 1) * s for n, s in zip(self.shape, self.strides))
+        return self.address, self.address + (span + 1) * self.itemsize
+
+
 def dtype_name(t):
-    """'float32', 'float16', 'bfloat16', ... for a torch tensor, dpctl or dpnp array."""
+    """'float32', 'float16', 'bfloat16', ... for a torch tensor or a UsmArray."""
     if isinstance(t, torch.Tensor):
         return DTYPE_NAMES.get(t.dtype, str(t.dtype))
+    if isinstance(t, UsmArray):
+        return t.dtype
     return np.dtype(t.dtype).name
 
 
 def device_of(t):
-    """Where an argument lives: 'cpu', 'xpu:N', or the dpctl filter string of its queue."""
+    """Where an argument lives: 'cpu', 'xpu:N', or the dpctl filter string of its device."""
     if isinstance(t, torch.Tensor):
         return str(t.device)
-    usm = _as_usm_ndarray(t)
-    return usm.sycl_device.filter_string if usm is not None else type(t).__name__
+    if isinstance(t, UsmArray):
+        return t.device or "a SYCL context"
+    return type(t).__name__
 
 
-class _SharedAllocation(dpm.MemoryUSMShared):
-    """USM shared memory that can be weakly referenced (a Python subclass), so the
-    registry below forgets it when the last tensor using it is gone."""
+_device_ids = {}  # SyclDevice -> DLPack device id; filter strings by DLPack device id
 
 
-_alloc_bases = []   # sorted base addresses of live _SharedAllocations
-_alloc_info = {}    # base address -> (weakref to the allocation, nbytes)
+def dlpack_device_id(device):
+    """The DLPack device id of a SyclDevice (kDLOneAPI ids index dpctl.get_devices();
+    dpctl >= 0.18 computes it as get_device_id())."""
+    found = _device_ids.get(device)
+    if found is None:
+        getter = getattr(device, "get_device_id", None)
+        found = _device_ids[device] = getter() if getter else dpctl.get_devices().index(device)
+    return found
 
 
-def _register(memory):
-    base = memory._pointer
-    bisect.insort(_alloc_bases, base)
-    _alloc_info[base] = (weakref.ref(memory), memory.nbytes)
-    weakref.finalize(memory, _unregister, base)
+_dlpack_devices = {}  # DLPack device id -> filter string (listing devices costs ~50 us)
 
 
-def _unregister(base):
-    _alloc_info.pop(base, None)
-    i = bisect.bisect_left(_alloc_bases, base)
-    if i < len(_alloc_bases) and _alloc_bases[i] == base:
-        del _alloc_bases[i]
+def _filter_string_of_dlpack_id(device_id):
+    found = _dlpack_devices.get(device_id)
+    if found is None:
+        listed = dpctl.get_devices()
+        found = (listed[device_id].filter_string if 0 <= device_id < len(listed)
+                 else f"oneAPI device {device_id}")
+        _dlpack_devices[device_id] = found
+    return found
 
 
-def _find_allocation(address):
-    """(memory, byte offset) of the jitconv.empty allocation holding ``address``, or None.
-    A lookup, not a SYCL pointer query (those cost ~40 us each on opencl:cpu)."""
-    i = bisect.bisect_right(_alloc_bases, address) - 1
-    if i < 0:
-        return None
-    base = _alloc_bases[i]
-    ref, nbytes = _alloc_info[base]
-    memory = ref()
-    if memory is None or address >= base + nbytes:
-        return None
-    return memory, address - base
+def _c_strides(shape):
+    """Row-major strides, in elements."""
+    strides, step = [], 1
+    for n in reversed(shape):
+        strides.insert(0, step)
+        step *= max(int(n), 1)
+    return tuple(strides)
 
 
 class _Pointer:
-    """A raw USM address in the form dpctl.memory accepts (no dtype, no shape)."""
+    """A raw USM address in the form dpctl.memory accepts (no dtype, no shape). The
+    memory object made from it references it, so ``owner`` lives as long as that."""
 
-    __slots__ = ("__sycl_usm_array_interface__",)
+    __slots__ = ("__sycl_usm_array_interface__", "owner")
 
-    def __init__(self, address, nbytes, queue):
+    def __init__(self, address, nbytes, queue, owner=None):
         self.__sycl_usm_array_interface__ = {
             "data": (address, False), "shape": (max(int(nbytes), 1),), "strides": None,
             "typestr": "|u1", "version": 1, "syclobj": queue,
         }
+        self.owner = owner
 
 
-def _query_usm(address, queue):
+def _query_usm(address, queue, nbytes=1, owner=None):
     """A dpctl memory object at ``address`` if it is USM of the queue's context, else None
     (the slow path, for USM memory jitconv did not allocate)."""
     try:
-        return dpm.as_usm_memory(_Pointer(address, 1, queue))
+        return dpm.as_usm_memory(_Pointer(address, nbytes, queue, owner))
     except ValueError:
         return None
 
@@ -158,46 +196,114 @@ def _query_usm(address, queue):
 def is_usm(address, queue=None):
     """True if ``address`` is USM memory of the queue's context (host-accessible or not)."""
     queue = queue or devices.get_queue()
-    return _find_allocation(address) is not None or _query_usm(address, queue) is not None
+    return usm.find_allocation(address) is not None or _query_usm(address, queue) is not None
 
 
-def _as_usm_ndarray(obj):
-    if isinstance(obj, dpt.usm_ndarray):
-        return obj
-    if hasattr(obj, "get_array") and type(obj).__module__.startswith("dpnp"):
-        return obj.get_array()
-    return None
+def _allocation_of(obj):
+    """The dpctl memory object behind a dpctl / dpnp array, when it says (usm_data):
+    saves a pointer query per call."""
+    memory = getattr(obj, "usm_data", None)
+    if memory is None and hasattr(obj, "get_array"):  # dpnp arrays wrap a usm_ndarray
+        memory = getattr(obj.get_array(), "usm_data", None)
+    return memory if isinstance(memory, _USM_CLASSES) else None
 
 
-def _view_of_usm_ndarray(a):
-    iface = a.__sycl_usm_array_interface__
-    itemsize = a.itemsize
-    memory = a.usm_data
-    start = iface["data"][0] - memory._pointer + iface.get("offset", 0) * itemsize
-    return DeviceView(memory, start // itemsize, tuple(a.shape), tuple(a.strides),
-                      itemsize, a)
+def _from_usm_interface(obj, name):
+    iface = obj.__sycl_usm_array_interface__
+    dt = np.dtype(iface["typestr"])
+    shape = tuple(int(n) for n in iface["shape"])
+    strides = iface.get("strides")
+    if strides is None:
+        strides = _c_strides(shape)
+    syclobj = iface.get("syclobj")
+    device = getattr(syclobj, "sycl_device", None)
+    address = iface["data"][0] + int(iface.get("offset", 0) or 0) * dt.itemsize
+    dtype = "bool" if dt == np.bool_ else dt.name
+    # syclobj may also be a context (no device to name): the pointer query decides then
+    return UsmArray(obj, obj, address, shape, strides, dtype, dt.itemsize,
+                    device.filter_string if device is not None else None,
+                    allocation=_allocation_of(obj), read_only=bool(iface["data"][1]))
 
 
-def from_dlpack_oneapi(obj):
-    """Import an object exporting a kDLOneAPI DLPack capsule as a dpctl usm_ndarray."""
-    return dpt.from_dlpack(obj)
+def _from_dlpack(obj, name, source=None):
+    try:
+        t = dlpack.import_tensor(obj)
+    except (TypeError, ValueError) as exc:
+        raise type(exc)(f"{name}: {exc}") from exc
+    kind, device_id = t.device
+    if kind != KDL_ONEAPI:
+        raise TypeError(f"{name}: the DLPack tensor is on device type {kind}, expected "
+                        f"kDLOneAPI ({KDL_ONEAPI}: SYCL USM memory)")
+    return UsmArray(obj if source is None else source, t, t.address, t.shape, t.strides,
+                    t.dtype, t.itemsize, _filter_string_of_dlpack_id(device_id),
+                    read_only=t.read_only, copied=t.copied)
+
+
+def is_device_array(t):
+    """A non-torch array jitconv can take zero-copy (USM interface or kDLOneAPI DLPack)."""
+    if isinstance(t, UsmArray) or hasattr(t, "__sycl_usm_array_interface__"):
+        return True
+    try:
+        return hasattr(t, "__dlpack__") and t.__dlpack_device__()[0] == KDL_ONEAPI
+    except (AttributeError, TypeError, ValueError):
+        return False
 
 
 def normalize(t, name):
-    """Arguments as torch tensors, dpnp arrays or dpctl usm_ndarrays (what the ops and the
-    validation understand); any other kDLOneAPI DLPack producer is imported zero-copy."""
-    if t is None or isinstance(t, torch.Tensor) or _as_usm_ndarray(t) is not None:
+    """torch tensors as they are; every other array (dpctl, dpnp, any USM-interface or
+    kDLOneAPI DLPack producer) as a ``UsmArray``, zero-copy."""
+    if t is None or isinstance(t, (torch.Tensor, UsmArray)):
         return t
-    if hasattr(t, "__dlpack_device__") and t.__dlpack_device__()[0] == KDL_ONEAPI:
-        return from_dlpack_oneapi(t)
-    raise TypeError(f"{name}: expected a torch tensor, dpnp array, dpctl usm_ndarray or a "
-                    f"oneAPI DLPack producer, got {type(t).__name__}")
+    if hasattr(t, "__sycl_usm_array_interface__"):
+        arr = _from_usm_interface(t, name)
+    elif is_device_array(t):
+        arr = _from_dlpack(t, name)
+    else:
+        raise TypeError(f"{name}: expected a torch tensor, dpnp array, dpctl usm_ndarray or"
+                        f" a oneAPI DLPack producer, got {type(t).__name__}")
+    if any(s < 0 for s in arr.strides):
+        raise ValueError(f"{name}: negative strides are not supported, got {arr.strides}")
+    return arr
 
 
-def _torch_xpu_to_usm(t):
-    if t.dtype in _SIXTEEN_BIT:
-        t = t.view(torch.int16)  # dpctl rejects kDLBfloat; kernels read raw bits
-    return from_dlpack_oneapi(t)
+_queue_devices = {}  # SyclQueue -> filter string of its device
+
+
+def _queue_device(queue):
+    found = _queue_devices.get(queue)
+    if found is None:
+        found = _queue_devices[queue] = queue.sycl_device.filter_string
+    return found
+
+
+def _view_of_usm_array(arr, name, writable, queue):
+    if arr.read_only and writable:
+        raise ValueError(f"{name}: the array is read-only, but it is updated in place")
+    if arr.copied and writable:
+        raise ValueError(f"{name}: the DLPack producer exported a copy, so the in-place "
+                         f"update would not reach the caller's tensor")
+    where = _queue_device(queue)
+    if arr.device is not None and arr.device != where:
+        raise ValueError(f"{name}: the array is on {arr.device}, but jitconv runs on "
+                         f"{where} (jitconv.set_device)")
+    if any(n == 0 for n in arr.shape):  # nothing is read or written (address may be 0)
+        return DeviceView(usm.placeholder(queue), 0, arr.shape, arr.strides, arr.itemsize,
+                          arr.owner)
+    memory, byte_offset = arr.allocation, None
+    if memory is not None and memory.sycl_context == queue.sycl_context:
+        byte_offset = arr.address - memory._pointer
+    else:
+        found = usm.find_allocation(arr.address)
+        if found is None:
+            lo, hi = arr.extent()
+            memory = _query_usm(arr.address, queue, hi - lo, owner=arr.owner)
+            found = None if memory is None else (memory, 0)
+        if found is None:
+            raise ValueError(f"{name}: its memory (address {arr.address:#x}) is not USM "
+                             f"memory of {where}'s SYCL context")
+        memory, byte_offset = found
+    return DeviceView(memory, byte_offset // arr.itemsize, arr.shape, arr.strides,
+                      arr.itemsize, arr.owner)
 
 
 def to_device(t, name, writable=False, queue=None):
@@ -207,19 +313,19 @@ def to_device(t, name, writable=False, queue=None):
     updated in place and had to be copied.
     """
     queue = queue or devices.get_queue()
-    usm = _as_usm_ndarray(t)
-    if usm is not None:
-        return _view_of_usm_ndarray(usm), None
     if isinstance(t, torch.Tensor):
         if t.device.type == "xpu":
-            return _view_of_usm_ndarray(_torch_xpu_to_usm(t)), None
+            # dpctl rejected kDLBfloat; the kernels read raw bits anyway
+            bits = t.view(torch.int16) if t.dtype in _SIXTEEN_BIT else t
+            return _view_of_usm_array(_from_dlpack(bits, name, source=t), name, writable,
+                                      queue), None
         if t.device.type != "cpu":
             raise TypeError(f"{name}: tensors on {t.device} are not supported "
                             f"(expected an XPU tensor, or a CPU tensor)")
         if t.numel() == 0:  # nothing is read or written: any valid memory will do
-            return DeviceView(_placeholder(queue), 0, tuple(t.shape), tuple(t.stride()),
+            return DeviceView(usm.placeholder(queue), 0, tuple(t.shape), tuple(t.stride()),
                               t.element_size(), t), None
-        found = _find_allocation(t.data_ptr())
+        found = usm.find_allocation(t.data_ptr())
         if found is None:
             memory = _query_usm(t.data_ptr(), queue)
             found = None if memory is None else (memory, 0)
@@ -228,7 +334,7 @@ def to_device(t, name, writable=False, queue=None):
         memory, byte_offset = found
         return DeviceView(memory, byte_offset // t.element_size(), tuple(t.shape),
                           tuple(t.stride()), t.element_size(), t), None
-    return _view_of_usm_ndarray(normalize(t, name)), None
+    return _view_of_usm_array(normalize(t, name), name, writable, queue), None
 
 
 def _host_numpy(t):
@@ -239,159 +345,129 @@ def _host_numpy(t):
 
 
 def _copy_in(t, name, writable, queue):
+    """Copy a plain CPU tensor into USM device memory with SyclQueue.memcpy (dpctl.memory
+    only: dpctl.tensor's asarray/asnumpy abort or deadlock from several threads in
+    dpctl 0.17, and dpctl 0.22 has no dpctl.tensor)."""
     if not _allow_copies:
         raise CopyRequiredError(
             f"{name}: this CPU tensor is not in USM memory, so it would be copied to the "
             f"device; allocate it with jitconv.empty/jitconv.zeros, or allow copies with "
             f"jitconv.set_allow_copies(True)")
-    arr = dpt.asarray(_host_numpy(t), device=queue)
+    host = _host_numpy(t)
+    nbytes = max(host.nbytes, 1)
+    memory = dpm.MemoryUSMDevice(nbytes, queue=queue)
+    if host.nbytes:
+        queue.memcpy(memory, host.reshape(-1).view(np.uint8), host.nbytes)
     _counts["to_device"] += 1
-    view = _view_of_usm_ndarray(arr)
+    view = DeviceView(memory, 0, tuple(host.shape), _c_strides(host.shape), host.itemsize,
+                      memory)
     if not writable:
         return view, None
 
     def write_back():
-        host = torch.from_numpy(dpt.asnumpy(arr))
+        back = np.empty_like(host)
+        if back.nbytes:
+            queue.memcpy(back.reshape(-1).view(np.uint8), memory, back.nbytes)
+        result = torch.from_numpy(back)
         if t.dtype in _SIXTEEN_BIT:
-            host = host.view(t.dtype)
-        t.copy_(host)
+            result = result.view(t.dtype)
+        t.copy_(result)
         _counts["from_device"] += 1
 
     return view, write_back
 
 
-class _Pool:
-    """Freed jitconv.empty allocations, kept for reuse by size (like torch's caching
-    allocator). A fresh USM allocation costs a system call and then a page fault per page
-    on first touch: for a 128 MiB prefill output that was 3x the kernel's own time on
-    opencl:cpu. At most ``limit`` bytes are kept; beyond that memory is really freed."""
-
-    def __init__(self, limit=1 << 30):
-        self.limit, self.kept, self.free = limit, 0, {}
-        self.lock = threading.Lock()
-
-    def take(self, device, nbytes):
-        with self.lock:
-            spare = self.free.get((device, nbytes))
-            if spare:
-                self.kept -= nbytes
-                return spare.pop()
-        memory = _SharedAllocation(nbytes, queue=devices.get_queue(device))
-        _register(memory)
-        return memory
-
-    def give(self, device, memory):
-        with self.lock:
-            if self.kept + memory.nbytes <= self.limit:
-                self.free.setdefault((device, memory.nbytes), []).append(memory)
-                self.kept += memory.nbytes
+def host_array(t, name):
+    """A non-torch device array (USM interface or kDLOneAPI DLPack) copied to a numpy
+    array (metadata such as query_start_loc passed as dpnp/dpctl arrays)."""
+    arr = normalize(t, name)
+    if arr.dtype not in ("bool",) and not arr.dtype.startswith(("int", "uint", "float")):
+        raise TypeError(f"{name}: dtype {arr.dtype} cannot be read on the host")
+    dt = np.dtype(np.bool_ if arr.dtype == "bool" else arr.dtype)
+    lo, hi = arr.extent()
+    raw = np.empty(hi - lo, np.uint8)
+    if hi > lo:
+        queue = devices.get_queue()
+        memory = _query_usm(lo, queue, hi - lo, owner=arr.owner)
+        if memory is None:
+            raise ValueError(f"{name}: its memory is not USM memory of "
+                             f"{_queue_device(queue)}'s SYCL context")
+        queue.memcpy(raw, memory, hi - lo)
+    return np.ndarray(arr.shape, dt, raw, 0, [s * dt.itemsize for s in arr.strides]).copy()
 
 
-_pool = _Pool()
-
-
-def empty(shape, dtype=torch.float32, device=None):
-    """A torch CPU tensor in USM shared memory of ``device``: kernels use it with no copy.
-
-    Works on any SYCL device (shared USM is host- and device-accessible); on an Intel GPU
-    prefer torch XPU tensors, which live in device memory. Memory is recycled through a
-    pool once no tensor uses it any more.
-    """
-    if isinstance(shape, int):
-        shape = (shape,)
-    shape = tuple(int(s) for s in shape)
-    dtype = _TORCH_DTYPES.get(dtype, dtype) if isinstance(dtype, str) else dtype
-    itemsize = torch.empty((), dtype=dtype).element_size()
-    used = int(np.prod(shape, dtype=np.int64)) * itemsize
-    device = device or devices.get_device()
-    memory = _pool.take(device, max(used, 1))
-    # The numpy array holds `memory` while any tensor built on it lives; when the last one
-    # goes, the array dies and the memory returns to the pool.
-    host = np.frombuffer(memory, dtype=np.uint8)
-    weakref.finalize(host, _pool.give, device, memory)
-    return torch.from_numpy(host)[:used].view(dtype).view(shape)
-
-
-def zeros(shape, dtype=torch.float32, device=None):
-    """Like ``empty``, filled with zeros."""
-    t = empty(shape, dtype, device)
-    t.zero_()
-    return t
+def _namespace(source):
+    """The module that makes arrays of ``source``'s kind (dpctl.tensor for a usm_ndarray,
+    dpnp for a dpnp array), or None. Never imported here: a caller holding such an array
+    has imported it already."""
+    if not hasattr(source, "__sycl_usm_array_interface__"):
+        return None
+    if hasattr(source, "__array_namespace__"):
+        return source.__array_namespace__()
+    return sys.modules.get(type(source).__module__.partition(".")[0])
 
 
 def empty_like_output(x, shape, dtype_str):
-    """A new output tensor of the same kind (torch CPU/XPU, dpnp, dpctl) as ``x``."""
+    """A new output tensor of the same kind as ``x``: torch XPU -> torch XPU, torch CPU ->
+    ``jitconv.empty``, dpctl / dpnp -> an array of that library on x's device (made by
+    its own module, found from x). Other DLPack producers get a ``jitconv.empty`` torch
+    tensor: USM shared memory of the device, usable on the host and by kernels."""
     if isinstance(x, torch.Tensor):
         if x.device.type == "xpu":
             return torch.empty(shape, dtype=x.dtype, device=x.device)
-        return empty(shape, x.dtype)
-    usm = _as_usm_ndarray(x)
-    if usm is not None:
-        out = dpt.empty(shape, dtype=usm.dtype, sycl_queue=usm.sycl_queue)
-        if usm is not x:  # dpnp in, dpnp out
-            import dpnp
-            return dpnp.asarray(out)
-        return out
-    return empty(shape, _TORCH_DTYPES[dtype_str])
-
-
-def _strides(t):
-    if isinstance(t, torch.Tensor):
-        return t.stride()
-    return _as_usm_ndarray(t).strides
+        return usm.empty(shape, x.dtype)
+    source = x.source if isinstance(x, UsmArray) else x
+    xp = _namespace(source)
+    if xp is not None and hasattr(xp, "empty") and hasattr(source, "device"):
+        return xp.empty(shape, dtype=source.dtype, device=source.device)
+    return usm.empty(shape, DTYPE_TORCH[dtype_str])
 
 
 def has_unit_channel_stride(t):
     """True if the last dimension is contiguous (or has a single element)."""
-    return t.shape[-1] <= 1 or _strides(t)[-1] == 1
+    return t.shape[-1] <= 1 or t.stride()[-1] == 1
 
 
-def channels_contiguous(t):
-    """``t`` itself if its channels (last dimension) are contiguous, else a copy that is."""
+def channels_contiguous(t, name="x"):
+    """``t`` itself if its channels (last dimension) are contiguous, else a copy that is
+    (made by t's own library; raises TypeError for a foreign array it cannot copy)."""
     if has_unit_channel_stride(t):
         return t
     if isinstance(t, torch.Tensor):
         return t.contiguous()
-    return dpt.copy(_as_usm_ndarray(t), order="C")
+    xp = _namespace(t.source)
+    if xp is None or not hasattr(xp, "copy"):
+        raise TypeError(f"{name}: channels (last dimension) must be contiguous for a "
+                        f"{type(t.source).__name__}, got strides {t.strides}")
+    return normalize(xp.copy(t.source, order="C"), name)
 
 
-def upload_tables(host_arrays, queue):
-    """Copy int32 tables into a new USM shared allocation of the queue's context (a plan
-    owns it and never writes it again). Returns (DeviceView of it, element offsets)."""
-    sizes = [len(a) for a in host_arrays]
-    memory = dpm.MemoryUSMShared(4 * max(sum(sizes), 1), queue=queue)
-    array = np.frombuffer(memory, dtype=np.int32)
-    offsets, start = [], 0
-    for a, n in zip(host_arrays, sizes):
-        array[start:start + n] = a
-        offsets.append(start)
-        start += n
-    return DeviceView(memory, 0, (max(start, 1),), (1,), 4, memory), offsets
+def can_assign(out):
+    """Whether results can be copied into ``out`` (when the kernel had to write a
+    separate buffer): torch tensors, and arrays whose library supports ``out[...] =``."""
+    return isinstance(out, torch.Tensor) or hasattr(out.source, "__setitem__")
 
 
-_placeholders = {}  # queue's context -> a small allocation that no kernel reads
+def assign(out, result):
+    """out[...] = result, for the kinds ``can_assign`` accepts."""
+    if isinstance(out, torch.Tensor):
+        out.copy_(result)
+    else:
+        out.source[...] = result
 
 
-def _placeholder(queue):
-    """Valid USM memory for an argument with no elements (the kernel never reads it)."""
-    memory = _placeholders.get(queue.sycl_context)
-    if memory is None:
-        memory = _placeholders.setdefault(queue.sycl_context,
-                                          dpm.MemoryUSMShared(64, queue=queue))
-    return memory
+def overlaps(a, b):
+    """Whether two arguments may share memory (then the kernel must not write one while
+    reading the other)."""
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+    if isinstance(a, UsmArray) and isinstance(b, UsmArray):
+        (a_lo, a_hi), (b_lo, b_hi) = a.extent(), b.extent()
+        return a_lo < b_hi and b_lo < a_hi
+    return False
 
 
 def normalize_all(x, weight, bias, conv_state, out):
     """``normalize`` for the five tensor arguments of the ops, in that order."""
     return [normalize(t, n) for t, n in zip((x, weight, bias, conv_state, out),
                                             ("x", "weight", "bias", "conv_state", "out"))]
-
-
-def same_memory(a, b):
-    """True if two arguments share an allocation (then writing one may change the other)."""
-    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
-        return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
-    ua, ub = _as_usm_ndarray(a), _as_usm_ndarray(b)
-    if ua is not None and ub is not None:
-        return ua.usm_data._pointer == ub.usm_data._pointer
-    return False

@@ -12,7 +12,7 @@ dpctl's per-device cached queue is the one arrays made with ``device=...`` use t
 import ctypes
 import os
 
-from ._bootstrap import bootstrap
+from ._bootstrap import bootstrap, no_device_hint
 
 bootstrap()
 
@@ -41,7 +41,7 @@ def _resolve(filter_str):
         raise DeviceNotFoundError(
             f"no SYCL device matches {filter_str!r}; available: {devices() or 'none'}"
             f" (check ONEAPI_DEVICE_SELECTOR / OCL_ICD_FILENAMES if this list is empty)"
-        ) from exc
+            + no_device_hint()) from exc
     return device.filter_string
 
 
@@ -59,7 +59,7 @@ def default_device():
         return available[0].filter_string
     raise DeviceNotFoundError(
         "no SYCL device found; jitconv needs a Level Zero GPU or the Intel OpenCL CPU "
-        "runtime (pip package intel-opencl-rt)")
+        "runtime (pip package intel-opencl-rt)." + no_device_hint())
 
 
 def set_device(filter_str):
@@ -132,5 +132,5 @@ def queue_for(x):
     device = getattr(x, "device", None)
     if getattr(device, "type", None) == "xpu":
         return torch_stream_queue(device)
-    queue = getattr(x, "sycl_queue", None)
+    queue = getattr(getattr(x, "source", x), "sycl_queue", None)  # bridge.UsmArray
     return queue if queue is not None else get_queue()

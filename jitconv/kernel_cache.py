@@ -11,7 +11,11 @@ only (e.g. beside torch XPU, whose SYCL runtime numba-dpex 0.23 cannot share).
 Where entries are looked up, in order:
 1. ``$JITCONV_CACHE_DIR`` if set, else ``$XDG_CACHE_HOME/jitconv`` (``~/.cache/jitconv``):
    read and written;
-2. ``jitconv/prebuilt/`` inside the package: read only.
+2. ``jitconv/prebuilt/`` inside the package ("shipped"): read only. The wheel carries
+   SPIR-V for every supported width and dtype there (committed, regenerated with
+   ``python -m jitconv build-kernels --ship``; tests/test_prebuilt.py fails when they no
+   longer match the kernel source). JITCONV_NO_SHIPPED_KERNELS=1 skips them (the test
+   suite does, so that the compile path runs).
 
 An entry is ``<key>.spv`` (the SPIR-V) plus ``<key>.json`` (kernel name, argument
 layout, SHA-256 of the SPIR-V, and the versions that produced it). The key hashes
@@ -53,7 +57,23 @@ def cache_dir():
 
 
 def search_dirs():
-    return [d for d in (cache_dir(), PREBUILT_DIR) if d is not None]
+    dirs = [cache_dir()]
+    if os.environ.get("JITCONV_NO_SHIPPED_KERNELS") != "1":
+        dirs.append(PREBUILT_DIR)
+    return [d for d in dirs if d is not None]
+
+
+def origin(path):
+    """'shipped' for an entry inside the package, else 'user cache'."""
+    return "shipped" if Path(path).parent == PREBUILT_DIR else "user cache"
+
+
+def shipped_files():
+    """The entry files the package should carry: one .spv and .json per supported width
+    and dtype, named by the current key."""
+    from .kernel_abi import STORAGE, SUPPORTED_WIDTHS
+    return sorted(f"{key(w, d)}{suffix}" for w in SUPPORTED_WIDTHS for d in STORAGE
+                  for suffix in (".json", ".spv"))
 
 
 def _dist_version(name):

@@ -114,6 +114,8 @@ def _build(width, dtype_name, queue):
             return kernel
         except Exception as exc:  # dpctl could not build it for this device
             kernel_cache.rejected.append((str(path), f"build failed: {exc}"))
+            warnings.warn(f"jitconv: ignoring the {kernel_cache.origin(path)} kernel "
+                          f"{path}: the device rejected it ({exc})", RuntimeWarning)
     if not have_compiler():
         raise KernelUnavailableError(
             f"no usable prebuilt kernel for width={width}, dtype={dtype_name} in "

@@ -25,8 +25,7 @@ import weakref
 import numpy as np
 import torch
 
-from . import bridge, launching, validation
-from .validation import Geometry  # noqa: F401  (re-exported: the plan's geometry)
+from . import bridge, launching, usm, validation
 from . import device as devices
 from .batch import build_batch
 from .kernel_abi import TABLES
@@ -78,14 +77,17 @@ class StepPlan:
         # separate buffer and copy (both rare; correctness over a saved copy).
         x = bridge.channels_contiguous(x)
         target = out
-        if out is None or bridge.same_memory(out, x) or not bridge.has_unit_channel_stride(out):
+        if out is None or bridge.overlaps(out, x) or not bridge.has_unit_channel_stride(out):
+            if out is not None and not bridge.can_assign(out):
+                raise ValueError(f"out: a {type(out.source).__name__} that overlaps x or "
+                                 f"has strided channels cannot be written through a copy; "
+                                 f"pass out=None or a separate array with contiguous "
+                                 f"channels")
             target = bridge.empty_like_output(x, validation.shape_of(x), dtype)
         if dim == 0 or self.num_blocks == 0:
             return _finish(out, target)
 
         queue = self.queue or devices.queue_for(x)
-        if len(weight.shape) == 3:
-            weight = weight[:, 0, :]
         views, write_backs = {}, []
         for name, t, writable in (("x", x, False), ("out", target, True),
                                   ("weight", weight, False),
@@ -93,6 +95,10 @@ class StepPlan:
             views[name], wb = bridge.to_device(t, name, writable, queue)
             if wb is not None:
                 write_backs.append(wb)
+        if len(views["weight"].shape) == 3:  # (dim, 1, width): drop the unit axis
+            w = views["weight"]
+            views["weight"] = w._replace(shape=(w.shape[0], w.shape[2]),
+                                         strides=(w.strides[0], w.strides[2]))
         if bias is not None:
             views["bias"], _ = bridge.to_device(bias, "bias", False, queue)
         else:
@@ -115,8 +121,9 @@ class StepPlan:
         context = queue.sycl_context
         tables = self._tables.get(context)
         if tables is None:
-            view, offsets = bridge.upload_tables(self._host_tables, queue)
-            weakref.finalize(self, _release, view.memory, queue, self._state)
+            memory, offsets = usm.upload_tables(self._host_tables, queue)
+            view = bridge.DeviceView(memory, 0, (memory.nbytes // 4,), (1,), 4, memory)
+            weakref.finalize(self, _release, memory, queue, self._state)
             # setdefault: two threads that both uploaded agree on one copy
             tables = self._tables.setdefault(context, (view, dict(zip(TABLES, offsets))))
         return tables
@@ -124,9 +131,6 @@ class StepPlan:
 
 def _finish(out, target):
     if out is not None and target is not out:
-        if isinstance(out, torch.Tensor):
-            out.copy_(target)
-        else:
-            out[...] = target
-        return out
-    return target
+        bridge.assign(out, target)
+        target = out
+    return target.source if isinstance(target, bridge.UsmArray) else target

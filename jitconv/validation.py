@@ -86,7 +86,7 @@ def _same_dtype(name, t, dtype):
 
 
 def _check_strides(name, t):
-    strides = t.stride() if isinstance(t, torch.Tensor) else t.strides
+    strides = t.stride()  # torch tensors and bridge.UsmArray, in elements
     if any(s < 0 for s in strides):
         raise ValueError(f"{name}: negative strides are not supported, got {tuple(strides)}")
 
@@ -98,11 +98,7 @@ def host_ints(t, name, ndim=1, allow_bool=False):
             raise TypeError(f"{name}: expected an integer tensor, got dtype {t.dtype}")
         arr = t.detach().cpu().numpy()
     else:
-        usm = bridge._as_usm_ndarray(t)
-        if usm is not None:
-            import dpctl.tensor as dpt
-            t = dpt.asnumpy(usm)
-        arr = np.asarray(t)
+        arr = bridge.host_array(t, name) if bridge.is_device_array(t) else np.asarray(t)
         if arr.dtype == object or not (np.issubdtype(arr.dtype, np.integer)
                                        or (allow_bool and arr.dtype == np.bool_)):
             raise TypeError(f"{name}: expected integers, got dtype {arr.dtype}")

@@ -19,6 +19,9 @@ def pytest_configure(config):
     # user points JITCONV_CACHE_DIR somewhere on purpose.
     if "JITCONV_CACHE_DIR" not in os.environ:
         os.environ["JITCONV_CACHE_DIR"] = tempfile.mkdtemp(prefix="jitconv-test-cache-")
+    # The shipped kernels would make every kernel warm: leave them out unless asked for
+    # (tests/test_prebuilt.py checks them; the dpctl-only environments run on them).
+    os.environ.setdefault("JITCONV_NO_SHIPPED_KERNELS", "1")
 
 
 def pytest_addoption(parser):
@@ -64,3 +67,23 @@ def pytest_collection_modifyitems(config, items):
 def pytest_report_header(config):
     device, problem = _select(config)
     return f"jitconv device: {device or 'unavailable (' + problem + ')'}"
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """With JITCONV_RUN_REPORT=PATH, write what the session's jitconv did (which package
+    was imported, kernels compiled or loaded, whether numba-dpex / dpctl.tensor were
+    imported): tests/test_dpctl_only.py runs the kernel tests in other environments and
+    checks this."""
+    path = os.environ.get("JITCONV_RUN_REPORT")
+    if not path:
+        return
+    import json
+    import sys
+
+    import jitconv
+    from jitconv import launching
+    with open(path, "w") as f:
+        json.dump({"jitconv_file": jitconv.__file__, "stats": launching.stats,
+                   "numba_dpex": "numba_dpex" in sys.modules,
+                   "dpctl_tensor": "dpctl.tensor" in sys.modules,
+                   "sys_path": sys.path, "cwd": os.getcwd()}, f)

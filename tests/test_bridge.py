@@ -27,6 +27,13 @@ class OneApiProducer:
         return self._array.__dlpack_device__()
 
 
+class ClassicOneApiProducer(OneApiProducer):
+    """A producer from before DLPack 1.0: no max_version, classic "dltensor" capsules."""
+
+    def __dlpack__(self, stream=None):
+        return self._array.__dlpack__()
+
+
 def _host_case(seed, dtype, dim=48, width=4):
     rng = np.random.default_rng(seed)
     lengths = [3, 1, 9, 2]
@@ -90,10 +97,11 @@ def test_kdloneapi_capsules_are_imported_zero_copy(sycl_device):
     for producer in (dpt.reshape(dpt.arange(12, dtype="f4", sycl_queue=q), (3, 4)),
                      dpnp.arange(12, dtype="f4", sycl_queue=q).reshape(3, 4)):
         assert producer.__dlpack_device__()[0] == bridge.KDL_ONEAPI
-        view, write_back = bridge.to_device(OneApiProducer(producer), "x")
-        usm = producer if isinstance(producer, dpt.usm_ndarray) else producer.get_array()
-        assert view.address == usm.__sycl_usm_array_interface__["data"][0]
-        assert view.shape == (3, 4) and view.strides == (4, 1) and write_back is None
+        for kind in (OneApiProducer, ClassicOneApiProducer):  # versioned, then classic
+            view, write_back = bridge.to_device(kind(producer), "x")
+            usm = producer if isinstance(producer, dpt.usm_ndarray) else producer.get_array()
+            assert view.address == usm.__sycl_usm_array_interface__["data"][0]
+            assert view.shape == (3, 4) and view.strides == (4, 1) and write_back is None
 
 
 def test_state_update_visible_through_dlpack_producer(sycl_device):
@@ -127,3 +135,63 @@ def test_empty_recycles_memory_only_after_every_view_is_gone(sycl_device):
     c = jitconv.empty((4099,), torch.float32)
     assert c.data_ptr() == address, "released memory is reused"
     assert bridge.is_usm(c.data_ptr())
+
+
+def test_device_metadata_strided_x_and_aliased_out(sycl_device):
+    """Metadata given as dpnp arrays is read by memcpy; x with strided channels is copied
+    by dpnp itself; out aliasing x is written through a separate buffer."""
+    import dpnp
+    case = _host_case(4, "float32")
+    q = jitconv.get_queue()
+    x_t = dpnp.asarray(np.ascontiguousarray(case["x"].T), sycl_queue=q)  # (dim, tokens)
+    x = x_t.T  # (tokens, dim), channel stride = tokens
+    assert x.__sycl_usm_array_interface__["strides"][1] != 1
+    state = dpnp.asarray(case["conv_state"], sycl_queue=q)
+    meta = {k: dpnp.asarray(case[k], sycl_queue=q)
+            for k in ("query_start_loc", "cache_indices", "has_initial_state")}
+    out = jitconv.causal_conv1d_fn(x, dpnp.asarray(case["weight"], sycl_queue=q),
+                                   dpnp.asarray(case["bias"], sycl_queue=q),
+                                   state.transpose(0, 2, 1), **meta)
+    _check(dpnp.asnumpy(out), dpnp.asnumpy(state), case, "float32")
+
+    case = _host_case(5, "float32")
+    x = dpnp.asarray(case["x"], sycl_queue=q)
+    state = dpnp.asarray(case["conv_state"], sycl_queue=q)
+    result = jitconv.causal_conv1d_fn(x, dpnp.asarray(case["weight"], sycl_queue=q),
+                                      dpnp.asarray(case["bias"], sycl_queue=q),
+                                      state.transpose(0, 2, 1), case["query_start_loc"],
+                                      case["cache_indices"], case["has_initial_state"],
+                                      out=x)
+    assert result is x
+    _check(dpnp.asnumpy(x), dpnp.asnumpy(state), case, "float32")
+
+
+def test_copy_path_from_several_threads(sycl_device):
+    """Plain CPU tensors are copied in and out with dpctl.memory + queue.memcpy, which is
+    safe from several threads (dpctl 0.17's dpt.asarray / asnumpy aborted the process)."""
+    import threading
+    errors = []
+
+    def worker(seed):
+        try:
+            for rep in range(3):
+                case = {k: torch.from_numpy(v) for k, v in
+                        _host_case(100 * seed + rep, "float32").items()}
+                state = case["conv_state"].clone()
+                out = jitconv.causal_conv1d_fn(
+                    case["x"], case["weight"], case["bias"], state.transpose(1, 2),
+                    case["query_start_loc"], case["cache_indices"],
+                    case["has_initial_state"])
+                _check(out.numpy(), state.numpy(),
+                       {k: v.numpy() for k, v in case.items()}, "float32")
+        except Exception as exc:  # reported below, with the thread's traceback lost
+            errors.append(repr(exc))
+
+    jitconv.reset_copy_counts()
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert jitconv.copy_counts()["from_device"] > 0  # the copy path ran

@@ -99,3 +99,39 @@ def test_torch_xpu_tensors_are_zero_copy(sycl_device):
         t = torch.randn(8, 16, device="xpu").to(dtype)
         view, write_back = bridge.to_device(t, "x")
         assert view.address == t.data_ptr() and write_back is None
+
+
+def test_import_preloads_only_what_dpctl_needs():
+    """oneMKL (dpnp's and numba-dpex's closure) is loaded only when dpnp is imported, and
+    then dpnp works in a plain venv."""
+    code = ("import sys\n"
+            "def mkl():\n"
+            "    return sorted({l.split('/')[-1].strip() for l in open('/proc/self/maps')\n"
+            "                   if 'libmkl' in l})\n"
+            "import jitconv\n"
+            "from jitconv import _bootstrap\n"
+            "jitconv.devices()\n"
+            "before = mkl(), [n for n in _bootstrap.preloaded if 'mkl' in n]\n"
+            "import dpnp\n"
+            "dpnp.arange(3, device=jitconv.get_queue())\n"
+            "print(before == ([], []), len(mkl()) > 0, 'numba_dpex' in sys.modules)\n")
+    assert run_python(code) == "True True False"
+
+
+def test_runtime_found_from_distribution_records():
+    from jitconv import _bootstrap
+    libs = _bootstrap.runtime_libraries()
+    sycl = [name for name in libs if name.startswith("libsycl.so.")]
+    assert sycl and all(libs[n].exists() for n in sycl)
+    assert _bootstrap.runtime_lib_dir() == libs[sycl[0]].parent
+    assert "libintelocl.so" in libs  # intel-opencl-rt: the opencl:cpu ICD
+
+
+def test_no_device_because_dpctl_came_first_is_explained():
+    lib = str(__import__("jitconv")._bootstrap.runtime_lib_dir())
+    code = ("import dpctl\n"
+            "dpctl.get_devices()\n"
+            "import jitconv\n"
+            "try:\n    jitconv.get_device()\nexcept jitconv.DeviceNotFoundError as e:\n"
+            "    print('dpctl was imported before jitconv' in str(e))\n")
+    assert run_python(code, LD_LIBRARY_PATH=lib) == "True"

@@ -1,14 +1,27 @@
-"""jitconv without numba-dpex: a second virtual environment with a modern dpctl (0.21.1)
-and the 2025.3 SYCL runtime wheels (the runtime torch XPU uses, which numba-dpex 0.23
-cannot share) runs a mixed step from SPIR-V built here, and matches the reference.
+"""jitconv without numba-dpex, installed from its wheel: two more virtual environments with
+the SYCL runtimes torch XPU uses, which numba-dpex 0.23 cannot share a process with.
 
-The environment is created once at .venv-dpctl-only (from requirements-dpctl-only.txt) and
-reused while that file is unchanged. Set JITCONV_SKIP_DPCTL_ONLY=1 to skip (reported as a
-skip, never as a pass); CI runs it.
+- dpctl 0.21.1 + the 2025.3 runtime (torch XPU 2.10 - 2.12), requirements-dpctl-only.txt:
+  kernels built in the main environment in this run (JITCONV_CACHE_DIR), shipped ones off.
+- dpctl 0.22.1 + the 2026.2 runtime (torch XPU 2.13+; no dpctl.tensor there),
+  requirements-dpctl-0.22.txt: only the kernels the wheel ships (empty user cache).
+
+Each environment gets jitconv from a wheel built from this tree (non-editable) and runs,
+from a directory outside the tree (cwd and sys.path do not contain the repo): a plain
+`import jitconv` with no runtime variables set, `python -m jitconv info`, the missing-kernel
+error, and the kernel test files themselves (mixed grid, validation, vLLM drop-ins,
+causal_conv1d_fn, DLPack) copied out of the tree; the session report must show that
+jitconv came from the venv's site-packages, that no kernel was compiled and that neither
+numba-dpex nor dpctl.tensor was imported.
+
+Environments are created once at .venv-dpctl-* and reused while their requirements file
+is unchanged. JITCONV_SKIP_DPCTL_ONLY=1 skips (reported as a skip, never as a pass).
 """
 
 import hashlib
+import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -16,45 +29,154 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-REQUIREMENTS = ROOT / "requirements-dpctl-only.txt"
-VENV = ROOT / ".venv-dpctl-only"
-PY = VENV / "bin" / "python"
-WIDTHS, DTYPES = "2,4,5", "float32,float16,bfloat16"
+ENVIRONMENTS = {  # name: (requirements file, venv, dpctl version, kernels)
+    "dpctl-0.21.1": ("requirements-dpctl-only.txt", ".venv-dpctl-only", "0.21.1",
+                     "built now"),
+    "dpctl-0.22.1": ("requirements-dpctl-0.22.txt", ".venv-dpctl-0.22", "0.22.1",
+                     "shipped"),
+}
+TEST_FILES = ("test_mixed.py", "test_validation.py", "test_vllm.py",
+              "test_causal_conv1d_fn.py", "test_dlpack.py", "test_plan.py")
+SUPPORT_FILES = ("conftest.py", "helpers.py")
+# Needs dpctl.tensor to make an array on another queue: not available with dpctl 0.22.
+DESELECT = "test_validation.py::test_bad_input_raises_and_leaves_state[different devices]"
+_RUNTIME_VARS = ("LD_LIBRARY_PATH", "OCL_ICD_FILENAMES", "PYTHONPATH", "JITCONV_CACHE_DIR",
+                 "JITCONV_NO_SHIPPED_KERNELS", "JITCONV_NO_BOOTSTRAP", "JITCONV_RUN_REPORT")
+
+pytestmark = pytest.mark.slow
 
 
 def _run(cmd, **kwargs):
     done = subprocess.run(cmd, capture_output=True, text=True, **kwargs)
-    assert done.returncode == 0, f"{cmd}\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
+    assert done.returncode == 0, f"{cmd}\n{done.stdout[-6000:]}\n{done.stderr[-4000:]}"
     return done.stdout
 
 
-def _ensure_venv():
-    stamp = VENV / ".requirements-sha256"
-    want = hashlib.sha256(REQUIREMENTS.read_bytes()).hexdigest()
-    if PY.exists() and stamp.exists() and stamp.read_text() == want:
-        return
-    _run([sys.executable, "-m", "venv", "--clear", str(VENV)])
-    _run([str(PY), "-m", "pip", "install", "--disable-pip-version-check", "-q", "-r",
-          str(REQUIREMENTS)], timeout=1800)
+def _ensure_venv(requirements, venv):
+    py = venv / "bin" / "python"
+    stamp = venv / ".requirements-sha256"
+    want = hashlib.sha256(requirements.read_bytes() + b"pytest").hexdigest()
+    if py.exists() and stamp.exists() and stamp.read_text() == want:
+        return py
+    _run([sys.executable, "-m", "venv", "--clear", str(venv)])
+    _run([str(py), "-m", "pip", "install", "--disable-pip-version-check", "-q", "-r",
+          str(requirements), "pytest"], timeout=1800)
     stamp.write_text(want)
+    return py
 
 
-@pytest.mark.slow
-def test_prebuilt_spirv_runs_with_modern_dpctl_and_no_numba_dpex(sycl_device, tmp_path):
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory):
+    """jitconv's wheel, built from this tree (with the shipped kernels as package data)."""
+    out = tmp_path_factory.mktemp("wheel")
+    # From a clean copy: an in-tree build/ left from an earlier build would put its stale
+    # files (e.g. kernels of an older source) into the wheel.
+    source = out / "source"
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(
+        ".git", ".venv*", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache"))
+    _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+          "--disable-pip-version-check", "-q", "-w", str(out), str(source)], timeout=600)
+    (path,) = out.glob("jitconv-*.whl")
+    return path
+
+
+@pytest.fixture(scope="module")
+def kernels_built_now(sycl_device, tmp_path_factory):
+    """SPIR-V for every supported width and dtype, compiled in the main environment."""
+    out = tmp_path_factory.mktemp("spirv")
+    _run([sys.executable, "-m", "jitconv", "--device", sycl_device, "build-kernels",
+          "--dir", str(out), "--widths", "2,3,4,5,6,7,8"], cwd=ROOT, timeout=600)
+    return out
+
+
+@pytest.fixture(params=sorted(ENVIRONMENTS))
+def environment(request, sycl_device, wheel, tmp_path):
     if os.environ.get("JITCONV_SKIP_DPCTL_ONLY") == "1":
         pytest.skip("JITCONV_SKIP_DPCTL_ONLY=1")
-    kernels = tmp_path / "spirv"
-    _run([sys.executable, "-m", "jitconv", "--device", sycl_device, "build-kernels",
-          "--dir", str(kernels), "--widths", WIDTHS, "--dtypes", DTYPES], cwd=ROOT)
-    _ensure_venv()
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("LD_LIBRARY_PATH", "OCL_ICD_FILENAMES", "PYTHONPATH")}
-    env.update(JITCONV_CACHE_DIR=str(kernels), PYTHONPATH=str(ROOT))
-    versions = _run([str(PY), "-c", "import importlib.util as u, dpctl; "
-                     "print(dpctl.__version__, u.find_spec('numba_dpex') is None)"], env=env)
-    assert versions.split() == ["0.21.1", "True"], versions
-    out = _run([str(PY), "-m", "jitconv", "--device", sycl_device, "check",
-                "--widths", WIDTHS, "--dtypes", DTYPES, "--require-prebuilt"],
-               env=env, cwd=tmp_path)
-    assert "check: OK" in out, out
-    assert "numba-dpex imported: False" in out, out
+    requirements, venv, dpctl_version, kernels = ENVIRONMENTS[request.param]
+    py = _ensure_venv(ROOT / requirements, ROOT / venv)
+    # With its dependencies: dpctl, numpy and torch are there, so pip must keep them (it
+    # would replace dpctl and the runtime if the wheel still required the compile stack).
+    _run([str(py), "-m", "pip", "install", "--disable-pip-version-check", "-q",
+          "--force-reinstall", "--no-index", "--no-deps", str(wheel)], timeout=600)
+    _run([str(py), "-m", "pip", "install", "--disable-pip-version-check", "-q", str(wheel)],
+         timeout=600)
+    frozen = _run([str(py), "-m", "pip", "freeze"])
+    assert f"dpctl=={dpctl_version}" in frozen and "numba" not in frozen, frozen
+    env = {k: v for k, v in os.environ.items() if k not in _RUNTIME_VARS}
+    cache = tmp_path / "user-cache"
+    cache.mkdir()
+    if kernels == "built now":
+        env.update(JITCONV_CACHE_DIR=str(request.getfixturevalue("kernels_built_now")),
+                   JITCONV_NO_SHIPPED_KERNELS="1")
+    else:
+        env.update(JITCONV_CACHE_DIR=str(cache), JITCONV_NO_SHIPPED_KERNELS="0")
+    work = tmp_path / "outside-the-tree"
+    work.mkdir()
+    return dict(py=py, venv=ROOT / venv, dpctl=dpctl_version, kernels=kernels, env=env,
+                cache=cache, work=work, device=sycl_device)
+
+
+def test_installed_wheel_runs_the_kernel_tests_without_numba_dpex(environment):
+    e = environment
+    py, env, work = e["py"], e["env"], e["work"]
+    site = _run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                env=env, cwd=work).strip()
+
+    # A plain import, no runtime variables at all: the bootstrap finds the runtime.
+    bare = {k: v for k, v in env.items() if not k.startswith("JITCONV_")}
+    line = _run([str(py), "-c",
+                 "import importlib.util as u, sys, dpctl, jitconv; print(jitconv.__file__, "
+                 "dpctl.__version__, u.find_spec('numba_dpex') is None, "
+                 "'dpctl.tensor' in sys.modules, jitconv.devices())"],
+                env=bare, cwd=work).strip()
+    jitconv_file, dpctl_version, no_numba_dpex, dpctl_tensor, devices = line.split(" ", 4)
+    assert jitconv_file.startswith(site + "/jitconv/"), line
+    assert (dpctl_version, no_numba_dpex, dpctl_tensor) == (e["dpctl"], "True", "False")
+    assert "opencl:cpu" in devices, line
+
+    info = _run([str(py), "-m", "jitconv", "info"], env=env, cwd=work)
+    where = "user cache" if e["kernels"] == "built now" else "shipped"
+    assert info.count(f"  {where} (") == 21, info  # 7 widths x 3 dtypes
+    assert "MISSING" not in info and "compiled on first use (" not in info, info
+
+    # Kernel tests, copied out of the tree so that only the installed package is found.
+    tests = work / "tests"
+    tests.mkdir()
+    for name in TEST_FILES + SUPPORT_FILES:
+        shutil.copy(ROOT / "tests" / name, tests / name)
+    report = work / "report.json"
+    run_env = dict(env, JITCONV_RUN_REPORT=str(report), CI="true")
+    out = _run([str(py), "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir",
+                str(work), "--sycl-device", e["device"], "--deselect",
+                f"tests/{DESELECT}", str(tests)], env=run_env, cwd=work, timeout=1800)
+    summary = out.strip().splitlines()[-1]
+    assert " passed" in summary and "failed" not in summary and "error" not in summary, out
+    assert "1 deselected" in summary, f"{DESELECT} was renamed? {summary}"
+    got = json.loads(report.read_text())
+    assert got["jitconv_file"].startswith(site + "/jitconv/"), got
+    on_path = {Path(p).resolve() for p in got["sys_path"] if p}
+    assert not on_path & {ROOT, ROOT / "tests"}, got["sys_path"]  # the venv may be under ROOT
+    assert got["stats"]["compiled"] == 0 and got["stats"]["cache_hits"] > 0, got
+    assert got["numba_dpex"] is False and got["dpctl_tensor"] is False, got
+    assert list(e["cache"].iterdir()) == [], "nothing compiled or written to the user cache"
+
+
+MISSING = """
+import torch, jitconv
+from jitconv.launching import KernelUnavailableError
+try:
+    jitconv.causal_conv1d_update(torch.randn(2, 8), torch.randn(8, 3), None,
+                                 torch.randn(2, 8, 2), torch.arange(2, dtype=torch.int32))
+except KernelUnavailableError as exc:
+    print(exc)
+"""
+
+
+def test_missing_kernel_says_what_where_and_how(environment):
+    e = environment
+    env = dict(e["env"], JITCONV_CACHE_DIR=str(e["cache"]), JITCONV_NO_SHIPPED_KERNELS="1")
+    message = _run([str(e["py"]), "-c", MISSING], env=env, cwd=e["work"])
+    assert "width=3, dtype=float32" in message, message
+    assert str(e["cache"]) in message, message
+    assert "python -m jitconv build-kernels" in message, message

@@ -16,6 +16,7 @@ import jitconv
 from jitconv import device as devices
 from jitconv import launching
 from jitconv.reference import causal_conv1d_reference
+from jitconv.usm import DeviceArray
 
 from helpers import (DATA_KEYS, DTYPES, assert_outputs_close, assert_state_exact, bits,
                      mixed_step, randn)
@@ -184,22 +185,37 @@ def test_queue_from_a_sycl_queue_address(sycl_device):
 
 
 def test_run_on_an_explicit_in_order_queue_with_device_arrays(sycl_device):
-    """dpctl arrays in device memory on an in-order queue: run returns after the submit;
-    work queued after it on the same queue sees the results."""
-    dpctl = pytest.importorskip("dpctl")
-    dpt = pytest.importorskip("dpctl.tensor")
+    """Device memory on an in-order queue: run returns after the submit; work queued
+    after it on the same queue (the copies back) sees the results."""
+    import dpctl
     base = jitconv.get_queue()
     queue = dpctl.SyclQueue(base.sycl_context, base.sycl_device, property="in_order")
     gen, step, meta = step_and_meta(7)
     lines, _dim, state_len = step["conv_state"].shape
     plan = jitconv.plan(step["x"].shape[0], lines, state_len, 4, queue=queue, **meta)
     ref_out, ref_state = causal_conv1d_reference(**step, **meta)
-    arrays = {k: dpt.asarray(step[k].contiguous().numpy(), usm_type="device",
-                             sycl_queue=queue) for k in ("x", "weight", "bias")}
-    state = dpt.asarray(step["conv_state"].numpy(), usm_type="device", sycl_queue=queue)
-    out = plan.run(arrays["x"], arrays["weight"], arrays["bias"], state)
-    assert_outputs_close(torch.from_numpy(dpt.asnumpy(out)), ref_out, torch.float32)
-    assert_state_exact(torch.from_numpy(dpt.asnumpy(state)), ref_state)
+    arrays = {k: DeviceArray(step[k], queue) for k in ("x", "weight", "bias")}
+    stored = step["conv_state"].transpose(1, 2)  # (lines, state_len, dim), contiguous
+    state = DeviceArray(stored, queue)
+    out = DeviceArray(torch.full(tuple(step["x"].shape), float("nan")), queue)
+    before = launching.stats["submitted"]
+    plan.run(arrays["x"], arrays["weight"], arrays["bias"], _Transposed(state), out=out)
+    assert launching.stats["submitted"] == before + 1
+    assert_outputs_close(out.to_tensor(), ref_out, torch.float32)
+    assert_state_exact(state.to_tensor().transpose(1, 2), ref_state)
+
+
+class _Transposed:
+    """A (lines, dim, state_len) view of a DeviceArray stored as (lines, state_len, dim),
+    through the same USM interface with swapped shape and strides."""
+
+    def __init__(self, arr):
+        iface = dict(arr.__sycl_usm_array_interface__)
+        lines, state_len, dim = arr.shape
+        iface.update(shape=(lines, dim, state_len),
+                     strides=(state_len * dim, 1, dim))
+        self.__sycl_usm_array_interface__ = iface
+        self.sycl_queue, self.usm_data = arr.sycl_queue, arr.usm_data
 
 
 def test_gdn_conv_step_plans_once_per_metadata_object(sycl_device, monkeypatch):
