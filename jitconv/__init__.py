@@ -13,7 +13,7 @@ from .device import (DeviceNotFoundError, devices, get_device, get_queue,  # noq
                       set_device)
 from .bridge import (CopyRequiredError, copy_counts, reset_copy_counts,  # noqa: E402
                      set_allow_copies)
-from .usm import empty, zeros  # noqa: E402
+from .usm import empty, pool_bytes, set_pool_limit, zeros  # noqa: E402
 from .kernel_abi import SUPPORTED_WIDTHS  # noqa: E402
 from .ops import (causal_conv1d_fn, causal_conv1d_mixed, causal_conv1d_update,  # noqa: E402
                   plan)
@@ -25,6 +25,6 @@ __all__ = [
     "causal_conv1d_fn", "causal_conv1d_update", "causal_conv1d_mixed", "plan", "StepPlan",
     "devices",
     "get_device", "set_device", "get_queue", "empty", "zeros", "copy_counts",
-    "reset_copy_counts", "set_allow_copies", "CopyRequiredError",
+    "reset_copy_counts", "set_allow_copies", "set_pool_limit", "pool_bytes", "CopyRequiredError",
     "DeviceNotFoundError", "SUPPORTED_WIDTHS", "reference", "steps", "vllm",
 ]

@@ -306,11 +306,13 @@ def _view_of_usm_array(arr, name, writable, queue):
                       arr.itemsize, arr.owner)
 
 
-def to_device(t, name, writable=False, queue=None):
+def to_device(t, name, writable=False, queue=None, written=None):
     """A DeviceView of ``t`` on the queue, plus a write-back callable (or None).
 
     The write-back must be called after the kernel finished when the argument was
-    updated in place and had to be copied.
+    updated in place and had to be copied. ``written``: indices along dimension 0 that
+    the kernel may write (the call's cache lines); only those are copied back, so calls
+    from other threads updating other lines of the same tensor are not overwritten.
     """
     queue = queue or devices.get_queue()
     if isinstance(t, torch.Tensor):
@@ -330,7 +332,7 @@ def to_device(t, name, writable=False, queue=None):
             memory = _query_usm(t.data_ptr(), queue)
             found = None if memory is None else (memory, 0)
         if found is None:
-            return _copy_in(t, name, writable, queue)
+            return _copy_in(t, name, writable, queue, written)
         memory, byte_offset = found
         return DeviceView(memory, byte_offset // t.element_size(), tuple(t.shape),
                           tuple(t.stride()), t.element_size(), t), None
@@ -344,7 +346,7 @@ def _host_numpy(t):
     return t.contiguous().numpy()
 
 
-def _copy_in(t, name, writable, queue):
+def _copy_in(t, name, writable, queue, written=None):
     """Copy a plain CPU tensor into USM device memory with SyclQueue.memcpy (dpctl.memory
     only: dpctl.tensor's asarray/asnumpy abort or deadlock from several threads in
     dpctl 0.17, and dpctl 0.22 has no dpctl.tensor)."""
@@ -371,7 +373,11 @@ def _copy_in(t, name, writable, queue):
         result = torch.from_numpy(back)
         if t.dtype in _SIXTEEN_BIT:
             result = result.view(t.dtype)
-        t.copy_(result)
+        if written is None:
+            t.copy_(result)
+        else:  # line by line: also right for views whose lines share memory (expand)
+            for line in written.tolist():
+                t[line].copy_(result[line])
         _counts["from_device"] += 1
 
     return view, write_back
@@ -454,6 +460,20 @@ def assign(out, result):
         out.copy_(result)
     else:
         out.source[...] = result
+
+
+def byte_extent(t):
+    """(first, last + 1) byte addresses a tensor's view touches, or None when it has no
+    elements (or is None). Strides are non-negative (validated)."""
+    if t is None:
+        return None
+    if isinstance(t, UsmArray):
+        lo, hi = t.extent()
+        return (lo, hi) if hi > lo else None
+    if t.numel() == 0:
+        return None
+    span = sum((n - 1) * s for n, s in zip(t.shape, t.stride()))
+    return t.data_ptr(), t.data_ptr() + (span + 1) * t.element_size()
 
 
 def overlaps(a, b):

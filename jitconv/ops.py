@@ -25,12 +25,12 @@ def _sequences(query_start_loc, state_indices, token_indx, names, geo, first_row
     if state_indices is None:
         raise ValueError(f"{names['lines']}: required when {names['qsl']} is given "
                          f"(one cache line per sequence)")
-    ndim = len(getattr(state_indices, "shape", (0,)))
-    if lines_2d and ndim not in (1, 2):
-        raise ValueError(f"{names['lines']}: expected shape (num_seqs,) or (num_seqs, K), "
-                         f"got {tuple(state_indices.shape)}")
-    lines = validation.host_ints(state_indices, names["lines"], ndim=ndim if lines_2d else 1)
+    lines = validation.host_ints(state_indices, names["lines"],
+                                 ndim=(1, 2) if lines_2d else 1)
     if lines.ndim == 2:
+        if lines.shape[1] == 0:
+            raise ValueError(f"{names['lines']}: expected shape (num_seqs,) or (num_seqs, "
+                             f"K) with K >= 1, got {lines.shape}")
         lines = lines[:, 0]  # (Q, K) block table: the conv uses column 0
     validation.check_lines(lines, names["lines"], nseq, geo.num_lines, geo.pad_slot_id)
     if token_indx is None:
@@ -165,8 +165,7 @@ def causal_conv1d_update(x, weight, bias, conv_state, conv_state_indices,
     tensors, silu, dtype, geo = _prepare(x, weight, bias, conv_state, out, activation,
                                          pad_slot_id)
     if query_start_loc is None:
-        lines = validation.host_ints(conv_state_indices, "conv_state_indices",
-                                     ndim=len(getattr(conv_state_indices, "shape", (0,))))
+        lines = validation.host_ints(conv_state_indices, "conv_state_indices", ndim=(1, 2))
         if token_indx is None and len(lines) != geo.num_tokens:
             raise ValueError(f"conv_state_indices: expected {geo.num_tokens} entries (one "
                              f"per row of x when query_start_loc is None), got {len(lines)}")

@@ -49,6 +49,7 @@ class StepPlan:
         all_lines = np.concatenate([p.lines for p in parts] + [np.zeros(0, np.int64)])
         self.lines = all_lines[all_lines >= 0]  # the cache lines a run writes
         validation.check_unique(self.lines, line_names, "cache line", geo.num_lines)
+        self._written = torch.from_numpy(self.lines)  # copy-back index of conv_state
         batch = build_batch(parts, geo.num_tokens)
         self.num_blocks = batch.num_blocks
         self.queue = queue  # None: chosen per run (torch's stream, or the current device)
@@ -71,6 +72,8 @@ class StepPlan:
     def launch(self, tensors, silu, dtype):
         """Launch on checked tensors (``run`` checks; the one-shot ops checked already)."""
         x, weight, bias, conv_state, out = tensors
+        validation.check_writable(x, weight, bias, conv_state, out)
+        validation.check_aliasing(x, weight, bias, conv_state, out, self.lines)
         dim = validation.shape_of(x)[1]
         # The kernel needs channels contiguous in x and out (see kernel_abi). out may also
         # alias x, and the kernel reads neighbouring rows of x: then compute into a
@@ -89,10 +92,11 @@ class StepPlan:
 
         queue = self.queue or devices.queue_for(x)
         views, write_backs = {}, []
-        for name, t, writable in (("x", x, False), ("out", target, True),
-                                  ("weight", weight, False),
-                                  ("conv_state", conv_state, True)):
-            views[name], wb = bridge.to_device(t, name, writable, queue)
+        for name, t, writable, written in (
+                ("x", x, False, None), ("out", target, True, None),
+                ("weight", weight, False, None),
+                ("conv_state", conv_state, True, self._written)):
+            views[name], wb = bridge.to_device(t, name, writable, queue, written)
             if wb is not None:
                 write_backs.append(wb)
         if len(views["weight"].shape) == 3:  # (dim, 1, width): drop the unit axis

@@ -4,6 +4,8 @@ such a tensor without a SYCL pointer query, and the int32 tables a plan owns.
 """
 
 import bisect
+import collections
+import os
 import threading
 import weakref
 
@@ -56,30 +58,81 @@ class _Pool:
     """Freed jitconv.empty allocations, kept for reuse by size (like torch's caching
     allocator). A fresh USM allocation costs a system call and then a page fault per page
     on first touch: for a 128 MiB prefill output that was 3x the kernel's own time on
-    opencl:cpu. At most ``limit`` bytes are kept; beyond that memory is really freed."""
+    opencl:cpu. At most ``limit`` bytes are kept: when a freed buffer would exceed it, the
+    least recently freed buffers are really freed first (a server whose token count
+    changes every step keeps recent sizes, not the first ones it saw)."""
 
-    def __init__(self, limit=1 << 30):
-        self.limit, self.kept, self.free = limit, 0, {}
+    def __init__(self, limit):
+        self.limit, self.kept = limit, 0
+        self.free = {}                      # (device, nbytes) -> [memory], newest last
+        self.order = collections.OrderedDict()  # id(memory) -> (device, nbytes), oldest first
         self.lock = threading.Lock()
 
     def take(self, device, nbytes):
         with self.lock:
             spare = self.free.get((device, nbytes))
             if spare:
+                memory = spare.pop()
+                del self.order[id(memory)]
                 self.kept -= nbytes
-                return spare.pop()
+                return memory
         memory = _SharedAllocation(nbytes, queue=devices.get_queue(device))
         _register(memory)
         return memory
 
     def give(self, device, memory):
         with self.lock:
-            if self.kept + memory.nbytes <= self.limit:
-                self.free.setdefault((device, memory.nbytes), []).append(memory)
-                self.kept += memory.nbytes
+            key = (device, memory.nbytes)
+            self.free.setdefault(key, []).append(memory)
+            self.order[id(memory)] = key
+            self.kept += memory.nbytes
+            self._evict(self.limit)
+
+    def _evict(self, limit):
+        """Free the least recently given buffers until at most ``limit`` bytes are kept
+        (caller holds the lock)."""
+        while self.kept > limit and self.order:
+            oldest, key = self.order.popitem(last=False)
+            bucket = self.free[key]
+            i = next(i for i, m in enumerate(bucket) if id(m) == oldest)
+            self.kept -= bucket.pop(i).nbytes
+            if not bucket:
+                del self.free[key]
+
+    def set_limit(self, limit):
+        with self.lock:
+            self.limit = limit
+            self._evict(limit)
 
 
-_pool = _Pool()
+def _limit_from_env():
+    value = os.environ.get("JITCONV_POOL_BYTES", str(1 << 30))
+    try:
+        limit = int(value)
+    except ValueError:
+        limit = -1
+    if limit < 0:
+        raise ValueError(f"JITCONV_POOL_BYTES: expected a number of bytes >= 0, got {value!r}")
+    return limit
+
+
+def set_pool_limit(nbytes):
+    """How many bytes of freed jitconv.empty memory are kept for reuse (default 1 GiB, or
+    JITCONV_POOL_BYTES); 0 frees memory as soon as no tensor uses it. Lowering the limit
+    frees the least recently used buffers now. Returns the previous limit."""
+    if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
+        raise ValueError(f"nbytes: expected an int >= 0, got {nbytes!r}")
+    previous = _pool.limit
+    _pool.set_limit(nbytes)
+    return previous
+
+
+def pool_bytes():
+    """Bytes of freed memory the pool holds now."""
+    return _pool.kept
+
+
+_pool = _Pool(_limit_from_env())
 
 
 def empty(shape, dtype=torch.float32, device=None):

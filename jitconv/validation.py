@@ -91,19 +91,36 @@ def _check_strides(name, t):
         raise ValueError(f"{name}: negative strides are not supported, got {tuple(strides)}")
 
 
+_INT32 = (-(1 << 31), (1 << 31) - 1)  # the kernel's tables are int32
+
+
 def host_ints(t, name, ndim=1, allow_bool=False):
-    """Metadata as an int64 numpy array on the host (read from any device)."""
+    """Metadata as an int64 numpy array on the host (read from any device). ``ndim``: the
+    number of dimensions required, or a tuple of those allowed. Every value must fit the
+    kernel's int32 tables: a value that does not (an unsigned 2**64 - 1 would otherwise
+    wrap to -1, a pad) is an error naming the argument."""
     if isinstance(t, torch.Tensor):
         if t.is_floating_point() or t.is_complex() or (t.dtype == torch.bool and not allow_bool):
             raise TypeError(f"{name}: expected an integer tensor, got dtype {t.dtype}")
+        if t.device.type == "meta":
+            raise TypeError(f"{name}: a tensor on torch's meta device has no values; pass "
+                            f"it on the CPU or the device")
         arr = t.detach().cpu().numpy()
     else:
         arr = bridge.host_array(t, name) if bridge.is_device_array(t) else np.asarray(t)
         if arr.dtype == object or not (np.issubdtype(arr.dtype, np.integer)
                                        or (allow_bool and arr.dtype == np.bool_)):
             raise TypeError(f"{name}: expected integers, got dtype {arr.dtype}")
-    if arr.ndim != ndim:
-        raise ValueError(f"{name}: expected a {ndim}-D array, got shape {arr.shape}")
+    allowed = ndim if isinstance(ndim, tuple) else (ndim,)
+    if arr.ndim not in allowed:
+        want = " or ".join(f"{n}-D" for n in allowed)
+        raise ValueError(f"{name}: expected a {want} array, got shape {arr.shape}")
+    if arr.size and arr.dtype != np.bool_:
+        low, high = arr.min(), arr.max()  # compared before any cast: no wraparound
+        if low < _INT32[0] or high > _INT32[1]:
+            bad = high if high > _INT32[1] else low
+            raise ValueError(f"{name}: value {int(bad)} does not fit the int32 range "
+                             f"[{_INT32[0]}, {_INT32[1]}] of jitconv's tables")
     return arr.astype(np.int64)
 
 
@@ -196,3 +213,98 @@ def check_fits_plan(geometry, x, conv_state, width):
                                    "columns (state_len)")):
         if got != want:
             raise ValueError(f"{name}: has {got} {what}, but the plan was built for {want}")
+
+
+# ------------------------------------------------------- writability and aliasing
+
+def check_writable(x, weight, bias, conv_state, out):
+    """The conv has no autograd, and conv_state / out are written in place: reject what
+    torch (or the producer) would not allow, before anything runs."""
+    if torch.is_grad_enabled():
+        for name, t in (("x", x), ("weight", weight), ("bias", bias),
+                        ("conv_state", conv_state), ("out", out)):
+            if isinstance(t, torch.Tensor) and t.requires_grad:
+                raise TypeError(f"{name}: requires grad, but jitconv's conv has no "
+                                f"autograd (it is not differentiable); call it under "
+                                f"torch.no_grad() or torch.inference_mode(), or pass "
+                                f"{name}.detach()")
+    for name, t in (("conv_state", conv_state), ("out", out)):
+        if isinstance(t, torch.Tensor):
+            if t.is_inference() and not torch.is_inference_mode_enabled():
+                raise ValueError(f"{name}: an inference tensor cannot be updated in place "
+                                 f"outside torch.inference_mode() (torch forbids it)")
+        elif t is not None and getattr(t, "read_only", False):
+            raise ValueError(f"{name}: the array is read-only, but it is updated in place")
+
+
+_EXACT_LIMIT = 1 << 22  # elements: beyond this an ambiguous layout is rejected unchecked
+
+
+def _may_overlap_itself(shape, strides):
+    """False when the strides prove that no two elements share memory (each dimension,
+    by increasing stride, steps over everything the smaller ones span); True otherwise."""
+    span = 0
+    for n, s in sorted(((n, s) for n, s in zip(shape, strides) if n > 1),
+                       key=lambda d: d[1]):
+        if s <= span:
+            return True
+        span += (n - 1) * s
+    return False
+
+
+def _elements_repeat(shape, strides, first_index=None):
+    """Exact check: do two elements (of the index-0 entries in ``first_index``, when
+    given) share an offset? None when that is too many elements to check."""
+    index_sets = [np.arange(n, dtype=np.int64) for n in shape]
+    if first_index is not None:
+        index_sets[0] = np.asarray(first_index, np.int64)
+    count = int(np.prod([len(i) for i in index_sets], dtype=np.int64))
+    if count > _EXACT_LIMIT:
+        return None
+    offsets = np.zeros((), np.int64)
+    for idx, s in zip(index_sets, strides):
+        offsets = np.add.outer(offsets, idx * s)
+    return len(np.unique(offsets)) < offsets.size
+
+
+def check_aliasing(x, weight, bias, conv_state, out, lines):
+    """Outputs (out, and the cache lines ``lines`` of conv_state) must not overlap each
+    other, themselves, or an input the kernel reads while writing them. out may alias x
+    (the launch then computes into a separate buffer and copies). Interval checks on the
+    byte extents; exact element checks only where a layout could overlap itself."""
+    extent = {name: bridge.byte_extent(t) for name, t in (
+        ("x", x), ("weight", weight), ("bias", bias), ("conv_state", conv_state),
+        ("out", out))}
+
+    def meet(a, b):
+        return (extent[a] is not None and extent[b] is not None
+                and extent[a][0] < extent[b][1] and extent[b][0] < extent[a][1])
+
+    if out is not None:
+        if _may_overlap_itself(shape_of(out), _strides(out)) and \
+                _elements_repeat(shape_of(out), _strides(out)) is not False:
+            raise ValueError(f"out: its elements overlap in memory (strides "
+                             f"{tuple(_strides(out))} for shape {shape_of(out)}): the "
+                             f"kernel would write some of them twice")
+        for other in ("conv_state", "weight", "bias"):
+            if meet("out", other):
+                role = "updated" if other == "conv_state" else "read"
+                raise ValueError(f"out and {other} overlap in memory: out is written while "
+                                 f"{other} is {role}; pass separate tensors")
+    if len(lines):
+        for other in ("x", "weight", "bias"):
+            if meet("conv_state", other):
+                raise ValueError(f"conv_state and {other} overlap in memory: conv_state is "
+                                 f"updated while {other} is read; pass separate tensors")
+        shape, strides = shape_of(conv_state), _strides(conv_state)
+        if _may_overlap_itself(shape, strides) and \
+                _elements_repeat(shape, strides, first_index=lines) is not False:
+            raise ValueError(f"conv_state: the cache lines this call updates overlap in "
+                             f"memory (strides {tuple(strides)} for shape {shape}, e.g. an "
+                             f"expand() or as_strided() view); each line needs its own "
+                             f"memory")
+
+
+def _strides(t):
+    return tuple(t.stride())
+

@@ -168,8 +168,8 @@ BAD_MIXED = {
     "spec line range": (dict(spec_state_indices=i32(2, 7)), ValueError,
                         "spec_state_indices: cache line 7 is out of range"),
     "spec indices 3-D": (dict(spec_state_indices=torch.zeros(2, 1, 1, dtype=torch.int32)),
-                         ValueError, "spec_state_indices: expected shape (num_seqs,) or "
-                         "(num_seqs, K), got (2, 1, 1)"),
+                         ValueError, "spec_state_indices: expected a 1-D or 2-D array, "
+                         "got shape (2, 1, 1)"),
     "pad id type": (dict(pad_slot_id=-1.0), TypeError, "pad_slot_id: expected an int"),
     "no maps, not covering x": (dict(non_spec_token_indx=None, spec_token_indx=None,
                                      spec_query_start_loc=cumulative([2, 2])), ValueError,
