@@ -169,14 +169,16 @@ def get_conv_kernel(width, dtype_name, queue=None):
     return kernel
 
 
-def _array(view):
+def array_args(view, *scalars):
     """One array argument as the kernel's parameters: the view's whole allocation as a
-    flat 1-D array (see the module docstring); its element offset and strides follow as
-    separate scalars. Returns (values, is-pointer flags)."""
-    extent = 1 + sum((n - 1) * s for n, s in zip(view.shape, view.strides) if n > 0)
-    nitems = view.offset + max(extent, 1)
-    return ([nitems, view.itemsize, view.memory, nitems, view.itemsize],
-            [False, False, True, False, False])
+    flat 1-D array (see the module docstring), then ``scalars`` (its element offset and
+    strides, passed separately)."""
+    extent = 1
+    for n, s in zip(view.shape, view.strides):
+        if n > 0:
+            extent += (n - 1) * s
+    nitems = view.offset + extent
+    return [nitems, view.itemsize, view.memory, nitems, view.itemsize, *scalars]
 
 
 # submit_conv packs the arguments in this order; a change of the ABI must change both.
@@ -186,29 +188,24 @@ _PACKED = (("x", "x_offset", "x_row_stride", "out", "out_offset", "out_row_strid
             "state_stride_c", "state_stride_col", "tables") + TABLES + ("has_bias", "silu"))
 if tuple(a[0] for a in CONV_ARGS) != _PACKED:
     raise ImportError("kernel_abi.CONV_ARGS changed: update launching.submit_conv")
+# Which packed parameters are USM pointers (the third of an array's five).
+_POINTERS = tuple(p for _name, ndim, _e, _l in CONV_ARGS
+                  for p in ((False, False, True, False, False) if ndim else (False,)))
+
+
+def table_args(view, offsets):
+    """The packed parameters of the tables argument: constant for a plan, built once."""
+    return array_args(view, *(offsets[name] for name in TABLES))
 
 
 def _pack(views, tables, has_bias, silu):
-    """The kernel's arguments as (values, is-pointer flags): ints, and dpctl memory
-    objects where a USM pointer goes."""
-    values, pointers = [], []
-
-    def array(view, *scalars):
-        v, p = _array(view)
-        values.extend(v + [int(s) for s in scalars])
-        pointers.extend(p + [False] * len(scalars))
-
+    """The kernel's parameters in order: ints, and dpctl memory objects where a USM
+    pointer goes (``_POINTERS``). ``tables``: from ``table_args``."""
     x, out, w, b, st = (views[k] for k in ("x", "out", "weight", "bias", "conv_state"))
-    table_view, offsets = tables
-    array(x, x.offset, x.strides[0])
-    array(out, out.offset, out.strides[0])
-    array(w, w.offset, *w.strides)
-    array(b, b.offset, b.strides[0])
-    array(st, st.offset, *st.strides)
-    array(table_view, *(offsets[name] for name in TABLES))
-    values += [int(has_bias), int(silu)]
-    pointers += [False, False]
-    return values, pointers
+    return (array_args(x, x.offset, x.strides[0]) + array_args(out, out.offset, out.strides[0])
+            + array_args(w, w.offset, *w.strides) + array_args(b, b.offset, b.strides[0])
+            + array_args(st, st.offset, *st.strides) + tables
+            + [int(has_bias), int(silu)])
 
 
 def submit_conv(queue, width, dtype_name, views, tables, num_blocks, dim, *, has_bias,
@@ -217,18 +214,17 @@ def submit_conv(queue, width, dtype_name, views, tables, num_blocks, dim, *, has
     over (num_blocks, dim) work-items on ``queue``; wait for it when ``wait``.
 
     views: "x", "out", "weight", "bias", "conv_state" -> bridge.DeviceView in memory of
-    the queue's context; tables: (DeviceView of the int32 table memory, {table name:
-    element offset}).
+    the queue's context; tables: the plan's ``table_args``.
     """
     kernel = get_conv_kernel(width, dtype_name, queue)
-    values, pointers = _pack(views, tables, has_bias, silu)
+    values = _pack(views, tables, has_bias, silu)
     sink = getattr(_recording, "events", None)
     # SYCL order (slowest first): the kernel's get_id(0) is the last, fastest dimension.
     if _c_submit is not None:
-        event = _c_submit(kernel, queue, values, pointers, (int(num_blocks), int(dim)),
+        event = _c_submit(kernel, queue, values, _POINTERS, (int(num_blocks), int(dim)),
                           wait, keep_event=sink is not None)
     else:
-        args = [v if p else ctypes.c_int64(v) for v, p in zip(values, pointers)]
+        args = [v if p else ctypes.c_int64(v) for v, p in zip(values, _POINTERS)]
         event = queue.submit(kernel, args, [int(num_blocks), int(dim)])
         if wait:
             event.wait()
@@ -280,11 +276,10 @@ class _CSubmit:
         return bufs
 
     def __call__(self, kernel, queue, values, pointers, grid, wait, keep_event=False):
-        key = tuple(pointers)
-        types = self.types.get(key)
+        types = self.types.get(pointers)
         if types is None:
-            types = self.types.setdefault(key, (ctypes.c_int * len(key))(
-                *[self.VOID_PTR if p else self.INT64 for p in key]))
+            types = self.types.setdefault(pointers, (ctypes.c_int * len(pointers))(
+                *[self.VOID_PTR if p else self.INT64 for p in pointers]))
         buf, args, rng = self._buffers(len(values))
         base = ctypes.addressof(buf)
         buf[:] = [0 if p else v for v, p in zip(values, pointers)]

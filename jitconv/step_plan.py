@@ -53,7 +53,7 @@ class StepPlan:
         batch = build_batch(parts, geo.num_tokens)
         self.num_blocks = batch.num_blocks
         self.queue = queue  # None: chosen per run (torch's stream, or the current device)
-        self._tables = {}   # queue's context -> (DeviceView, offsets), built on first use
+        self._tables = {}   # queue's context -> packed table parameters, built on first use
         self._host_tables = batch.tables()
         self._state = {"unwaited": False}
 
@@ -129,7 +129,8 @@ class StepPlan:
             view = bridge.DeviceView(memory, 0, (memory.nbytes // 4,), (1,), 4, memory)
             weakref.finalize(self, _release, memory, queue, self._state)
             # setdefault: two threads that both uploaded agree on one copy
-            tables = self._tables.setdefault(context, (view, dict(zip(TABLES, offsets))))
+            tables = self._tables.setdefault(
+                context, launching.table_args(view, dict(zip(TABLES, offsets))))
         return tables
 
 

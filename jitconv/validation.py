@@ -18,7 +18,8 @@ ACTIVATIONS = (None, "silu", "swish")
 
 
 def shape_of(t):
-    return tuple(int(s) for s in t.shape)
+    """The shape as a tuple of ints (torch.Size and UsmArray shapes already are)."""
+    return tuple(t.shape)
 
 
 def check_activation(activation):

@@ -253,3 +253,18 @@ def test_gdn_conv_step_plans_once_per_metadata_object(sycl_device, monkeypatch):
     vllm.gdn_conv_step(layers[0]["x"], layers[0]["weight"], layers[0]["bias"],
                        layers[0]["conv_state"], metadata())
     assert len(built) == 2
+
+
+@pytest.mark.parametrize("path", ["C interface", "dpctl's Python submit"])
+def test_both_submit_paths_compute_the_contract(sycl_device, monkeypatch, path):
+    """Launches go through dpctl's C interface when its library is found, else through
+    SyclQueue.submit: both must pack the same arguments."""
+    if path == "C interface":
+        assert launching._c_submit is not None, "libDPCTLSyclInterface was not found"
+    else:
+        monkeypatch.setattr(launching, "_c_submit", None)
+    gen, step, meta = step_and_meta(10, torch.bfloat16)
+    ref_out, ref_state = causal_conv1d_reference(**step, **meta)
+    out = plan_for(step, meta).run(**step)
+    assert_outputs_close(out, ref_out, torch.bfloat16)
+    assert_state_exact(step["conv_state"], ref_state)
