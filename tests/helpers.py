@@ -61,3 +61,20 @@ def assert_state_exact(state, ref_state):
         diff = (got != want).nonzero()
         raise AssertionError(f"conv_state differs from the reference at {diff.shape[0]} "
                              f"places, first (line, channel, column) = {diff[0].tolist()}")
+
+
+def gdn_metadata(step, num_actual_tokens=None):
+    """A stand-in for vLLM's GDNAttentionMetadata of a ``mixed_step`` (the fields
+    ``jitconv.vllm.gdn_conv_step`` reads), for a step with both kinds of sequences."""
+    import types
+    return types.SimpleNamespace(
+        num_actual_tokens=(step["x"].shape[0] if num_actual_tokens is None
+                           else num_actual_tokens),
+        non_spec_query_start_loc=step["non_spec_query_start_loc"],
+        non_spec_state_indices_tensor=step["non_spec_state_indices"],
+        has_initial_state=step["has_initial_state"],
+        non_spec_token_indx=step["non_spec_token_indx"],
+        spec_query_start_loc=step["spec_query_start_loc"],
+        spec_state_indices_tensor=step["spec_state_indices"],
+        spec_token_indx=step["spec_token_indx"],
+        num_accepted_tokens=step["num_accepted_tokens"])

@@ -19,7 +19,7 @@ from jitconv.reference import causal_conv1d_reference
 from jitconv.usm import DeviceArray
 
 from helpers import (DATA_KEYS, DTYPES, assert_outputs_close, assert_state_exact, bits,
-                     mixed_step, randn)
+                     gdn_metadata, mixed_step, randn)
 
 LAYERS = 4
 
@@ -222,7 +222,6 @@ def test_gdn_conv_step_plans_once_per_metadata_object(sycl_device, monkeypatch):
     """vLLM's GDN layers of one step share one metadata object: the first layer builds
     the plan, the others reuse it (no per-layer validation), each layer still correct.
     A new metadata object (the next step) gets a new plan."""
-    import types
     from jitconv import ops, vllm
     built = []
     real_plan = ops.plan
@@ -231,16 +230,7 @@ def test_gdn_conv_step_plans_once_per_metadata_object(sycl_device, monkeypatch):
     layers = [layer_tensors(gen, step, torch.float32) for _ in range(3)]
 
     def metadata():
-        return types.SimpleNamespace(
-            num_actual_tokens=step["x"].shape[0],
-            non_spec_query_start_loc=meta["non_spec_query_start_loc"],
-            non_spec_state_indices_tensor=meta["non_spec_state_indices"],
-            has_initial_state=meta["has_initial_state"],
-            non_spec_token_indx=meta["non_spec_token_indx"],
-            spec_query_start_loc=meta["spec_query_start_loc"],
-            spec_state_indices_tensor=meta["spec_state_indices"],
-            spec_token_indx=meta["spec_token_indx"],
-            num_accepted_tokens=meta["num_accepted_tokens"])
+        return gdn_metadata(dict(step, **meta))
 
     m = metadata()
     for layer in layers:

@@ -18,7 +18,8 @@ import jitconv
 from jitconv import ops
 from jitconv.reference import causal_conv1d_fn_reference, causal_conv1d_reference
 
-from helpers import assert_outputs_close, assert_state_exact, cumulative, mixed_step
+from helpers import (assert_outputs_close, assert_state_exact, cumulative, gdn_metadata,
+                     mixed_step)
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 BLOCKS = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
@@ -112,16 +113,7 @@ def test_readme_vllm_wiring_runs_one_step_of_a_gdn_layer(sycl_device, layout):
     layer = types.SimpleNamespace(
         conv1d=types.SimpleNamespace(weight=step["weight"][:, None, :], bias=step["bias"]),
         activation="silu")
-    meta = types.SimpleNamespace(
-        num_actual_tokens=num_actual,
-        non_spec_query_start_loc=step["non_spec_query_start_loc"],
-        non_spec_state_indices_tensor=step["non_spec_state_indices"],
-        has_initial_state=step["has_initial_state"],
-        non_spec_token_indx=step["non_spec_token_indx"],
-        spec_query_start_loc=step["spec_query_start_loc"],
-        spec_state_indices_tensor=step["spec_state_indices"],
-        spec_token_indx=step["spec_token_indx"],
-        num_accepted_tokens=step["num_accepted_tokens"])
+    meta = gdn_metadata(step)
     ref_out, ref_state = causal_conv1d_reference(**step)
 
     namespace = dict(jitconv=jitconv, self=layer, self_kv_cache=[kv_cache],
