@@ -22,6 +22,7 @@ default), where later work is not ordered after the kernel.
 """
 
 import weakref
+
 import numpy as np
 import torch
 
