@@ -79,7 +79,8 @@ def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None,
     vLLM's (batch, K) table, column 0 used); ``query_start_loc`` and
     ``num_accepted_tokens`` may be longer and x may have extra rows (ignored, those rows
     come out zero). Lines equal to ``null_block_id`` (None: no such line) and
-    zero-length sequences are skipped. With ``num_accepted_tokens`` the spec-decode
+    zero-length sequences are skipped; ``conv_state_indices`` None: sequence i uses line
+    i, none skipped for its line. With ``num_accepted_tokens`` the spec-decode
     sliding-window rule applies. The result goes into ``out``, or into x when ``out`` is
     None, and that tensor is returned. ``max_query_len`` only sizes vLLM's Triton launch
     (jitconv takes lengths from ``query_start_loc``) and ``validate_data`` is accepted;
@@ -105,7 +106,7 @@ def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None,
         if conv_state_indices is None:
             raise ValueError("conv_state_indices: required with query_start_loc (the "
                              "batch is its size)")
-        tokens = x
+        tokens, skipped = x, (null_block_id,)
         lines = conventions.column_zero(conv_state_indices, "conv_state_indices")
         qsl = conventions.query_start_loc(query_start_loc, len(lines), "query_start_loc")
     else:
@@ -123,17 +124,17 @@ def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None,
             raise ValueError(f"x: expected (batch, dim), (batch, dim, seqlen) or, with "
                              f"query_start_loc, (num_tokens, dim); got {tuple(x.shape)}")
         size = int(x.shape[0])
-        if conv_state_indices is None:
-            lines = np.arange(size)
+        if conv_state_indices is None:  # sequence i on line i: no index marks a pad
+            lines, skipped = np.arange(size), ()
         else:
-            lines = conventions.column_zero(conv_state_indices, "conv_state_indices")
+            lines, skipped = conventions.column_zero(conv_state_indices,
+                                                     "conv_state_indices"), (null_block_id,)
             if len(lines) > size:
                 raise ValueError(f"conv_state_indices: {len(lines)} entries (the batch), "
                                  f"but x holds only {size} sequences")
         qsl = np.arange(0, len(lines) * seqlen + 1, seqlen)
     batch = len(lines)
-    lines = conventions.skip_sequences(lines, qsl, "conv_state_indices", num_lines,
-                                       (null_block_id,))
+    lines = conventions.skip_sequences(lines, qsl, "conv_state_indices", num_lines, skipped)
     accepted = None
     if num_accepted_tokens is not None:
         accepted = conventions.first_entries(num_accepted_tokens, batch,

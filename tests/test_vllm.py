@@ -375,6 +375,24 @@ def test_update_zero_length_spec_sequences_leave_their_state(sycl_device, rand):
     run_update(case, True, torch.float32)
 
 
+def test_update_without_indices_uses_line_i(sycl_device, rand):
+    """conv_state_indices None: row i is a sequence on line i, line 0 included (there is
+    no index to mark the null block)."""
+    gen, _ = rand
+    state = vllm_state(gen, 4, 4, torch.float32)
+    weight, bias = conv_params(gen, 4, torch.float32)
+    x = randn(gen, (3, DIM), torch.float32)
+    ref_out, ref_state = causal_conv1d_reference(
+        x, weight, bias, state, non_spec_query_start_loc=cumulative([1, 1, 1]),
+        non_spec_state_indices=[0, 1, 2])
+    before = bits(state)
+    out = vllm.causal_conv1d_update(x, state, weight, bias, True)
+    assert out is x
+    assert_outputs_close(out, ref_out, torch.float32)
+    assert_state_exact(state, ref_state)
+    assert not torch.equal(bits(state)[0], before[0]), "line 0 was not updated"
+
+
 BAD_UPDATES = {
     "negative line": (dict(conv_state_indices=[3, -1]), ValueError,
                       "conv_state_indices: cache line -1"),
