@@ -111,8 +111,11 @@ def load(width, dtype_name):
     recorded in ``rejected`` and ignored."""
     k = key(width, dtype_name)
     # The compiler's versions are checked here rather than hashed into the key: an
-    # environment without numba-dpex must still find the entries shipped for it.
-    installed = {k: v for k, v in compiler_versions().items() if v}
+    # environment without numba-dpex must still find the entries shipped for it. numba
+    # alone is not a compiler of ours (vLLM installs numba, never numba-dpex): its
+    # version matters only beside numba-dpex.
+    versions = compiler_versions()
+    installed = {k: v for k, v in versions.items() if v} if versions["numba-dpex"] else {}
     for directory in search_dirs():
         meta_path, spv_path = directory / f"{k}.json", directory / f"{k}.spv"
         if not meta_path.exists():

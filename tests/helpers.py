@@ -63,18 +63,24 @@ def assert_state_exact(state, ref_state):
                              f"places, first (line, channel, column) = {diff[0].tolist()}")
 
 
-def gdn_metadata(step, num_actual_tokens=None):
-    """A stand-in for vLLM's GDNAttentionMetadata of a ``mixed_step`` (the fields
-    ``jitconv.vllm.gdn_conv_step`` reads), for a step with both kinds of sequences."""
+def gdn_metadata(step, num_actual_tokens=None, lines=lambda t: t):
+    """A stand-in for vLLM's GDNAttentionMetadata of a ``mixed_step`` with both kinds of
+    sequences (the fields ``jitconv.vllm.gdn_conv_step`` reads). With spec decodes in the
+    step, vLLM counts the non-spec sequences as prefills. ``lines`` maps the step's cache
+    lines to vLLM's (e.g. pads -1 to the null block)."""
     import types
+    prefills = len(step["non_spec_query_start_loc"]) - 1
+    spec = len(step["spec_query_start_loc"]) - 1
     return types.SimpleNamespace(
         num_actual_tokens=(step["x"].shape[0] if num_actual_tokens is None
                            else num_actual_tokens),
+        num_prefills=prefills, num_decodes=0, num_spec_decodes=spec,
+        spec_sequence_masks=torch.ones(prefills + spec, dtype=torch.bool),
         non_spec_query_start_loc=step["non_spec_query_start_loc"],
-        non_spec_state_indices_tensor=step["non_spec_state_indices"],
+        non_spec_state_indices_tensor=lines(step["non_spec_state_indices"]),
         has_initial_state=step["has_initial_state"],
         non_spec_token_indx=step["non_spec_token_indx"],
         spec_query_start_loc=step["spec_query_start_loc"],
-        spec_state_indices_tensor=step["spec_state_indices"],
+        spec_state_indices_tensor=lines(step["spec_state_indices"]),
         spec_token_indx=step["spec_token_indx"],
         num_accepted_tokens=step["num_accepted_tokens"])

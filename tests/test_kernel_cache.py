@@ -159,6 +159,16 @@ def test_entry_from_another_compiler_version_is_not_used(tmp_path, monkeypatch, 
     assert kernel_cache.load(4, "float32")[:2] == (b"new-spirv", "new_kernel")
 
 
+def test_numba_without_numba_dpex_does_not_reject_entries(tmp_path, monkeypatch):
+    """An environment with numba but no numba-dpex (vLLM's, for one) cannot compile, so
+    the numba version must not reject the entries it can use (the shipped ones)."""
+    old_key = _store_old_entry(tmp_path, monkeypatch)
+    monkeypatch.setattr(kernel_cache, "compiler_versions",
+                        lambda: {"numba-dpex": None, "numba": "99.0"})
+    assert kernel_cache.key(4, "float32") == old_key
+    assert kernel_cache.load(4, "float32") is not None
+
+
 def test_unwritable_cache_compiles_once_and_warns_once(sycl_device, tmp_path):
     """A cache directory that cannot be created: each specialization is compiled once
     (not twice), the results are right, and one warning names the directory and

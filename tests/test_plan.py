@@ -24,10 +24,11 @@ from helpers import (DATA_KEYS, DTYPES, assert_outputs_close, assert_state_exact
 LAYERS = 4
 
 
-def step_and_meta(seed, dtype=torch.float32, dim=72, width=4, usm=False, spec_columns=4):
+def step_and_meta(seed, dtype=torch.float32, dim=72, width=4, usm=False, spec_columns=4,
+                  pads=1):
     gen = torch.Generator().manual_seed(seed)
     step = mixed_step(gen, dim=dim, width=width, dtype=dtype, ns_lengths=[37, 1, 2, 1],
-                      sp_lengths=[4, 2, 4], rows="shuffled", ns_pads=1, sp_pads=1,
+                      sp_lengths=[4, 2, 4], rows="shuffled", ns_pads=pads, sp_pads=pads,
                       initial="alternate", spec_columns=spec_columns, extra_lines=3,
                       usm=usm)
     meta = {k: v for k, v in step.items() if k not in DATA_KEYS}
@@ -221,12 +222,13 @@ class _Transposed:
 def test_gdn_conv_step_plans_once_per_metadata_object(sycl_device, monkeypatch):
     """vLLM's GDN layers of one step share one metadata object: the first layer builds
     the plan, the others reuse it (no per-layer validation), each layer still correct.
-    A new metadata object (the next step) gets a new plan."""
+    A new metadata object (the next step) gets a new plan. (No pads here, so any line,
+    0 included, is real: null_block_id=None.)"""
     from jitconv import ops, vllm
     built = []
     real_plan = ops.plan
     monkeypatch.setattr(ops, "plan", lambda *a, **k: built.append(1) or real_plan(*a, **k))
-    gen, step, meta = step_and_meta(9, spec_columns=1)
+    gen, step, meta = step_and_meta(9, spec_columns=1, pads=0)
     layers = [layer_tensors(gen, step, torch.float32) for _ in range(3)]
 
     def metadata():
@@ -236,12 +238,12 @@ def test_gdn_conv_step_plans_once_per_metadata_object(sycl_device, monkeypatch):
     for layer in layers:
         ref_out, ref_state = causal_conv1d_reference(**layer, **meta)
         out = vllm.gdn_conv_step(layer["x"], layer["weight"], layer["bias"],
-                                 layer["conv_state"], m)
+                                 layer["conv_state"], m, null_block_id=None)
         assert_outputs_close(out, ref_out, torch.float32)
         assert_state_exact(layer["conv_state"], ref_state)
     assert len(built) == 1
     vllm.gdn_conv_step(layers[0]["x"], layers[0]["weight"], layers[0]["bias"],
-                       layers[0]["conv_state"], metadata())
+                       layers[0]["conv_state"], metadata(), null_block_id=None)
     assert len(built) == 2
 
 

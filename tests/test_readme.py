@@ -95,35 +95,46 @@ def test_readme_usage_examples_compute_the_contract(sycl_device, monkeypatch):
                        "causal_conv1d_update"] + ["plan.run"] * 3, checked
 
 
+@pytest.mark.parametrize("dim_first", [False, True], ids=["state_major", "dim_first"])
 @pytest.mark.parametrize("layout", ["vllm", "shuffled"])
-def test_readme_vllm_wiring_runs_one_step_of_a_gdn_layer(sycl_device, layout):
-    """The wiring block against a stand-in layer: mixed_qkv becomes the conv of the whole
-    step (one launch), the layer's cache holds the reference state, and the spec rows it
-    selects are the conv output's."""
+def test_readme_vllm_wiring_runs_one_step_of_a_gdn_layer(sycl_device, layout, dim_first):
+    """The wiring block against a stand-in layer and GDNAttentionMetadata: mixed_qkv
+    becomes the conv of the whole step (one launch), the layer's cache holds the
+    reference state, and the spec rows it selects are the conv output's. The step's
+    pads carry vLLM's null block 0: line 0 is added in front of the step's lines."""
     assert len(WIRING) == 1, "the README's vLLM wiring example is missing"
     gen = torch.Generator().manual_seed(7)
     dim, width, k, padding = 96, 4, 3, 5
     step = mixed_step(gen, dim=dim, width=width, dtype=torch.float32,
                       ns_lengths=[9, 1, 1, 4], sp_lengths=[1 + k] * 3, rows=layout,
                       ns_pads=1, sp_pads=1, initial=[False, True, True, True],
-                      spec_columns=1 + k, extra_lines=4)
+                      spec_columns=1 + k, extra_lines=4,
+                      layout="DS" if dim_first else "SD")
     num_actual = step["x"].shape[0]
     mixed_qkv = torch.cat([step["x"], torch.randn(padding, dim, generator=gen)])
-    kv_cache = step["conv_state"].transpose(-1, -2)  # the stored (lines, state_len, dim)
+    stored = step["conv_state"] if dim_first else step["conv_state"].transpose(-1, -2)
+    null_line = torch.randn((1,) + tuple(stored.shape[1:]), generator=gen)
+    kv_cache = torch.cat([null_line, stored])
+
+    def vllm_lines(lines):  # pads (-1) -> null block 0, real lines shifted by one
+        return torch.where(lines < 0, 0, lines + 1)
+    meta = gdn_metadata(step, lines=vllm_lines)
+    ref_out, ref_state = causal_conv1d_reference(**step)
+    null_before = kv_cache[0].clone()
+
     layer = types.SimpleNamespace(
         conv1d=types.SimpleNamespace(weight=step["weight"][:, None, :], bias=step["bias"]),
-        activation="silu")
-    meta = gdn_metadata(step)
-    ref_out, ref_state = causal_conv1d_reference(**step)
-
-    namespace = dict(jitconv=jitconv, self=layer, self_kv_cache=[kv_cache],
-                     mixed_qkv=mixed_qkv, attn_metadata=meta,
-                     num_actual_tokens=num_actual, spec_token_indx=meta.spec_token_indx)
+        activation="silu", kv_cache=[kv_cache])
+    namespace = dict(jitconv=jitconv, self=layer, mixed_qkv=mixed_qkv, attn_metadata=meta,
+                     num_actual_tokens=num_actual, spec_token_indx=meta.spec_token_indx,
+                     is_conv_state_dim_first=lambda: dim_first)
     exec(compile(WIRING[0], str(README), "exec"), namespace)
 
     out = namespace["mixed_qkv"]
     assert tuple(out.shape) == (num_actual, dim)
     assert_outputs_close(out, ref_out, torch.float32)
-    assert_state_exact(kv_cache.transpose(-1, -2), ref_state)
+    state = kv_cache[1:] if dim_first else kv_cache[1:].transpose(-1, -2)
+    assert_state_exact(state, ref_state)
+    assert torch.equal(kv_cache[0], null_before), "the null block was written"
     rows = meta.spec_token_indx.long()
     assert torch.equal(namespace["mixed_qkv_spec"], out[rows])

@@ -1,14 +1,13 @@
-"""jitconv.vllm: the drop-in entry points with vLLM's argument conventions, against the
-float64 reference.
+"""jitconv.vllm: the drop-ins with vLLM 0.33's conventions, against the float64 reference.
 
-x comes in the layouts vLLM passes: for ``causal_conv1d_fn`` a channel-major (dim,
-cu_seqlen) view of a token-major tensor; for ``causal_conv1d_update`` (batch, dim),
-(batch, dim, seqlen) or varlen (num_tokens, dim); for ``gdn_conv_step`` a whole GDN
-engine step described by GDNAttentionMetadata fields. conv_state is the (lines, dim,
-state_len) transposed view of vLLM's (lines, state_len, dim) storage, with more columns
-than width - 1 and more lines than sequences. Every kernel test compares the output with
-the reference (dtype tolerance), the state bit-exactly, checks that lines no sequence
-uses are bit-identical and that padded sequences / padding rows come out exactly zero.
+vLLM's conventions as the tests state them (our reading of vLLM 0.33, SEMANTICS.md):
+cache line NULL_BLOCK_ID (0) marks a padded sequence and is skipped, as is a sequence
+with no tokens (state untouched); causal_conv1d_update takes its batch from
+conv_state_indices, tolerates a longer query_start_loc / num_accepted_tokens and extra
+rows of x, and writes into x when out is None. Line 0 is never a real line here, so
+"unused lines bit-identical" covers the null block too. The reference marks every
+skipped sequence with its own pad (-1). Rows no sequence computes must come out zero
+(jitconv's choice; vLLM leaves them as they were). Output buffers are poisoned (NaN).
 """
 
 import types
@@ -26,11 +25,12 @@ from helpers import (DTYPES, POISON, TOLERANCE, assert_outputs_close, assert_sta
 
 DIM = 136
 WIDTHS = (2, 3, 4, 5)
-EXTRA_LINES = 3        # cache lines no sequence uses
-PAD = vllm.PAD_SLOT_ID
+EXTRA_LINES = 3        # cache lines no sequence uses (line 0, the null block, besides)
+NULL = vllm.NULL_BLOCK_ID
+REF_PAD = -1           # the reference's pad_slot_id
 NUM_SPEC = 3           # draft tokens per spec sequence (vLLM: num_speculative_tokens)
-# vLLM passes activation as True/False/None/"silu"; the reference takes "silu" or None.
 REF_ACTIVATION = {True: "silu", False: None, None: None, "silu": "silu"}
+META_DTYPES = {"int32": torch.int32, "int64": torch.int64}
 
 
 # ---------------------------------------------------------------------------- helpers
@@ -44,9 +44,8 @@ def rand(request):
 
 @pytest.fixture(autouse=True)
 def dirty_output_buffers(monkeypatch):
-    """The vLLM entry points take no ``out=``, and a fresh buffer is often all zeros by
-    luck, which would let unwritten padding rows pass the zero checks. Poison (NaN) every
-    output buffer jitconv allocates, as a reused device allocation would be dirty."""
+    """Poison (NaN) every output buffer jitconv allocates: a fresh buffer is often zero by
+    luck, which would let unwritten rows pass the zero checks."""
     allocate = bridge.empty_like_output
 
     def poisoned(*args, **kwargs):
@@ -56,233 +55,245 @@ def dirty_output_buffers(monkeypatch):
     monkeypatch.setattr(bridge, "empty_like_output", poisoned)
 
 
-def int32(values):
-    return torch.tensor(np.asarray(values), dtype=torch.int32)
+def ints(values, dtype=torch.int32):
+    return torch.tensor(np.asarray(values), dtype=dtype)
 
 
 def conv_params(gen, width, dtype):
-    """weight (dim, width) and bias (dim,)."""
     return randn(gen, (DIM, width), dtype), randn(gen, (DIM,), dtype)
 
 
-def vllm_state(gen, nseq_lines, width, dtype, extra_columns=NUM_SPEC):
-    """conv_state as vLLM allocates it: (lines, state_len, dim) storage, passed as the
-    transposed (lines, dim, state_len) view; state_len = width - 1 + num_spec."""
-    return make_state(gen, nseq_lines + EXTRA_LINES, DIM, width - 1 + extra_columns,
-                      dtype, "SD")
+def vllm_state(gen, real_lines, width, dtype, layout="SD", extra_columns=NUM_SPEC):
+    """conv_state as vLLM allocates it: line 0 (the null block) + real lines + unused
+    ones; state_len = width - 1 + num_spec. "SD" (vLLM's default) stores (lines,
+    state_len, dim) and passes the transposed view; "DS" is dim-first storage."""
+    return make_state(gen, 1 + real_lines + EXTRA_LINES, DIM, width - 1 + extra_columns,
+                      dtype, layout)
 
 
-def sequence_rows(query_start_loc, token_indx=None):
-    """Rows of x of each sequence, as a list of int arrays."""
-    qsl = np.asarray(query_start_loc)
-    order = np.arange(qsl[-1]) if token_indx is None else np.asarray(token_indx)
-    return [order[qsl[i]:qsl[i + 1]] for i in range(len(qsl) - 1)]
+def random_lines(rng, n, num_lines):
+    """n distinct real cache lines (never 0: that is the null block)."""
+    return 1 + rng.permutation(num_lines - 1)[:n]
 
 
-def pad_rows(query_start_loc, lines, token_indx=None):
-    """Rows of x that belong to padded sequences (cache line == pad_slot_id)."""
-    rows = sequence_rows(query_start_loc, token_indx)
-    padded = [r for r, line in zip(rows, np.asarray(lines)) if line == PAD]
-    return np.concatenate(padded + [np.zeros(0, np.int64)]).astype(np.int64)
-
-
-def assert_rows_zero(out_tokens, rows):
-    got = out_tokens[torch.as_tensor(rows, dtype=torch.long)].float()
-    assert torch.equal(got, torch.zeros_like(got)), "padded rows must come out exactly zero"
-
-
-def check_state(state, before, ref_state, lines):
-    """State bit-exact against the reference; lines no sequence uses bit-identical."""
-    assert_state_exact(state, ref_state)
-    lines = torch.as_tensor(np.asarray(lines), dtype=torch.long)
-    unused = torch.ones(state.shape[0], dtype=torch.bool)
-    unused[lines[lines >= 0]] = False
-    assert unused.any()
-    assert torch.equal(bits(state)[unused], before[unused]), "an unused cache line changed"
-
-
-def random_lines(rng, nseq, num_lines, pads=()):
-    """Distinct random cache lines, pad_slot_id at the positions ``pads``."""
-    lines = rng.permutation(num_lines)[:nseq]
-    lines[list(pads)] = PAD
+def reference_lines(lines, qsl):
+    """What vLLM skips (null block, zero-length sequences) as the reference's pads."""
+    lines, qsl = np.asarray(lines).copy(), np.asarray(qsl)
+    lines[(lines == NULL) | (np.diff(qsl)[:len(lines)] == 0)] = REF_PAD
     return lines
 
 
-def random_accepted(rng, nseq):
-    """num_accepted_tokens in 1..num_spec+1: the window start a - 1 <= num_spec stays
-    inside state_len = width - 1 + num_spec."""
-    return int32(rng.integers(1, NUM_SPEC + 2, size=nseq))
+def random_accepted(rng, n):
+    """num_accepted_tokens in 1..num_spec+1 (the window a-1 stays inside state_len)."""
+    return rng.integers(1, NUM_SPEC + 2, size=n)
 
 
-def mixed_initial(rng, nseq):
-    """has_initial_state with both values present."""
-    return torch.tensor(rng.permutation([i % 2 == 0 for i in range(nseq)]))
+def assert_rows_zero(out_tokens, rows):
+    rows = torch.as_tensor(np.asarray(rows, dtype=np.int64))
+    got = out_tokens[rows].float()
+    assert torch.equal(got, torch.zeros_like(got)), "skipped rows must come out zero"
 
 
-# x in the model dtype, conv_state in vLLM's mamba_cache_dtype (e.g. bf16 model with a
-# float32 cache); weight and bias are the model's parameters, so in x's dtype.
+def skipped_rows(qsl, lines, rows_of=None):
+    """Rows of sequences whose (reference) line is a pad."""
+    qsl = np.asarray(qsl)
+    order = np.arange(qsl[-1]) if rows_of is None else np.asarray(rows_of)
+    out = [order[qsl[i]:qsl[i + 1]] for i, line in enumerate(lines) if line == REF_PAD]
+    return np.concatenate(out + [np.zeros(0, np.int64)])
+
+
+def check_state(state, before, ref_state, real_lines):
+    """State bit-exact against the reference; every other line (the null block 0 and
+    the unused ones) bit-identical to before."""
+    assert_state_exact(state, ref_state)
+    untouched = torch.ones(state.shape[0], dtype=torch.bool)
+    real = torch.as_tensor(np.asarray(real_lines, dtype=np.int64))
+    untouched[real[real >= 0]] = False
+    assert untouched[NULL] and untouched.sum() > 1
+    assert torch.equal(bits(state)[untouched], before[untouched]), "a skipped line changed"
+
+
+# x in the model dtype, conv_state in mamba_cache_dtype (vLLM computes in the latter).
 X_AND_STATE_DTYPES = pytest.mark.parametrize("x_dtype,state_dtype", [
-    (torch.bfloat16, torch.float32), (torch.float16, torch.float32),
-    (torch.float32, torch.bfloat16)], ids=["bf16_x-f32_state", "f16_x-f32_state",
-                                           "f32_x-bf16_state"])
-# Weight and bias in the state's dtype, or in the model dtype (what vLLM passes when
-# mamba_cache_dtype differs from the model dtype).
-WEIGHT_DTYPE_OF = pytest.mark.parametrize("weight_dtype_of", ["state", "x"])
-
-
-def one_dtype(dtype):
-    """x, conv_state and weight all in ``dtype`` (keyword arguments of the builders)."""
-    return dict(x_dtype=dtype, state_dtype=dtype, weight_dtype=dtype)
+    (torch.bfloat16, torch.float32), (torch.float32, torch.bfloat16)],
+    ids=["bf16_x-f32_state", "f32_x-bf16_state"])
 
 
 def coarser(*dtypes):
-    """The dtype with the loosest tolerance: the result went through all of them."""
     return max(dtypes, key=lambda d: TOLERANCE[d])
 
 
 # ------------------------------------------------------------------- causal_conv1d_fn
 
-def fn_case(gen, rng, *, x_dtype, state_dtype, weight_dtype, width, with_cache_indices,
-            padding_tokens=0):
-    """Random prefill batch (chunks and decodes) for vllm.causal_conv1d_fn. x is kept
-    token-major (``tokens``, a strided slice of a wider projection, as in vLLM) and passed
-    transposed. One sequence is padded when cache_indices are given."""
-    lengths = rng.permutation([1, 2, width - 1, 9, 37])
+def fn_case(gen, rng, *, x_dtype, state_dtype, width, pads, zero_length=0,
+            padding_tokens=0, meta_dtype=torch.int32):
+    """A prefill batch (chunks and decodes) for vllm.causal_conv1d_fn: ``pads``
+    sequences carry the null block, ``zero_length`` more have no tokens (with real
+    lines and no initial state, so the literal rule would zero their window)."""
+    lengths = list(rng.permutation([1, 2, width - 1, 9, 37] + [0] * zero_length))
     nseq = len(lengths)
     state = vllm_state(gen, nseq, width, state_dtype)
-    if with_cache_indices:
-        lines = random_lines(rng, nseq, state.shape[0], pads=rng.choice(nseq, 1))
-        cache_indices = int32(lines)
-    else:  # vLLM's default: sequence i uses cache line i
-        lines, cache_indices = np.arange(nseq), None
-    weight, bias = conv_params(gen, width, weight_dtype)
+    lines = random_lines(rng, nseq, state.shape[0])
+    lines[rng.choice([i for i in range(nseq) if lengths[i]], pads, replace=False)] = NULL
+    initial = np.array([i % 2 == 0 for i in range(nseq)])
+    initial[[i for i in range(nseq) if lengths[i] == 0]] = False
+    weight, bias = conv_params(gen, width, state_dtype)
+    qsl = cumulative(lengths).to(meta_dtype)
     return types.SimpleNamespace(
-        tokens=strided_rows(gen, int(lengths.sum()) + padding_tokens, DIM, x_dtype),
-        weight=weight, bias=bias, state=state, query_start_loc=cumulative(lengths),
-        lines=lines, cache_indices=cache_indices,
-        has_initial_state=mixed_initial(rng, nseq))
+        tokens=strided_rows(gen, int(qsl[-1]) + padding_tokens, DIM, x_dtype),
+        weight=weight, bias=bias, state=state, query_start_loc=qsl,
+        cache_indices=ints(lines, meta_dtype), ref_lines=reference_lines(lines, qsl),
+        has_initial_state=torch.tensor(initial))
 
 
-def run_fn(case, activation, tolerance_dtype):
-    """Call vllm.causal_conv1d_fn and check it against the reference."""
+def run_fn(case, activation="silu", tolerance_dtype=None, **kwargs):
     x = case.tokens.t()  # (dim, cu_seqlen), channel-major view as vLLM passes it
     before = bits(case.state)
-    # vLLM computes on x converted to the state dtype.
     ref_out, ref_state = causal_conv1d_reference(
         case.tokens.to(case.state.dtype), case.weight, case.bias, case.state,
         non_spec_query_start_loc=case.query_start_loc,
-        non_spec_state_indices=case.lines, has_initial_state=case.has_initial_state,
+        non_spec_state_indices=case.ref_lines, has_initial_state=case.has_initial_state,
         activation=REF_ACTIVATION[activation])
-    out = vllm.causal_conv1d_fn(x, case.weight, case.bias, case.state,
-                                case.query_start_loc, cache_indices=case.cache_indices,
+    out = vllm.causal_conv1d_fn(x, case.weight, case.bias, case.state, case.query_start_loc,
+                                cache_indices=case.cache_indices,
                                 has_initial_state=case.has_initial_state,
-                                activation=activation)
+                                activation=activation, **kwargs)
     assert tuple(out.shape) == tuple(x.shape) and out.dtype == x.dtype
-    assert_outputs_close(out.t(), ref_out, tolerance_dtype)
-    assert_rows_zero(out.t(), pad_rows(case.query_start_loc, case.lines))
-    check_state(case.state, before, ref_state, case.lines)
+    assert_outputs_close(out.t(), ref_out, tolerance_dtype or x.dtype)
+    assert_rows_zero(out.t(), skipped_rows(case.query_start_loc, case.ref_lines))
+    check_state(case.state, before, ref_state, case.ref_lines)
     return out
 
 
 @pytest.mark.parametrize("activation", [True, None, "silu"], ids=["True", "None", "silu"])
-@pytest.mark.parametrize("with_cache_indices", [True, False],
-                         ids=["cache_indices_with_pad", "cache_indices_None"])
+@pytest.mark.parametrize("pads", [1, 2], ids=["one_null_block", "two_null_blocks"])
 @pytest.mark.parametrize("width", WIDTHS)
 @pytest.mark.parametrize("dtype_name", list(DTYPES))
-def test_fn_channel_major(sycl_device, rand, dtype_name, width, with_cache_indices,
-                          activation):
+def test_fn_null_block_pads(sycl_device, rand, dtype_name, width, pads, activation):
     dtype = DTYPES[dtype_name]
-    case = fn_case(*rand, **one_dtype(dtype), width=width,
-                   with_cache_indices=with_cache_indices)
-    run_fn(case, activation, dtype)
+    case = fn_case(*rand, x_dtype=dtype, state_dtype=dtype, width=width, pads=pads)
+    run_fn(case, activation)
 
 
-@WEIGHT_DTYPE_OF
+@pytest.mark.parametrize("meta", list(META_DTYPES))
+def test_fn_zero_length_sequences_leave_their_state(sycl_device, rand, meta):
+    """Zero-length sequences on real lines without initial state: vLLM skips them (the
+    contract's literal rule would zero their window)."""
+    case = fn_case(*rand, x_dtype=torch.float32, state_dtype=torch.float32, width=4,
+                   pads=1, zero_length=2, meta_dtype=META_DTYPES[meta])
+    run_fn(case)
+
+
+def test_fn_extra_columns_of_x_are_zero(sycl_device, rand):
+    case = fn_case(*rand, x_dtype=torch.bfloat16, state_dtype=torch.bfloat16, width=4,
+                   pads=1, padding_tokens=5)
+    out = run_fn(case)
+    assert_rows_zero(out.t(), np.arange(int(case.query_start_loc[-1]), out.shape[1]))
+
+
 @X_AND_STATE_DTYPES
-def test_fn_x_dtype_differs_from_state(sycl_device, rand, x_dtype, state_dtype,
-                                       weight_dtype_of):
-    """vLLM converts x to conv_states' dtype and returns x's dtype."""
-    case = fn_case(*rand, x_dtype=x_dtype, state_dtype=state_dtype, width=4,
-                   weight_dtype={"x": x_dtype, "state": state_dtype}[weight_dtype_of],
-                   with_cache_indices=True)
+def test_fn_x_dtype_differs_from_state(sycl_device, rand, x_dtype, state_dtype):
+    case = fn_case(*rand, x_dtype=x_dtype, state_dtype=state_dtype, width=4, pads=1)
     run_fn(case, "silu", coarser(x_dtype, state_dtype))
 
 
-@pytest.mark.parametrize("dtype_name", list(DTYPES))
-def test_fn_padded_x_extra_columns_are_zero(sycl_device, rand, dtype_name):
-    """x wider than query_start_loc[-1] (padded batch): the extra columns come out zero."""
-    dtype = DTYPES[dtype_name]
-    case = fn_case(*rand, **one_dtype(dtype), width=4, with_cache_indices=True,
-                   padding_tokens=5)
-    out = run_fn(case, "silu", dtype)
-    used = int(case.query_start_loc[-1])
-    assert_rows_zero(out.t(), np.arange(used, out.shape[1]))
+def test_fn_null_block_none_makes_line_0_a_real_line(sycl_device, rand):
+    """null_block_id=None: line 0 is updated like any other; pad_slot_id still skips."""
+    gen, rng = rand
+    case = fn_case(gen, rng, x_dtype=torch.float32, state_dtype=torch.float32, width=4,
+                   pads=0)
+    lines = case.cache_indices.clone()
+    lines[0], lines[1] = 0, vllm.PAD_SLOT_ID
+    case.cache_indices = lines
+    case.ref_lines = lines.numpy().copy()   # the reference's pad is -1 as well
+    before = bits(case.state)
+    ref_out, ref_state = causal_conv1d_reference(
+        case.tokens, case.weight, case.bias, case.state,
+        non_spec_query_start_loc=case.query_start_loc, non_spec_state_indices=lines,
+        has_initial_state=case.has_initial_state)
+    out = vllm.causal_conv1d_fn(case.tokens.t(), case.weight, case.bias, case.state,
+                                case.query_start_loc, lines, case.has_initial_state,
+                                null_block_id=None)
+    assert_outputs_close(out.t(), ref_out, torch.float32)
+    assert_state_exact(case.state, ref_state)
+    assert not torch.equal(bits(case.state)[0], before[0]), "line 0 was not updated"
 
 
 # --------------------------------------------------------------- causal_conv1d_update
 
-UPDATE_LENGTHS = {"2d": [1] * 5, "3d": [3] * 5, "3d_view": [3] * 5,
-                  "varlen": [1, 4, 2, 3, 1]}
+UPDATE_LENGTHS = {"2d": [1] * 6, "3d": [3] * 6, "3d_view": [3] * 6,
+                  "varlen": [1, 4, 2, 3, 1, 4]}
 
 
 def update_x(tokens, form, nseq):
-    """x in the form vllm.causal_conv1d_update takes, from token-major ``tokens``."""
     if form in ("2d", "varlen"):
         return tokens
     per_seq = tokens.reshape(nseq, -1, DIM).transpose(1, 2)  # (batch, dim, seqlen) view
     return per_seq.contiguous() if form == "3d" else per_seq
 
 
-def update_out_tokens(out, form):
-    """The output of vllm.causal_conv1d_update back in token-major order."""
+def tokens_of(out, form):
+    """The output of vllm.causal_conv1d_update in token-major order."""
     if form in ("2d", "varlen"):
         return out
     return out.transpose(1, 2).reshape(-1, DIM)
 
 
-def update_case(gen, rng, *, form, spec, x_dtype, state_dtype, weight_dtype, width):
-    """Random decode / verify batch for vllm.causal_conv1d_update. x as (batch, dim),
-    (batch, dim, seqlen) (contiguous, or a view of token-major storage), or varlen with
-    query_start_loc and 2-D (Q, 1 + num_spec) conv_state_indices: only column 0 is a
-    sequence's line, the lines in the other columns must stay untouched. Sequence 1 is
-    padded (its whole row of indices is pad_slot_id)."""
+def update_case(gen, rng, *, form, spec, x_dtype, state_dtype, width, pads=(1, 3),
+                meta_dtype=torch.int32, layout="SD"):
+    """A decode / verify batch for vllm.causal_conv1d_update with the null block at the
+    positions ``pads``. varlen: (Q, 1 + num_spec) conv_state_indices (column 0 used,
+    the other columns' lines must stay untouched)."""
     lengths = UPDATE_LENGTHS[form]
     nseq = len(lengths)
     columns = 1 + NUM_SPEC if form == "varlen" else 1
-    state = vllm_state(gen, nseq * columns, width, state_dtype)
-    lines = random_lines(rng, nseq * columns, state.shape[0]).reshape(nseq, columns)
-    lines[1] = PAD
-    query_start_loc = cumulative(lengths)
-    tokens = randn(gen, (int(query_start_loc[-1]), DIM), x_dtype)
-    weight, bias = conv_params(gen, width, weight_dtype)
+    state = vllm_state(gen, nseq * columns, width, state_dtype, layout)
+    table = random_lines(rng, nseq * columns, state.shape[0]).reshape(nseq, columns)
+    table[list(pads)] = NULL
+    qsl = cumulative(lengths)
+    tokens = randn(gen, (int(qsl[-1]), DIM), x_dtype)
+    weight, bias = conv_params(gen, width, state_dtype)
     return types.SimpleNamespace(
         form=form, tokens=tokens, x=update_x(tokens, form, nseq), weight=weight,
-        bias=bias, state=state, lines=lines[:, 0], query_start_loc=query_start_loc,
-        conv_state_indices=int32(lines if form == "varlen" else lines[:, 0]),
-        max_query_len=max(lengths),
-        num_accepted_tokens=random_accepted(rng, nseq) if spec else None)
+        bias=bias, state=state, query_start_loc=qsl.to(meta_dtype),
+        conv_state_indices=ints(table if form == "varlen" else table[:, 0], meta_dtype),
+        ref_lines=reference_lines(table[:, 0], qsl), max_query_len=max(lengths),
+        num_accepted_tokens=ints(random_accepted(rng, nseq), meta_dtype) if spec else None)
 
 
-def run_update(case, activation, tolerance_dtype):
-    """Call vllm.causal_conv1d_update and check it against the reference."""
+def update_reference(case, activation, tokens=None):
     kind = "non_spec" if case.num_accepted_tokens is None else "spec"
+    tokens = case.tokens if tokens is None else tokens
+    nseq = len(case.ref_lines)
+    accepted = case.num_accepted_tokens
+    return causal_conv1d_reference(
+        tokens.to(case.state.dtype), case.weight, case.bias, case.state,
+        num_accepted_tokens=None if accepted is None else accepted[:nseq],
+        activation=REF_ACTIVATION[activation],
+        **{f"{kind}_query_start_loc": case.query_start_loc[:nseq + 1],
+           f"{kind}_state_indices": case.ref_lines})
+
+
+def run_update(case, activation, tolerance_dtype, out=None):
+    """Call vllm.causal_conv1d_update (in place into x unless ``out``), check it."""
     before = bits(case.state)
-    ref_out, ref_state = causal_conv1d_reference(
-        case.tokens.to(case.state.dtype), case.weight, case.bias, case.state,
-        num_accepted_tokens=case.num_accepted_tokens, activation=REF_ACTIVATION[activation],
-        **{f"{kind}_query_start_loc": case.query_start_loc,
-           f"{kind}_state_indices": case.lines})
-    out = vllm.causal_conv1d_update(
-        case.x, case.state, case.weight, case.bias, activation=activation,
+    x_before = bits(case.x)
+    ref_out, ref_state = update_reference(case, activation)
+    result = vllm.causal_conv1d_update(
+        case.x, case.state, case.weight, case.bias, activation,
         conv_state_indices=case.conv_state_indices,
         num_accepted_tokens=case.num_accepted_tokens,
         query_start_loc=case.query_start_loc if case.form == "varlen" else None,
-        max_query_len=case.max_query_len)
-    assert tuple(out.shape) == tuple(case.x.shape) and out.dtype == case.x.dtype
-    out_tokens = update_out_tokens(out, case.form)
-    assert_outputs_close(out_tokens, ref_out, tolerance_dtype)
-    assert_rows_zero(out_tokens, pad_rows(case.query_start_loc, case.lines))
-    check_state(case.state, before, ref_state, case.lines)
+        max_query_len=case.max_query_len, out=out)
+    target = case.x if out is None else out
+    assert result is target, "the result must be written into x (out=None) or out"
+    if out is not None:
+        assert torch.equal(bits(case.x), x_before), "x changed although out was given"
+    got = tokens_of(result, case.form)
+    assert_outputs_close(got, ref_out, tolerance_dtype)
+    assert_rows_zero(got, skipped_rows(case.query_start_loc, case.ref_lines))
+    check_state(case.state, before, ref_state, case.ref_lines)
+    return got
 
 
 @pytest.mark.parametrize("activation", [True, None], ids=["True", "None"])
@@ -290,172 +301,345 @@ def run_update(case, activation, tolerance_dtype):
 @pytest.mark.parametrize("form", list(UPDATE_LENGTHS))
 @pytest.mark.parametrize("width", WIDTHS)
 @pytest.mark.parametrize("dtype_name", list(DTYPES))
-def test_update(sycl_device, rand, dtype_name, width, form, spec, activation):
+def test_update_in_place_with_null_blocks(sycl_device, rand, dtype_name, width, form,
+                                          spec, activation):
     dtype = DTYPES[dtype_name]
-    case = update_case(*rand, **one_dtype(dtype), form=form, spec=spec, width=width)
+    case = update_case(*rand, form=form, spec=spec, x_dtype=dtype, state_dtype=dtype,
+                       width=width)
     run_update(case, activation, dtype)
 
 
-@WEIGHT_DTYPE_OF
+@pytest.mark.parametrize("form", ["2d", "3d_view", "varlen"])
+def test_update_into_out_leaves_x(sycl_device, rand, form):
+    case = update_case(*rand, form=form, spec=form == "varlen", x_dtype=torch.float32,
+                       state_dtype=torch.float32, width=4, pads=(0,))
+    out = torch.full(tuple(case.x.shape), POISON)
+    run_update(case, True, torch.float32, out=out)
+
+
 @X_AND_STATE_DTYPES
-def test_update_x_dtype_differs_from_state(sycl_device, rand, x_dtype, state_dtype,
-                                           weight_dtype_of):
-    """Spec verify over varlen x; vLLM converts x to conv_state's dtype, returns x's."""
+def test_update_x_dtype_differs_from_state(sycl_device, rand, x_dtype, state_dtype):
+    """Computed in conv_state's dtype, written into x in x's dtype."""
     case = update_case(*rand, form="varlen", spec=True, x_dtype=x_dtype,
-                       state_dtype=state_dtype, width=4,
-                       weight_dtype={"x": x_dtype, "state": state_dtype}[weight_dtype_of])
+                       state_dtype=state_dtype, width=4)
     run_update(case, True, coarser(x_dtype, state_dtype))
+
+
+@pytest.mark.parametrize("layout", ["SD", "DS"])
+@pytest.mark.parametrize("meta", list(META_DTYPES))
+def test_update_full_graph_padding(sycl_device, rand, meta, layout):
+    """vLLM's FULL-graph spec call: conv_state_indices cut to the real batch, while
+    query_start_loc repeats its last value for the padded tail, num_accepted_tokens is
+    padded with 1 and x has the padded token rows. The tail is ignored, its rows come
+    out zero, and one real sequence carries the null block as well."""
+    gen, rng = rand
+    case = update_case(gen, rng, form="varlen", spec=True, x_dtype=torch.float32,
+                       state_dtype=torch.float32, width=4, pads=(2,),
+                       meta_dtype=META_DTYPES[meta], layout=layout)
+    real, padded_tail, extra_rows = len(case.ref_lines), 3, 7
+    qsl = case.query_start_loc
+    case.query_start_loc = torch.cat([qsl, qsl[-1:].repeat(padded_tail)])
+    case.num_accepted_tokens = torch.cat([case.num_accepted_tokens,
+                                          torch.ones(padded_tail, dtype=qsl.dtype)])
+    case.tokens = torch.cat([case.tokens, randn(gen, (extra_rows, DIM), torch.float32)])
+    case.x = case.tokens
+    assert case.conv_state_indices.shape[0] == real
+    got = run_update(case, True, torch.float32)
+    assert_rows_zero(got, np.arange(int(qsl[-1]), got.shape[0]))
+
+
+def test_update_batch_from_indices_with_extra_rows(sycl_device, rand):
+    """(rows, dim) x with fewer conv_state_indices than rows: the extra rows are not
+    sequences; they come out zero."""
+    gen, rng = rand
+    case = update_case(gen, rng, form="2d", spec=False, x_dtype=torch.float32,
+                       state_dtype=torch.float32, width=4, pads=(0, 4))
+    case.tokens = torch.cat([case.tokens, randn(gen, (5, DIM), torch.float32)])
+    case.x = case.tokens
+    got = run_update(case, True, torch.float32)
+    assert_rows_zero(got, np.arange(len(case.ref_lines), got.shape[0]))
+
+
+def test_update_zero_length_spec_sequences_leave_their_state(sycl_device, rand):
+    """Zero-length verify sequences on real lines: skipped (the contract's literal spec
+    rule would shift their state by one column)."""
+    gen, rng = rand
+    case = update_case(gen, rng, form="varlen", spec=True, x_dtype=torch.float32,
+                       state_dtype=torch.float32, width=4, pads=())
+    lengths = [2, 0, 3, 0, 1, 4]
+    case.query_start_loc = cumulative(lengths)
+    case.tokens = case.x = randn(gen, (sum(lengths), DIM), torch.float32)
+    case.ref_lines = reference_lines(case.conv_state_indices[:, 0].numpy(),
+                                     case.query_start_loc)
+    assert (case.ref_lines == REF_PAD).sum() == 2
+    run_update(case, True, torch.float32)
+
+
+def test_update_without_indices_uses_line_i(sycl_device, rand):
+    """conv_state_indices None: row i is a sequence on line i, line 0 included (there is
+    no index to mark the null block)."""
+    gen, _ = rand
+    state = vllm_state(gen, 4, 4, torch.float32)
+    weight, bias = conv_params(gen, 4, torch.float32)
+    x = randn(gen, (3, DIM), torch.float32)
+    ref_out, ref_state = causal_conv1d_reference(
+        x, weight, bias, state, non_spec_query_start_loc=cumulative([1, 1, 1]),
+        non_spec_state_indices=[0, 1, 2])
+    before = bits(state)
+    out = vllm.causal_conv1d_update(x, state, weight, bias, True)
+    assert out is x
+    assert_outputs_close(out, ref_out, torch.float32)
+    assert_state_exact(state, ref_state)
+    assert not torch.equal(bits(state)[0], before[0]), "line 0 was not updated"
+
+
+BAD_UPDATES = {
+    "negative line": (dict(conv_state_indices=[3, -1]), ValueError,
+                      "conv_state_indices: cache line -1"),
+    "line out of range": (dict(conv_state_indices=[3, 99]), ValueError,
+                          "conv_state_indices: cache line 99"),
+    "real line twice": (dict(conv_state_indices=[3, 3]), ValueError,
+                        "conv_state_indices: cache line 3 is used more than once"),
+    "query_start_loc too short": (dict(query_start_loc=[0, 2], num_accepted_tokens=[1, 1]),
+                                  ValueError, "query_start_loc: expected at least 3"),
+    "num_accepted_tokens too short": (dict(query_start_loc=[0, 2, 4],
+                                           num_accepted_tokens=[1]),
+                                      ValueError, "num_accepted_tokens: expected at least"),
+    "more indices than x rows": (dict(conv_state_indices=[3, 4, 5, 6, 7]), ValueError,
+                                 "conv_state_indices: 5 entries"),
+    "float indices": (dict(conv_state_indices=torch.tensor([3.0, 4.0])), TypeError,
+                      "conv_state_indices: expected an integer tensor"),
+    "accepted 0 on a real line": (dict(query_start_loc=[0, 2, 4],
+                                       num_accepted_tokens=[0, 1]),
+                                  ValueError, "num_accepted_tokens: every entry"),
+}
+
+
+@pytest.mark.parametrize("bad", list(BAD_UPDATES))
+def test_update_bad_metadata_raises_before_launch(sycl_device, rand, bad):
+    gen, _ = rand
+    state = vllm_state(gen, 6, 4, torch.float32)
+    weight, bias = conv_params(gen, 4, torch.float32)
+    x = randn(gen, (4, DIM), torch.float32)
+    changes, error, message = BAD_UPDATES[bad]
+    kwargs = dict(conv_state_indices=[3, 4])
+    kwargs.update(changes)
+    kwargs = {k: v if isinstance(v, torch.Tensor) else ints(v) for k, v in kwargs.items()}
+    before, x_before = bits(state), bits(x)
+    with pytest.raises(error, match=message):
+        vllm.causal_conv1d_update(x, state, weight, bias, True, **kwargs)
+    assert torch.equal(bits(state), before) and torch.equal(bits(x), x_before)
 
 
 # ---------------------------------------------------------------------- gdn_conv_step
 
-def gdn_step(gen, rng, *, x_dtype, state_dtype, weight_dtype, width, prefill, decodes,
-             spec, padding_rows):
-    """A random engine step and the GDNAttentionMetadata fields vLLM would build for it.
+class Request(types.SimpleNamespace):
+    """One request of an engine step: ``length`` tokens, spec or not, its block-table row
+    (spec: 1 + num_spec lines, column 0 the conv's), accepted tokens of the previous
+    step, and whether it has computed tokens before (has_initial_state)."""
 
-    prefill: lengths of the prefill chunks (half continue from a state); decodes: number
-    of plain decodes; spec: number of verify sequences of 1 + NUM_SPEC tokens. When both
-    kinds are present, one of each is padded and the token rows are shuffled (the index
-    maps interleave them); when only one kind is present vLLM gives no maps, and its
-    tokens are rows 0..n-1. ``padding_rows`` rows follow the num_actual_tokens real ones.
-    """
-    ns_lengths = list(prefill) + [1] * decodes
-    sp_lengths = [1 + NUM_SPEC] * spec
-    both = bool(ns_lengths) and bool(sp_lengths)
-    n_ns, n_sp = sum(ns_lengths), sum(sp_lengths)
-    num_lines = len(ns_lengths) + spec * (1 + NUM_SPEC)
-    state = vllm_state(gen, num_lines, width, state_dtype)
-    lines = random_lines(rng, num_lines, state.shape[0])
-    ns_lines = lines[:len(ns_lengths)]
-    sp_lines = lines[len(ns_lengths):].reshape(spec, 1 + NUM_SPEC)
-    meta = types.SimpleNamespace(
-        num_actual_tokens=n_ns + n_sp,
-        has_initial_state=None, non_spec_query_start_loc=None,
-        non_spec_state_indices_tensor=None, non_spec_token_indx=None,
-        spec_query_start_loc=None, spec_state_indices_tensor=None, spec_token_indx=None,
+
+def build_gdn_metadata(requests, *, full_graph_pad=0, meta_dtype=torch.int32):
+    """GDNAttentionMetadata as vLLM 0.33's builder lays it out (our own code, from its
+    conventions), for requests in vLLM's order. Returns (metadata, rows of x, per-part
+    reference arguments). full_graph_pad: padded requests a FULL graph adds to a
+    spec-only or decode-only step (null block lines, zero tokens, accepted 1)."""
+    spec_mask = np.array([r.spec for r in requests])
+    lengths = np.array([r.length for r in requests])
+    num_tokens = int(lengths.sum())
+    spec = [r for r in requests if r.spec]
+    non_spec = [r for r in requests if not r.spec]
+    ns_lengths = [r.length for r in non_spec]
+    num_decodes = sum(1 for n in ns_lengths if n == 1) if not spec else 0
+    num_prefills = len([n for n in ns_lengths if n > 0]) - num_decodes
+    if spec and non_spec:  # vLLM counts non-spec decodes as prefills beside spec ones
+        num_prefills = len([n for n in ns_lengths if n > 0])
+    m = types.SimpleNamespace(
+        num_prefills=num_prefills, num_decodes=num_decodes, num_spec_decodes=len(spec),
+        num_actual_tokens=num_tokens, has_initial_state=None,
+        spec_query_start_loc=None, non_spec_query_start_loc=None,
+        spec_state_indices_tensor=None, non_spec_state_indices_tensor=None,
+        spec_sequence_masks=None, spec_token_indx=None, non_spec_token_indx=None,
         num_accepted_tokens=None)
-    if both:
-        ns_lines[-1] = PAD  # a padded decode
-        sp_lines[0] = PAD   # a padded verify sequence
-        # vLLM puts spec rows first; shuffled here so that the maps interleave
-        rows = rng.permutation(n_ns + n_sp)
-        meta.spec_token_indx = int32(rows[:n_sp])
-        meta.non_spec_token_indx = int32(rows[n_sp:])
-    if ns_lengths:
-        init = [i % 2 == 1 for i in range(len(prefill))] + [True] * decodes
-        meta.has_initial_state = torch.tensor(init)
-        meta.non_spec_query_start_loc = cumulative(ns_lengths)
-        meta.non_spec_state_indices_tensor = int32(ns_lines)
-    if sp_lengths:
-        meta.spec_query_start_loc = cumulative(sp_lengths)
-        meta.spec_state_indices_tensor = int32(sp_lines)
-        meta.num_accepted_tokens = random_accepted(rng, spec)
-    weight, bias = conv_params(gen, width, weight_dtype)
-    return types.SimpleNamespace(
-        x=strided_rows(gen, n_ns + n_sp + padding_rows, DIM, x_dtype),  # mixed_qkv
-        weight=weight, bias=bias, state=state, meta=meta)
+    ref = {}
+    spec_rows = np.nonzero(np.repeat(spec_mask, lengths))[0]
+    ns_rows = np.nonzero(~np.repeat(spec_mask, lengths))[0]
+    if spec:
+        m.spec_sequence_masks = torch.tensor(spec_mask)
+        table = np.array([r.lines for r in spec])
+        accepted = np.array([r.accepted for r in spec])
+        qsl = cumulative([r.length for r in spec]).numpy()
+        ref.update(spec_query_start_loc=qsl, spec_token_indx=spec_rows,
+                   spec_state_indices=reference_lines(table[:, 0], qsl),
+                   num_accepted_tokens=accepted)
+        if not non_spec:  # spec-only: aranges, and FULL-graph padding of the tail
+            pad = full_graph_pad
+            table = np.concatenate([table, np.full((pad, table.shape[1]), NULL)])
+            qsl = np.concatenate([qsl, np.repeat(qsl[-1:], pad)])
+            accepted = np.concatenate([accepted, np.ones(pad, np.int64)])
+            m.spec_token_indx = torch.arange(len(spec) * (1 + NUM_SPEC),
+                                             dtype=torch.int32)[:num_tokens]
+            m.non_spec_token_indx = torch.empty(0, dtype=torch.int32)
+            m.num_actual_tokens = num_tokens + pad * (1 + NUM_SPEC)
+        else:  # mixed: token maps from a stable argsort of the spec mask (int64)
+            order = torch.argsort(torch.tensor(np.repeat(spec_mask, lengths)), stable=True)
+            m.non_spec_token_indx = order[:len(ns_rows)].to(meta_dtype)
+            m.spec_token_indx = order[len(ns_rows):].to(meta_dtype)
+        m.spec_state_indices_tensor = ints(table, meta_dtype)
+        m.spec_query_start_loc = ints(qsl, meta_dtype)
+        m.num_accepted_tokens = ints(accepted, meta_dtype)
+    if non_spec:
+        lines = np.array([r.lines[0] for r in non_spec])
+        qsl = cumulative(ns_lengths).numpy()
+        initial = np.array([r.initial for r in non_spec])
+        ref.update(non_spec_query_start_loc=qsl, non_spec_token_indx=ns_rows,
+                   non_spec_state_indices=reference_lines(lines, qsl),
+                   has_initial_state=initial if num_prefills else None)
+        if num_prefills:
+            m.has_initial_state = torch.tensor(initial)
+        elif full_graph_pad:  # decode-only FULL graph: null lines, qsl tail repeated
+            lines = np.concatenate([lines, np.full(full_graph_pad, NULL)])
+            qsl = np.concatenate([qsl, np.repeat(qsl[-1:], full_graph_pad)])
+            m.num_actual_tokens = num_tokens + full_graph_pad
+        m.non_spec_state_indices_tensor = ints(lines, meta_dtype)
+        m.non_spec_query_start_loc = ints(qsl, meta_dtype)
+    return m, ref
 
 
-def run_gdn_step(step, tolerance_dtype):
-    """Call vllm.gdn_conv_step and check it: reference, padded sequences and padding rows
-    zero, state bit-exact, unused lines (and spec columns 1.. lines) untouched."""
-    m = step.meta
-    before = bits(step.state)
+def requests_for(rng, num_lines, *, prefill=(), decodes=0, spec=(), null_ns=0,
+                 null_spec=0, zero_length=0):
+    """Requests in vLLM's order (decodes first, then prefills, then spec); ``spec`` lists
+    verify lengths (1 + drafted tokens, ragged allowed). null_ns / null_spec requests get
+    the null block; zero_length non-spec requests (trailing padding) have real lines."""
+    n_ns = decodes + len(prefill) + zero_length
+    lines = random_lines(rng, n_ns + len(spec) * (1 + NUM_SPEC), num_lines)
+    ns_lines, sp_lines = lines[:n_ns], lines[n_ns:].reshape(len(spec), 1 + NUM_SPEC)
+    ns_lines[rng.choice(decodes + len(prefill), null_ns, replace=False)] = NULL
+    sp_lines[rng.choice(len(spec), null_spec, replace=False)] = NULL
+    ns = [Request(length=1, spec=False, initial=True) for _ in range(decodes)]
+    ns += [Request(length=n, spec=False, initial=i % 2 == 1) for i, n in enumerate(prefill)]
+    ns += [Request(length=0, spec=False, initial=False) for _ in range(zero_length)]
+    for r, line in zip(ns, ns_lines):
+        r.lines = [int(line)]
+    sp = [Request(length=n, spec=True, lines=[int(v) for v in row], accepted=int(a))
+          for n, row, a in zip(spec, sp_lines, random_accepted(rng, len(spec)))]
+    # vLLM's reorder puts decodes (and spec decodes) before prefills; spec rows are
+    # interleaved here on purpose so that both maps are non-trivial.
+    if ns and sp:
+        merged = []
+        for i in range(max(len(ns), len(sp))):
+            merged += sp[i:i + 1] + ns[i:i + 1]
+        return merged
+    return ns + sp
+
+
+def gdn_case(gen, rng, *, dtype=torch.float32, state_dtype=None, width=4, layout="SD",
+             full_graph_pad=0, meta_dtype=torch.int32, **sizes):
+    state_dtype = state_dtype or dtype
+    real = 40
+    state = vllm_state(gen, real, width, state_dtype, layout)
+    requests = requests_for(rng, state.shape[0], **sizes)
+    meta, ref = build_gdn_metadata(requests, full_graph_pad=full_graph_pad,
+                                   meta_dtype=meta_dtype)
+    weight, bias = conv_params(gen, width, state_dtype)
+    extra_rows = 3  # mixed_qkv is often longer than num_actual_tokens
+    x = strided_rows(gen, meta.num_actual_tokens + extra_rows, DIM, dtype)
+    return types.SimpleNamespace(x=x, weight=weight, bias=bias, state=state, meta=meta,
+                                 ref=ref)
+
+
+def run_gdn(case, tolerance_dtype=None, **kwargs):
+    before = bits(case.state)
     ref_out, ref_state = causal_conv1d_reference(
-        step.x.to(step.state.dtype), step.weight, step.bias, step.state,
-        activation="silu",
-        non_spec_query_start_loc=m.non_spec_query_start_loc,
-        non_spec_state_indices=m.non_spec_state_indices_tensor,
-        has_initial_state=m.has_initial_state, non_spec_token_indx=m.non_spec_token_indx,
-        spec_query_start_loc=m.spec_query_start_loc,
-        spec_state_indices=m.spec_state_indices_tensor, spec_token_indx=m.spec_token_indx,
-        num_accepted_tokens=m.num_accepted_tokens)
-    out = vllm.gdn_conv_step(step.x, step.weight, step.bias, step.state, m)
-    assert tuple(out.shape) == tuple(step.x.shape) and out.dtype == step.x.dtype
-    assert_outputs_close(out, ref_out, tolerance_dtype)
-    zero_rows = [np.arange(m.num_actual_tokens, step.x.shape[0])]
-    used = []
-    for qsl, lines, rows in (
-            (m.non_spec_query_start_loc, m.non_spec_state_indices_tensor,
-             m.non_spec_token_indx),
-            (m.spec_query_start_loc, m.spec_state_indices_tensor, m.spec_token_indx)):
-        if qsl is not None:
-            lines = lines.reshape(len(lines), -1)[:, 0].numpy()  # spec: (Q, K) column 0
-            zero_rows.append(pad_rows(qsl, lines, rows))
+        case.x.to(case.state.dtype), case.weight, case.bias, case.state, **case.ref,
+        **{k: v for k, v in kwargs.items() if k == "non_spec_num_accepted_tokens"})
+    out = vllm.gdn_conv_step(case.x, case.weight, case.bias, case.state, case.meta,
+                             **kwargs)
+    assert tuple(out.shape) == tuple(case.x.shape) and out.dtype == case.x.dtype
+    assert_outputs_close(out, ref_out, tolerance_dtype or case.x.dtype)
+    used, zero = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
+    for part in ("non_spec", "spec"):
+        if f"{part}_query_start_loc" in case.ref:
+            lines = case.ref[f"{part}_state_indices"]
             used.append(lines)
-    assert_rows_zero(out, np.concatenate(zero_rows))
-    check_state(step.state, before, ref_state, np.concatenate(used))
+            zero.append(skipped_rows(case.ref[f"{part}_query_start_loc"], lines,
+                                     case.ref[f"{part}_token_indx"]))
+    covered = np.concatenate([case.ref.get("non_spec_token_indx", np.zeros(0, np.int64)),
+                              case.ref.get("spec_token_indx", np.zeros(0, np.int64))])
+    zero.append(np.setdiff1d(np.arange(out.shape[0]), covered))  # padding rows
+    assert_rows_zero(out, np.concatenate(zero))
+    check_state(case.state, before, ref_state, np.concatenate(used))
 
 
 @pytest.mark.parametrize("width", WIDTHS)
 @pytest.mark.parametrize("dtype_name", list(DTYPES))
-def test_gdn_conv_step_mixed(sycl_device, rand, dtype_name, width):
-    """Prefill chunks + decodes + spec sequences of 1+3 tokens in one step, rows
-    shuffled, num_actual_tokens < rows of mixed_qkv."""
-    dtype = DTYPES[dtype_name]
-    step = gdn_step(*rand, **one_dtype(dtype), width=width,
-                    prefill=[37, 2, width - 1, 9], decodes=3, spec=4, padding_rows=6)
-    run_gdn_step(step, dtype)
+def test_gdn_mixed_step_with_null_blocks_in_both_parts(sycl_device, rand, dtype_name,
+                                                       width):
+    """Prefill chunks + decodes (counted as prefills) + ragged spec sequences, int64
+    argsort maps, null blocks in both parts, a trailing zero-length request."""
+    case = gdn_case(*rand, dtype=DTYPES[dtype_name], width=width, prefill=[37, 2, 9],
+                    decodes=3, spec=[4, 2, 4, 3], null_ns=2, null_spec=1, zero_length=1,
+                    meta_dtype=torch.int64)
+    assert case.meta.non_spec_token_indx.dtype == torch.int64
+    run_gdn(case)
 
 
-@pytest.mark.parametrize("padding_rows", [0, 4])
-@pytest.mark.parametrize("kind", ["non_spec_only", "spec_only"])
-@pytest.mark.parametrize("dtype_name", list(DTYPES))
-def test_gdn_conv_step_one_kind(sycl_device, rand, dtype_name, kind, padding_rows):
-    """Only non-spec (prefill + decodes) or only spec metadata: no token maps."""
-    dtype = DTYPES[dtype_name]
-    sizes = (dict(prefill=[5, 20, 1], decodes=2, spec=0) if kind == "non_spec_only"
-             else dict(prefill=[], decodes=0, spec=5))
-    step = gdn_step(*rand, **one_dtype(dtype), width=4, padding_rows=padding_rows, **sizes)
-    run_gdn_step(step, dtype)
+@pytest.mark.parametrize("layout", ["SD", "DS"])
+@pytest.mark.parametrize("full_graph_pad", [0, 3])
+def test_gdn_spec_only_step(sycl_device, rand, full_graph_pad, layout):
+    """Spec-only: aranges as maps, an empty non_spec_token_indx; under FULL graphs the
+    metadata's tail is padded (null lines, repeated query_start_loc, accepted 1) and
+    num_actual_tokens counts the padded tokens."""
+    case = gdn_case(*rand, layout=layout, full_graph_pad=full_graph_pad,
+                    spec=[4, 4, 2, 4], null_spec=1)
+    run_gdn(case)
 
 
-@pytest.mark.parametrize("weight_dtype_of", ["state", "x"])
+@pytest.mark.parametrize("layout", ["SD", "DS"])
+@pytest.mark.parametrize("full_graph_pad", [0, 4])
+def test_gdn_decode_only_step(sycl_device, rand, full_graph_pad, layout):
+    """Decode-only (no spec): vLLM's layer reads non_spec_state_indices_tensor[:
+    num_actual_tokens], one token each; has_initial_state is None."""
+    case = gdn_case(*rand, layout=layout, full_graph_pad=full_graph_pad, decodes=6,
+                    null_ns=2)
+    assert case.meta.has_initial_state is None and case.meta.num_prefills == 0
+    run_gdn(case)
+
+
+@pytest.mark.parametrize("meta", list(META_DTYPES))
+def test_gdn_prefill_and_decodes_without_spec(sycl_device, rand, meta):
+    case = gdn_case(*rand, prefill=[5, 20, 1], decodes=2, null_ns=1, zero_length=2,
+                    meta_dtype=META_DTYPES[meta])
+    run_gdn(case)
+
+
 @X_AND_STATE_DTYPES
-def test_gdn_conv_step_x_dtype_differs_from_state(sycl_device, rand, x_dtype, state_dtype,
-                                                  weight_dtype_of):
-    """The engine step that the two vLLM calls it replaces accept: mixed_qkv in the model
-    dtype, conv_state in mamba_cache_dtype."""
-    step = gdn_step(*rand, x_dtype=x_dtype, state_dtype=state_dtype,
-                    weight_dtype={"x": x_dtype, "state": state_dtype}[weight_dtype_of],
-                    width=4, prefill=[9, 1], decodes=2, spec=2, padding_rows=3)
-    run_gdn_step(step, coarser(x_dtype, state_dtype))
+def test_gdn_x_dtype_differs_from_state(sycl_device, rand, x_dtype, state_dtype):
+    case = gdn_case(*rand, dtype=x_dtype, state_dtype=state_dtype, prefill=[9, 1],
+                    decodes=2, spec=[4, 4], null_spec=1)
+    run_gdn(case, coarser(x_dtype, state_dtype))
 
 
-# ------------------------------------------------------------ unsupported arguments
-
-def fn_call(gen, state):
-    x = randn(gen, (DIM, 3), torch.float32)
-    weight, bias = conv_params(gen, 4, torch.float32)
-    return lambda **extra: vllm.causal_conv1d_fn(
-        x, weight, bias, state, cumulative([3]), cache_indices=int32([0]),
-        has_initial_state=torch.tensor([True]), **extra)
+def test_gdn_stale_window_fix_is_opt_in(sycl_device, rand):
+    """non_spec_num_accepted_tokens moves the non-spec windows to column a-1."""
+    gen, rng = rand
+    case = gdn_case(gen, rng, prefill=[6, 3], decodes=2, spec=[4, 4])
+    n = len(case.ref["non_spec_state_indices"])
+    run_gdn(case, non_spec_num_accepted_tokens=ints(random_accepted(rng, n)))
 
 
-def update_call(gen, state):
-    x = randn(gen, (1, DIM), torch.float32)
-    weight, bias = conv_params(gen, 4, torch.float32)
-    return lambda **extra: vllm.causal_conv1d_update(
-        x, state, weight, bias, activation=True, conv_state_indices=int32([0]), **extra)
+def test_gdn_conv_state_view_follows_the_layout(sycl_device):
+    cache = torch.zeros(5, 6, DIM)  # state-major storage (lines, state_len, dim)
+    assert vllm.conv_state_view(cache, dim_first=False).shape == (5, DIM, 6)
+    assert vllm.conv_state_view(cache, dim_first=True) is cache
 
 
-UNSUPPORTED = (
-    [(fn_call, name) for name in ("block_idx_first_scheduled_token",
-                                  "block_idx_last_scheduled_token", "initial_state_idx",
-                                  "num_computed_tokens")]
-    + [(update_call, name) for name in ("block_idx_last_scheduled_token",
-                                        "initial_state_idx", "retrieve_parent_token")])
-
-
-@pytest.mark.parametrize("make_call,argument", UNSUPPORTED,
-                         ids=[f"{f.__name__[:-5]}-{a}" for f, a in UNSUPPORTED])
-def test_unsupported_arguments_raise_and_leave_state(sycl_device, rand, make_call,
-                                                     argument):
-    gen, _ = rand
-    state = vllm_state(gen, 1, 4, torch.float32)
-    call = make_call(gen, state)
-    call()  # the same call without the unsupported argument is valid (and updates line 0)
-    before = bits(state)
-    with pytest.raises(NotImplementedError, match=argument):
-        call(**{argument: int32([0])})
-    assert torch.equal(bits(state), before), "conv_state changed by a rejected call"
+def test_gdn_bad_metadata_raises_before_launch(sycl_device, rand):
+    gen, rng = rand
+    case = gdn_case(gen, rng, spec=[4, 4], null_spec=0)
+    case.meta.spec_state_indices_tensor = case.meta.spec_state_indices_tensor.clone()
+    case.meta.spec_state_indices_tensor[1, 0] = -1  # not vLLM's padding: an error
+    before = bits(case.state)
+    with pytest.raises(ValueError, match="spec_state_indices_tensor: cache line -1"):
+        vllm.gdn_conv_step(case.x, case.weight, case.bias, case.state, case.meta)
+    assert torch.equal(bits(case.state), before)

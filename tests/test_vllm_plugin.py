@@ -1,0 +1,272 @@
+"""jitconv.vllm_plugin: the vLLM general plugin, against a stand-in vLLM package.
+
+vLLM itself cannot be imported in the test environment (it is not installed, and its GDN
+module needs vLLM's CUDA-era dependencies), so each test writes a small stand-in package
+named ``vllm`` into tmp_path with the same module paths the plugin patches: the ops
+module ``...mamba.ops.causal_conv1d`` (ops that fail if ever called), a GDN layer module
+whose ``QwenGatedDeltaNetAttention._forward_core`` calls the conv ops the way vLLM
+0.33's layer does (our own short code, following its conventions), a mixer module that
+imports the same ops, ``vllm.platforms.current_platform``, ``vllm.forward_context`` and
+``mamba_utils.is_conv_state_dim_first``. The platform check is tested on this machine as
+it is (no torch XPU), without faking torch.
+"""
+
+import logging
+import sys
+import textwrap
+import types
+
+import numpy as np
+import pytest
+import torch
+
+from jitconv import launching, vllm_plugin
+from jitconv.reference import causal_conv1d_reference
+
+from helpers import assert_outputs_close, assert_state_exact, bits, cumulative, randn
+
+STANDIN = {
+    "vllm/__init__.py": "",
+    "vllm/platforms/__init__.py": """
+        class XPUPlatform:
+            def is_xpu(self):
+                return True
+
+        class CpuPlatform:
+            def is_xpu(self):
+                return False
+
+        current_platform = XPUPlatform()
+        """,
+    "vllm/forward_context.py": """
+        import types
+        _context = types.SimpleNamespace(attn_metadata=None)
+
+        def get_forward_context():
+            return _context
+        """,
+    "vllm/model_executor/__init__.py": "",
+    "vllm/model_executor/layers/__init__.py": "",
+    "vllm/model_executor/layers/mamba/__init__.py": "",
+    "vllm/model_executor/layers/mamba/mamba_utils.py": """
+        DIM_FIRST = False
+
+        def is_conv_state_dim_first():
+            return DIM_FIRST
+        """,
+    "vllm/model_executor/layers/mamba/ops/__init__.py": "",
+    "vllm/model_executor/layers/mamba/ops/causal_conv1d.py": """
+        def causal_conv1d_fn(*args, **kwargs):
+            raise AssertionError("vLLM's Triton causal_conv1d_fn was called")
+
+        def causal_conv1d_update(*args, **kwargs):
+            raise AssertionError("vLLM's Triton causal_conv1d_update was called")
+        """,
+    "vllm/model_executor/layers/mamba/mamba_mixer2.py": """
+        from vllm.model_executor.layers.mamba.ops.causal_conv1d import (
+            causal_conv1d_fn, causal_conv1d_update)
+        """,
+    "vllm/model_executor/layers/mamba/gdn/__init__.py": "",
+    "vllm/model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py": """
+        from vllm.forward_context import get_forward_context
+        from vllm.model_executor.layers.mamba.mamba_utils import is_conv_state_dim_first
+        from vllm.model_executor.layers.mamba.ops.causal_conv1d import (
+            causal_conv1d_fn, causal_conv1d_update)
+
+
+        class QwenGatedDeltaNetAttention:
+            # The conv stage of vLLM 0.33's GDN layer; the recurrent stage is replaced by
+            # storing the conv outputs of both parts in core_attn_out (a dict).
+            def __init__(self, prefix, conv1d, kv_cache, activation="silu"):
+                self.prefix, self.conv1d = prefix, conv1d
+                self.kv_cache, self.activation = kv_cache, activation
+
+            def _forward_core(self, mixed_qkv, b, a, core_attn_out):
+                m = get_forward_context().attn_metadata[self.prefix]
+                conv_state = (self.kv_cache[0] if is_conv_state_dim_first()
+                              else self.kv_cache[0].transpose(-1, -2))
+                mixed_qkv = mixed_qkv[:m.num_actual_tokens]
+                w = self.conv1d.weight
+                w = w.view(w.size(0), w.size(2))
+                spec = m.spec_sequence_masks is not None
+                x_spec = x_non_spec = None
+                if spec and m.num_prefills == 0 and m.num_decodes == 0:
+                    x_spec = mixed_qkv
+                elif spec:
+                    x_spec = mixed_qkv.index_select(0, m.spec_token_indx)
+                    x_non_spec = mixed_qkv.index_select(0, m.non_spec_token_indx)
+                else:
+                    x_non_spec = mixed_qkv
+                if spec:
+                    x_spec = causal_conv1d_update(
+                        x_spec, conv_state, w, self.conv1d.bias, self.activation,
+                        conv_state_indices=m.spec_state_indices_tensor[:, 0][
+                            :m.num_spec_decodes],
+                        num_accepted_tokens=m.num_accepted_tokens,
+                        query_start_loc=m.spec_query_start_loc,
+                        max_query_len=m.spec_state_indices_tensor.size(-1),
+                        validate_data=False)
+                if m.num_prefills > 0:
+                    x_non_spec = causal_conv1d_fn(
+                        x_non_spec.transpose(0, 1), w, self.conv1d.bias,
+                        activation=self.activation, conv_states=conv_state,
+                        has_initial_state=m.has_initial_state,
+                        cache_indices=m.non_spec_state_indices_tensor,
+                        query_start_loc=m.non_spec_query_start_loc,
+                        metadata=m).transpose(0, 1)
+                elif m.num_decodes > 0:
+                    x_non_spec = causal_conv1d_update(
+                        x_non_spec, conv_state, w, self.conv1d.bias, self.activation,
+                        conv_state_indices=m.non_spec_state_indices_tensor[
+                            :m.num_actual_tokens],
+                        validate_data=True)
+                else:
+                    x_non_spec = None
+                core_attn_out["spec"], core_attn_out["non_spec"] = x_spec, x_non_spec
+        """,
+}
+TARGET_NAMES = [f"{module}.{op}" for module in (
+    "vllm.model_executor.layers.mamba.ops.causal_conv1d",
+    "vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn",
+    "vllm.model_executor.layers.mamba.mamba_mixer2") for op in vllm_plugin.OP_NAMES]
+
+
+@pytest.fixture
+def standin(tmp_path, monkeypatch):
+    """The stand-in vLLM importable as ``vllm``; removed again afterwards."""
+    for path, text in STANDIN.items():
+        file = tmp_path / path
+        file.parent.mkdir(parents=True, exist_ok=True)
+        file.write_text(textwrap.dedent(text))
+    assert "vllm" not in sys.modules, "a real vllm is imported in this process"
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield tmp_path
+    for name in [n for n in sys.modules if n == "vllm" or n.startswith("vllm.")]:
+        del sys.modules[name]
+
+
+def plugin_lines(caplog):
+    return [r.getMessage() for r in caplog.records if r.name == vllm_plugin.logger.name]
+
+
+def test_entry_point_is_declared_in_setup_cfg():
+    import configparser
+    from pathlib import Path
+    cfg = configparser.ConfigParser()
+    cfg.read(Path(__file__).resolve().parents[1] / "setup.cfg")
+    points = cfg["options.entry_points"]["vllm.general_plugins"].strip()
+    assert points == "jitconv = jitconv.vllm_plugin:register"
+
+
+def test_register_does_nothing_without_torch_xpu(standin, caplog):
+    """The stand-in platform says XPU, but this machine has no torch XPU (torch as it
+    is, not faked): one log line, nothing replaced."""
+    assert not (hasattr(torch, "xpu") and torch.xpu.is_available())
+    caplog.set_level(logging.INFO, logger=vllm_plugin.logger.name)
+    assert vllm_plugin.register() == []
+    lines = plugin_lines(caplog)
+    assert len(lines) == 1 and "torch.xpu is not available" in lines[0], lines
+    import vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn as gdn
+    assert gdn.causal_conv1d_fn.__module__.startswith("vllm.")
+
+
+def test_install_replaces_the_ops_and_logs_them(standin, caplog):
+    caplog.set_level(logging.INFO, logger=vllm_plugin.logger.name)
+    replaced = vllm_plugin.install()
+    assert replaced == TARGET_NAMES
+    import vllm.model_executor.layers.mamba.mamba_mixer2 as mixer
+    assert mixer.causal_conv1d_update is vllm_plugin.causal_conv1d_update
+    lines = plugin_lines(caplog)
+    assert len(lines) == 1 and all(name in lines[0] for name in TARGET_NAMES), lines
+    assert "mamba_mixer (ModuleNotFoundError)" in lines[0]  # not in the stand-in
+    assert vllm_plugin.install() == []  # a second install finds jitconv's ops
+    assert len(plugin_lines(caplog)) == 2
+
+
+def test_install_without_vllm_does_nothing(caplog):
+    assert "vllm" not in sys.modules
+    caplog.set_level(logging.INFO, logger=vllm_plugin.logger.name)
+    assert vllm_plugin.install() == []
+    lines = plugin_lines(caplog)
+    assert len(lines) == 1 and "not found" in lines[0], lines
+
+
+def test_register_does_nothing_on_another_platform(standin, monkeypatch, caplog):
+    """vLLM's platform (the stand-in's CpuPlatform) is not XPU: one line, nothing done."""
+    import vllm.platforms as platforms
+    monkeypatch.setattr(platforms, "current_platform", platforms.CpuPlatform())
+    caplog.set_level(logging.INFO, logger=vllm_plugin.logger.name)
+    assert vllm_plugin.register() == []
+    lines = plugin_lines(caplog)
+    assert len(lines) == 1 and "CpuPlatform, not XPU" in lines[0], lines
+
+
+# ------------------------------------------------- the GDN layer, with jitconv's ops
+
+NUM_SPEC, DIM, WIDTH = 3, 64, 4
+
+
+def mixed_step_metadata(gen):
+    """A mixed step as vLLM's builder lays it out (decodes counted as prefills beside
+    spec decodes; maps from a stable argsort, int64), with a null-block spec row."""
+    lengths = [4, 5, 1, 2, 4, 1]          # requests in order
+    spec = np.array([True, False, False, True, True, False])
+    token_spec = np.repeat(spec, lengths)
+    order = torch.argsort(torch.tensor(token_spec), stable=True)
+    n_ns = int((~token_spec).sum())
+    table = torch.tensor([[3, 9, 10, 11], [0, 0, 0, 0], [6, 12, 13, 14]], dtype=torch.int32)
+    meta = types.SimpleNamespace(
+        num_prefills=3, num_decodes=0, num_spec_decodes=3, num_actual_tokens=sum(lengths),
+        spec_sequence_masks=torch.tensor(spec),
+        spec_token_indx=order[n_ns:], non_spec_token_indx=order[:n_ns],
+        spec_state_indices_tensor=table, spec_query_start_loc=cumulative([4, 2, 4]),
+        num_accepted_tokens=torch.tensor([2, 1, 3], dtype=torch.int32),
+        non_spec_query_start_loc=cumulative([5, 1, 1]),
+        non_spec_state_indices_tensor=torch.tensor([5, 7, 8], dtype=torch.int32),
+        has_initial_state=torch.tensor([False, True, True]))
+    reference = dict(
+        non_spec_query_start_loc=meta.non_spec_query_start_loc,
+        non_spec_state_indices=meta.non_spec_state_indices_tensor,
+        has_initial_state=meta.has_initial_state, non_spec_token_indx=order[:n_ns],
+        spec_query_start_loc=meta.spec_query_start_loc,
+        spec_state_indices=torch.tensor([3, -1, 6]), spec_token_indx=order[n_ns:],
+        num_accepted_tokens=meta.num_accepted_tokens)
+    return meta, reference
+
+
+@pytest.mark.parametrize("dim_first", [False, True], ids=["state_major", "dim_first"])
+@pytest.mark.parametrize("whole_step", [False, True], ids=["per_call", "whole_step"])
+def test_gdn_layer_runs_on_jitconv(sycl_device, standin, whole_step, dim_first):
+    """The stand-in GDN layer's conv stage, after install(): outputs of both parts and
+    the cache against the reference, null block 0 untouched; the whole-step mode does
+    the step in one launch and the layer's own conv calls become hand-backs."""
+    vllm_plugin.install(whole_step=whole_step)
+    import vllm.forward_context as context
+    import vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn as gdn
+    import vllm.model_executor.layers.mamba.mamba_utils as utils
+    utils.DIM_FIRST = dim_first
+    gen = torch.Generator().manual_seed(5)
+    meta, reference = mixed_step_metadata(gen)
+    storage = (16, DIM, WIDTH - 1 + NUM_SPEC) if dim_first else (16, WIDTH - 1 + NUM_SPEC, DIM)
+    cache = randn(gen, storage, torch.float32)
+    conv_state = cache if dim_first else cache.transpose(-1, -2)
+    conv1d = types.SimpleNamespace(weight=randn(gen, (DIM, 1, WIDTH), torch.float32),
+                                   bias=randn(gen, (DIM,), torch.float32))
+    layer = gdn.QwenGatedDeltaNetAttention("layers.0", conv1d, [cache])
+    mixed_qkv = randn(gen, (meta.num_actual_tokens + 2, DIM), torch.float32)
+    ref_out, ref_state = causal_conv1d_reference(
+        mixed_qkv[:meta.num_actual_tokens], conv1d.weight, conv1d.bias, conv_state,
+        **reference)
+    context._context.attn_metadata = {"layers.0": meta}
+    before = bits(conv_state)
+    launches = launching.stats["submitted"]
+    result = {}
+    # vLLM's custom op calls it with keywords
+    layer._forward_core(mixed_qkv=mixed_qkv, b=None, a=None, core_attn_out=result)
+    assert launching.stats["submitted"] - launches == (1 if whole_step else 2)
+    assert_outputs_close(result["spec"], ref_out[reference["spec_token_indx"].numpy()],
+                         torch.float32)
+    assert_outputs_close(result["non_spec"],
+                         ref_out[reference["non_spec_token_indx"].numpy()], torch.float32)
+    assert_state_exact(conv_state, ref_state)
+    assert torch.equal(bits(conv_state)[0], before[0]), "the null block was written"
