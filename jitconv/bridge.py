@@ -376,7 +376,7 @@ def _copy_in(t, name, writable, queue, written=None):
         if written is None:
             t.copy_(result)
         else:  # line by line: also right for views whose lines share memory (expand)
-            for line in written.tolist():
+            for line in written:
                 t[line].copy_(result[line])
         _counts["from_device"] += 1
 
@@ -477,14 +477,10 @@ def byte_extent(t):
 
 
 def overlaps(a, b):
-    """Whether two arguments may share memory (then the kernel must not write one while
-    reading the other)."""
-    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
-        return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
-    if isinstance(a, UsmArray) and isinstance(b, UsmArray):
-        (a_lo, a_hi), (b_lo, b_hi) = a.extent(), b.extent()
-        return a_lo < b_hi and b_lo < a_hi
-    return False
+    """Whether two arguments' views touch common bytes (then the kernel must not write
+    one while reading the other)."""
+    ea, eb = byte_extent(a), byte_extent(b)
+    return ea is not None and eb is not None and ea[0] < eb[1] and eb[0] < ea[1]
 
 
 def normalize_all(x, weight, bias, conv_state, out):

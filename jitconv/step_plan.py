@@ -50,7 +50,7 @@ class StepPlan:
         all_lines = np.concatenate([p.lines for p in parts] + [np.zeros(0, np.int64)])
         self.lines = all_lines[all_lines >= 0]  # the cache lines a run writes
         validation.check_unique(self.lines, line_names, "cache line", geo.num_lines)
-        self._written = torch.from_numpy(self.lines)  # copy-back index of conv_state
+        self._written = self.lines.tolist()  # the lines a copy-back of conv_state writes
         batch = build_batch(parts, geo.num_tokens)
         self.num_blocks = batch.num_blocks
         self.queue = queue  # None: chosen per run (torch's stream, or the current device)

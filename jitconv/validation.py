@@ -273,13 +273,10 @@ def check_aliasing(x, weight, bias, conv_state, out, lines):
     other, themselves, or an input the kernel reads while writing them. out may alias x
     (the launch then computes into a separate buffer and copies). Interval checks on the
     byte extents; exact element checks only where a layout could overlap itself."""
-    extent = {name: bridge.byte_extent(t) for name, t in (
-        ("x", x), ("weight", weight), ("bias", bias), ("conv_state", conv_state),
-        ("out", out))}
+    given = {"x": x, "weight": weight, "bias": bias, "conv_state": conv_state, "out": out}
 
     def meet(a, b):
-        return (extent[a] is not None and extent[b] is not None
-                and extent[a][0] < extent[b][1] and extent[b][0] < extent[a][1])
+        return bridge.overlaps(given[a], given[b])
 
     if out is not None:
         if _may_overlap_itself(shape_of(out), _strides(out)) and \

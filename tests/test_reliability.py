@@ -194,9 +194,19 @@ def test_state_lines_may_share_memory_when_only_one_is_written(sycl_device):
     assert torch.equal(bits(storage[4]), bits(torch.from_numpy(ref_state[4]).float()))
 
 
-def test_out_may_still_alias_x_exactly(sycl_device):
+def test_out_may_still_alias_x_exactly(sycl_device, monkeypatch):
+    """out=x is allowed, and the kernel must then not write the rows it reads: later
+    blocks read earlier rows of x. That race rarely shows on the CPU device, so the
+    launch itself is checked too: the kernel writes a buffer other than x."""
+    from jitconv import launching
+    launched = []
+    submit = launching.submit_conv
+    monkeypatch.setattr(launching, "submit_conv",
+                        lambda queue, width, dtype, views, *a, **k:
+                        launched.append(views) or submit(queue, width, dtype, views, *a, **k))
     gen = torch.Generator().manual_seed(4)
-    case = _mixed_inputs(gen)
+    case = decode_case(gen, usm_memory=True)  # zero-copy: x and out are one memory
+    case["x"] = randn(gen, (2, DIM), torch.float32, usm=True)
     ref_out, ref_state = causal_conv1d_reference(
         case["x"], case["weight"], case["bias"], case["conv_state"],
         non_spec_query_start_loc=[0, 1, 2], non_spec_state_indices=[0, 1])
@@ -205,6 +215,8 @@ def test_out_may_still_alias_x_exactly(sycl_device):
                                         i32(0, 1), out=x) is x
     assert_outputs_close(x, ref_out, torch.float32)
     assert_state_exact(case["conv_state"], ref_state)
+    (views,) = launched
+    assert views["out"].address != views["x"].address, "the kernel wrote into x"
 
 
 # ------------------------------------------------------- read-only and autograd
