@@ -22,7 +22,7 @@ import time
 import torch
 
 import jitconv
-from jitconv import launching
+from jitconv import launching, run_cache
 from jitconv.baseline import causal_conv1d_mixed_torch
 from jitconv.steps import DATA_KEYS, mixed_step, random_values, split_step
 from jitconv.usm import DeviceArray
@@ -158,7 +158,10 @@ def layer_loop(name, dim, dtype, layers=48, distinct=4, reps=3):
     profiling queue, so the kernels' own time is read from their events, in the same
     steps whose wall time is reported (the median one). Layer tensors
     are USM torch CPU tensors (runs wait for their kernel: host code may read them);
-    ``distinct`` sets of them are cycled to bound memory."""
+    ``distinct`` sets of them are cycled to bound memory. A new plan per step, as an
+    engine has new metadata each step; the layers' tensors are those of the step before,
+    so their checked launches are reused (``run_cache``), and a second figure empties
+    that cache before every run (every layer's tensors new)."""
     import dpctl
     step = make_step(name, dim, dtype)
     meta = _metadata(step)
@@ -169,31 +172,39 @@ def layer_loop(name, dim, dtype, layers=48, distinct=4, reps=3):
     lines, _dim, state_len = step["conv_state"].shape
     width = step["weight"].shape[-1]
 
-    def planned():
+    def planned(checked=False):
         plan = jitconv.plan(step["x"].shape[0], lines, state_len, width, queue=queue,
                             **meta)
         for i in range(layers):
+            if checked:  # as if every layer's tensors were new this step
+                run_cache.clear()
             plan.run(**sets[i % distinct])
 
     def one_shot():
         for i in range(layers):
             jitconv.causal_conv1d_mixed(**sets[i % distinct], **meta)
 
-    planned()  # warm-up
-    runs = []  # (wall time, kernel time) of the same step: the kernels ran inside it
-    for _ in range(reps):
-        with launching.recording() as events:
-            t0 = time.perf_counter()
-            planned()
-            wall = time.perf_counter() - t0
-        runs.append((wall, sum(e.profiling_info_end - e.profiling_info_start
-                               for e in events) / 1e9))
-    plan_s, kernel_s = sorted(runs)[len(runs) // 2]
+    def median_step(checked):
+        runs = []  # (wall time, kernel time) of the same step: the kernels ran inside it
+        for _ in range(reps):
+            with launching.recording() as events:
+                t0 = time.perf_counter()
+                planned(checked)
+                wall = time.perf_counter() - t0
+            runs.append((wall, sum(e.profiling_info_end - e.profiling_info_start
+                                   for e in events) / 1e9))
+        return sorted(runs)[len(runs) // 2]
+
+    planned()  # warm-up; later steps find each layer's launch checked (run_cache)
+    plan_s, kernel_s = median_step(False)
+    checked_s, checked_kernel_s = median_step(True)
     one_s = median_time(one_shot, min_time=0, min_reps=reps, max_reps=reps)
     return dict(workload=name, dtype=str(dtype).replace("torch.", ""), dim=dim,
                 layers=layers, plan_step_us=plan_s * 1e6, one_shot_step_us=one_s * 1e6,
                 kernel_us=kernel_s * 1e6,
                 host_us_per_layer=(plan_s - kernel_s) / layers * 1e6,
+                checked_step_us=checked_s * 1e6, checked_kernel_us=checked_kernel_s * 1e6,
+                checked_host_us_per_layer=(checked_s - checked_kernel_s) / layers * 1e6,
                 one_shot_host_us_per_layer=(one_s - kernel_s) / layers * 1e6,
                 kernel_share=kernel_s / plan_s)
 
@@ -202,7 +213,9 @@ def tiny_run_cost(runs=1000):
     """Wall time per ``StepPlan.run`` of a tiny decode (1 sequence, dim 64, float32) over
     ``runs`` runs, and of a one-shot call (plan + run). "waits": USM torch CPU tensors,
     so every run waits for its kernel; "pipelined": device memory on an in-order queue,
-    one wait at the end (how torch XPU tensors on torch's stream run)."""
+    one wait at the end (how torch XPU tensors on torch's stream run). Runs repeat the
+    same tensors, so after the first they reuse the checked launch (``run_cache``);
+    "checked": pipelined with that cache emptied before every run (new tensors)."""
     import dpctl
     step = mixed_step(torch.Generator().manual_seed(0), dim=64, width=4,
                       dtype=torch.float32, ns_lengths=[1], usm=True)
@@ -228,13 +241,18 @@ def tiny_run_cost(runs=1000):
     qplan = jitconv.plan(1, lines, state_len, 4, queue=queue, **meta)
     qplan.run(**device, out=device_out)
     queue.wait()
-    t0 = time.perf_counter()
-    for _ in range(runs):
-        qplan.run(**device, out=device_out)
-    queue.wait()
-    pipelined = (time.perf_counter() - t0) / runs
-    return dict(run_waits_us=waits * 1e6, run_pipelined_us=pipelined * 1e6,
-                one_shot_us=one_shot * 1e6)
+
+    def pipelined(checked):
+        t0 = time.perf_counter()
+        for _ in range(runs):
+            if checked:  # as if the tensors were new: every run is checked and packed
+                run_cache.clear()
+            qplan.run(**device, out=device_out)
+        queue.wait()
+        return (time.perf_counter() - t0) / runs
+
+    return dict(run_waits_us=waits * 1e6, run_pipelined_us=pipelined(False) * 1e6,
+                run_checked_us=pipelined(True) * 1e6, one_shot_us=one_shot * 1e6)
 
 
 _COLD_CHILD = """
@@ -321,7 +339,8 @@ def run(dims=(2048, 8192), dtypes=("bfloat16", "float32"), workloads=None,
     say(f"tiny decode (1 x 1, dim 64), wall time per call over a loop: plan.run "
         f"{tiny['run_waits_us']:.0f} us (USM tensors, waits for each kernel), "
         f"{tiny['run_pipelined_us']:.0f} us (device memory, in-order queue, one wait at "
-        f"the end); one-shot call {tiny['one_shot_us']:.0f} us")
+        f"the end), {tiny['run_checked_us']:.0f} us (the same, every run checked as if "
+        f"its tensors were new); one-shot call {tiny['one_shot_us']:.0f} us")
     loops = []
     for name in layer_workloads if layers else ():
         r = layer_loop(name, layer_dim, getattr(torch, layer_dtype), layers=layers)
@@ -331,6 +350,7 @@ def run(dims=(2048, 8192), dtypes=("bfloat16", "float32"), workloads=None,
             f"{r['one_shot_step_us'] / 1e3:.2f} ms, kernels {r['kernel_us'] / 1e3:.2f} ms "
             f"({100 * r['kernel_share']:.0f}% of the planned step); outside the kernels "
             f"per layer: {r['host_us_per_layer']:.0f} us planned, "
+            f"{r['checked_host_us_per_layer']:.0f} us planned with new tensors, "
             f"{r['one_shot_host_us_per_layer']:.0f} us one-shot")
     result = dict(device=jitconv.get_device(),
                   grid=dict(dims=list(dims), dtypes=list(dtypes), workloads=workloads),
@@ -398,6 +418,10 @@ def inconsistencies(result):
         name = f"{r['layers']}-layer {r['workload']}"
         if differ(r["host_us_per_layer"], (r["plan_step_us"] - r["kernel_us"]) / r["layers"]):
             problems.append(f"{name}: host time per layer is not (step - kernels) / layers")
+        if differ(r["checked_host_us_per_layer"],
+                  (r["checked_step_us"] - r["checked_kernel_us"]) / r["layers"]):
+            problems.append(f"{name}: host time per layer (new tensors) is not (step - "
+                            f"kernels) / layers")
         if differ(r["kernel_share"], r["kernel_us"] / r["plan_step_us"]):
             problems.append(f"{name}: kernel share is not kernels / step")
         if not r["kernel_share"] > 0:

@@ -470,17 +470,24 @@ def byte_extent(t):
     if isinstance(t, UsmArray):
         lo, hi = t.extent()
         return (lo, hi) if hi > lo else None
-    if t.numel() == 0:
-        return None
-    span = sum((n - 1) * s for n, s in zip(t.shape, t.stride()))
-    return t.data_ptr(), t.data_ptr() + (span + 1) * t.element_size()
+    span = 0
+    for n, s in zip(t.shape, t.stride()):
+        if n == 0:
+            return None
+        span += (n - 1) * s
+    start = t.data_ptr()
+    return start, start + (span + 1) * t.element_size()
+
+
+def extents_meet(ea, eb):
+    """Whether two byte extents (from ``byte_extent``) share a byte."""
+    return ea is not None and eb is not None and ea[0] < eb[1] and eb[0] < ea[1]
 
 
 def overlaps(a, b):
     """Whether two arguments' views touch common bytes (then the kernel must not write
     one while reading the other)."""
-    ea, eb = byte_extent(a), byte_extent(b)
-    return ea is not None and eb is not None and ea[0] < eb[1] and eb[0] < ea[1]
+    return extents_meet(byte_extent(a), byte_extent(b))
 
 
 def normalize_all(x, weight, bias, conv_state, out):

@@ -16,7 +16,9 @@ strides[ndim] (int64, in bytes). ``_array`` builds exactly that list.
 
 import contextlib
 import ctypes
+import itertools
 import os
+import struct
 import threading
 import warnings
 from pathlib import Path
@@ -201,11 +203,17 @@ def table_args(view, offsets):
 def _pack(views, tables, has_bias, silu):
     """The kernel's parameters in order: ints, and dpctl memory objects where a USM
     pointer goes (``_POINTERS``). ``tables``: from ``table_args``."""
-    x, out, w, b, st = (views[k] for k in ("x", "out", "weight", "bias", "conv_state"))
-    return (array_args(x, x.offset, x.strides[0]) + array_args(out, out.offset, out.strides[0])
-            + array_args(w, w.offset, *w.strides) + array_args(b, b.offset, b.strides[0])
-            + array_args(st, st.offset, *st.strides) + tables
-            + [int(has_bias), int(silu)])
+    x, out, w, b, st = views["x"], views["out"], views["weight"], views["bias"], \
+        views["conv_state"]
+    values = array_args(x, x.offset, x.strides[0])
+    values += array_args(out, out.offset, out.strides[0])
+    values += array_args(w, w.offset, *w.strides)
+    values += array_args(b, b.offset, b.strides[0])
+    values += array_args(st, st.offset, *st.strides)
+    values += tables
+    values.append(1 if has_bias else 0)
+    values.append(1 if silu else 0)
+    return values
 
 
 def submit_conv(queue, width, dtype_name, views, tables, num_blocks, dim, *, has_bias,
@@ -214,18 +222,65 @@ def submit_conv(queue, width, dtype_name, views, tables, num_blocks, dim, *, has
     over (num_blocks, dim) work-items on ``queue``; wait for it when ``wait``.
 
     views: "x", "out", "weight", "bias", "conv_state" -> bridge.DeviceView in memory of
-    the queue's context; tables: the plan's ``table_args``.
+    the queue's context; tables: the plan's ``table_args``. Returns (kernel, values):
+    what ``submit_packed`` needs to submit the same launch again.
     """
     kernel = get_conv_kernel(width, dtype_name, queue)
     values = _pack(views, tables, has_bias, silu)
-    sink = getattr(_recording, "events", None)
     # SYCL order (slowest first): the kernel's get_id(0) is the last, fastest dimension.
+    submit_packed(kernel, queue, values, (int(num_blocks), int(dim)), wait)
+    return kernel, values
+
+
+def can_resubmit():
+    """Whether packed values with plain addresses (``addresses``) can be submitted: the
+    C path takes raw USM pointers; dpctl's Python submit needs memory objects."""
+    return _c_submit is not None
+
+
+def addresses(values):
+    """``values`` with each USM memory object replaced by its address (an int)."""
+    return [v._pointer if p and v.__class__ is not int else v
+            for v, p in zip(values, _POINTERS)]
+
+
+# Where each argument of CONV_ARGS starts among the packed parameters.
+_START = dict(zip((a[0] for a in CONV_ARGS),
+                  itertools.accumulate([0] + [5 if a[1] else 1 for a in CONV_ARGS])))
+
+
+_TABLES_AT = slice(_START["tables"], _START["has_bias"])  # the plan's part
+
+
+def with_tables(values, tables):
+    """A copy of packed ``values`` with the tables parameters of another plan
+    (``table_args``): the layer's part stays."""
+    values = list(values)
+    values[_TABLES_AT] = tables
+    pointer = _TABLES_AT.start + 2  # the tables array's USM pointer
+    if values[pointer].__class__ is not int:
+        values[pointer] = values[pointer]._pointer
+    return values
+
+
+def set_out(values, view):
+    """Replace out's parameters (the array, its offset and row stride) in packed
+    ``values`` (with addresses) by those of ``view``."""
+    packed = array_args(view, view.offset, view.strides[0])
+    packed[2] = packed[2]._pointer
+    values[_START["out"]:_START["out"] + len(packed)] = packed
+
+
+def submit_packed(kernel, queue, values, grid, wait):
+    """Submit the conv kernel with packed parameters (from ``_pack``: USM memory objects
+    or, on the C path, plain addresses where a pointer goes) over ``grid``."""
+    sink = getattr(_recording, "events", None)
     if _c_submit is not None:
-        event = _c_submit(kernel, queue, values, _POINTERS, (int(num_blocks), int(dim)),
-                          wait, keep_event=sink is not None)
+        event = _c_submit(kernel, queue, values, _POINTERS, grid, wait,
+                          keep_event=sink is not None)
     else:
         args = [v if p else ctypes.c_int64(v) for v, p in zip(values, _POINTERS)]
-        event = queue.submit(kernel, args, [int(num_blocks), int(dim)])
+        event = queue.submit(kernel, args, list(grid))
         if wait:
             event.wait()
     if sink is not None:
@@ -252,7 +307,8 @@ class _CSubmit:
     the same call dpctl's Python ``SyclQueue.submit`` makes, without its per-argument
     Python type dispatch (~65 us for this kernel's 52 arguments on opencl:cpu). The
     interface takes an array of void*: for an int64 argument the address of its value,
-    for a USM pointer argument the pointer itself. Both arrays are per thread, reused."""
+    for a USM pointer argument the pointer itself. The arrays are per thread and reused,
+    so a call writes only the values and the pointers."""
 
     INT64, VOID_PTR = 6, 10  # DPCTLKernelArgType in dpctl 0.17 - 0.22 (same prefix)
 
@@ -266,28 +322,39 @@ class _CSubmit:
         for f in (self.wait, self.delete):
             f.restype, f.argtypes = None, (ctypes.c_void_p,)
         self.local = threading.local()
-        self.types = {}  # pointer flags -> DPCTLKernelArgType array
 
-    def _buffers(self, n):
-        bufs = getattr(self.local, "bufs", None)
-        if bufs is None or len(bufs[0]) != n:
-            bufs = self.local.bufs = ((ctypes.c_int64 * n)(), (ctypes.c_void_p * n)(),
-                                      (ctypes.c_size_t * 3)())
-        return bufs
+    def _slots(self, pointers):
+        """This thread's argument arrays for one pointer layout: the values (int64), the
+        void* array (the addresses of the scalar values are constant: set once; the USM
+        pointers are written per call), the argument types and the range."""
+        slots = getattr(self.local, "slots", None)
+        if slots is None:
+            slots = self.local.slots = {}
+        found = slots.get(pointers)
+        if found is None:
+            n = len(pointers)
+            values, args = (ctypes.c_int64 * n)(), (ctypes.c_void_p * n)()
+            base = ctypes.addressof(values)
+            for i, p in enumerate(pointers):
+                args[i] = None if p else base + 8 * i
+            types = (ctypes.c_int * n)(*[self.VOID_PTR if p else self.INT64 for p in pointers])
+            where = tuple(i for i, p in enumerate(pointers) if p)
+            found = slots[pointers] = (values, args, types, (ctypes.c_size_t * 3)(),
+                                       struct.Struct(f"{n}q"), where)
+        return found
 
     def __call__(self, kernel, queue, values, pointers, grid, wait, keep_event=False):
-        types = self.types.get(pointers)
-        if types is None:
-            types = self.types.setdefault(pointers, (ctypes.c_int * len(pointers))(
-                *[self.VOID_PTR if p else self.INT64 for p in pointers]))
-        buf, args, rng = self._buffers(len(values))
-        base = ctypes.addressof(buf)
-        buf[:] = [0 if p else v for v, p in zip(values, pointers)]
-        args[:] = [v._pointer if p else base + 8 * i
-                   for i, (v, p) in enumerate(zip(values, pointers))]
+        buf, args, types, rng, layout, where = self._slots(pointers)
+        for i in where:
+            if values[i].__class__ is not int:  # memory objects: their addresses
+                values = addresses(values)
+                break
+        for i in where:
+            args[i] = values[i]
+        layout.pack_into(buf, 0, *values)  # pointer slots of buf are not read
         rng[0], rng[1] = grid
         event = self.submit(kernel.addressof_ref(), queue.addressof_ref(), args, types,
-                            len(values), rng, len(grid), None, 0)
+                            len(pointers), rng, len(grid), None, 0)
         if not event:
             raise RuntimeError("jitconv: the SYCL runtime refused the kernel submission "
                                "(DPCTLQueue_SubmitRange returned no event; see stderr)")

@@ -26,7 +26,7 @@ import weakref
 import numpy as np
 import torch
 
-from . import bridge, launching, usm, validation
+from . import bridge, launching, run_cache, usm, validation
 from . import device as devices
 from .batch import build_batch
 from .kernel_abi import TABLES
@@ -54,9 +54,11 @@ class StepPlan:
         batch = build_batch(parts, geo.num_tokens)
         self.num_blocks = batch.num_blocks
         self.queue = queue  # None: chosen per run (torch's stream, or the current device)
-        self._tables = {}   # queue's context -> packed table parameters, built on first use
+        self._tables = {}   # queue's context (and queue) -> packed table parameters
         self._host_tables = batch.tables()
         self._state = {"unwaited": False}
+        # what run_cache compares: the geometry a run's tensors were checked against
+        self.fit = (geo.num_tokens, geo.num_lines, geo.state_len, geo.width)
 
     # ---------------------------------------------------------------- per layer
 
@@ -64,24 +66,34 @@ class StepPlan:
         """The conv of one layer: returns out (new, or the given ``out``, which may alias
         x). conv_state is updated in place. Checks the tensors against the plan before
         launching anything."""
+        key = run_cache.key(x, weight, bias, conv_state, out, activation,
+                            self.queue or devices.queue_for(x))
+        if key is not None:
+            entry = run_cache.find(key, self)
+            if entry is not None:  # these tensors passed the checks of this geometry
+                return entry.run(self, x, out)
         silu = validation.check_activation(activation)
         tensors = bridge.normalize_all(x, weight, bias, conv_state, out)
         _dim, width, dtype = validation.check_tensors(*tensors)
         validation.check_fits_plan(self.geometry, tensors[0], tensors[3], width)
-        return self.launch(tensors, silu, dtype)
+        return self.launch(tensors, silu, dtype, key=key)
 
-    def launch(self, tensors, silu, dtype):
-        """Launch on checked tensors (``run`` checks; the one-shot ops checked already)."""
+    def launch(self, tensors, silu, dtype, key=None):
+        """Launch on checked tensors (``run`` checks; the one-shot ops checked already).
+        With a ``key`` (from ``run``) a zero-copy launch is remembered for the next run
+        with the same key."""
         x, weight, bias, conv_state, out = tensors
         validation.check_writable(x, weight, bias, conv_state, out)
-        validation.check_aliasing(x, weight, bias, conv_state, out, self.lines)
+        extents = validation.check_aliasing(x, weight, bias, conv_state, out, self.lines)
         dim = validation.shape_of(x)[1]
         # The kernel needs channels contiguous in x and out (see kernel_abi). out may also
         # alias x, and the kernel reads neighbouring rows of x: then compute into a
         # separate buffer and copy (both rare; correctness over a saved copy).
-        x = bridge.channels_contiguous(x)
+        x_given, x = x, bridge.channels_contiguous(x)
+        x_extent = extents["x"] if x is x_given else bridge.byte_extent(x)
         target = out
-        if out is None or bridge.overlaps(out, x) or not bridge.has_unit_channel_stride(out):
+        if out is None or bridge.extents_meet(extents["out"], x_extent) or \
+                not bridge.has_unit_channel_stride(out):
             if out is not None and not bridge.can_assign(out):
                 raise ValueError(f"out: a {type(out.source).__name__} that overlaps x or "
                                  f"has strided channels cannot be written through a copy; "
@@ -113,25 +125,38 @@ class StepPlan:
                                         for t in (x, target, conv_state))
         wait = bool(host_reads) or not queue.is_in_order
         if not wait:
-            self._state["unwaited"] = True
-        launching.submit_conv(queue, self.geometry.width, dtype, views,
-                              self._tables_on(queue), self.num_blocks, dim,
-                              has_bias=bias is not None, silu=silu, wait=wait)
+            self.mark_unwaited()
+        kernel, values = launching.submit_conv(
+            queue, self.geometry.width, dtype, views, self.tables_on(queue),
+            self.num_blocks, dim, has_bias=bias is not None, silu=silu, wait=wait)
         for wb in write_backs:
             wb()
+        if key is not None and not write_backs and x is x_given and \
+                (target is out or out is None):
+            run_cache.remember(key, tensors, views, extents, self, kernel, queue, values,
+                               wait, dtype)
         return _finish(out, target)
 
-    def _tables_on(self, queue):
-        """The tables in USM memory of the queue's context (copied there once)."""
-        context = queue.sycl_context
-        tables = self._tables.get(context)
+    def mark_unwaited(self):
+        """A kernel of this plan was submitted without a wait: freeing the tables then
+        waits for the queue first."""
+        self._state["unwaited"] = True
+
+    def tables_on(self, queue):
+        """The packed tables parameters, in USM memory of the queue's context (copied
+        there once per context)."""
+        tables = self._tables.get(queue)  # by queue first: no context lookup per run
         if tables is None:
-            memory, offsets = usm.upload_tables(self._host_tables, queue)
-            view = bridge.DeviceView(memory, 0, (memory.nbytes // 4,), (1,), 4, memory)
-            weakref.finalize(self, _release, memory, queue, self._state)
-            # setdefault: two threads that both uploaded agree on one copy
-            tables = self._tables.setdefault(
-                context, launching.table_args(view, dict(zip(TABLES, offsets))))
+            context = queue.sycl_context
+            tables = self._tables.get(context)
+            if tables is None:
+                memory, offsets = usm.upload_tables(self._host_tables, queue)
+                view = bridge.DeviceView(memory, 0, (memory.nbytes // 4,), (1,), 4, memory)
+                weakref.finalize(self, _release, memory, queue, self._state)
+                # setdefault: two threads that both uploaded agree on one copy
+                tables = self._tables.setdefault(
+                    context, launching.table_args(view, dict(zip(TABLES, offsets))))
+            self._tables[queue] = tables
         return tables
 
 

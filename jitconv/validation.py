@@ -29,15 +29,17 @@ def check_activation(activation):
 
 
 def check_tensors(x, weight, bias, conv_state, out):
-    """Shapes, dtypes and devices of the data tensors. Returns (dim, width, dtype name)."""
+    """Shapes, dtypes and devices of the data tensors. Returns (dim, width, dtype name).
+    Runs on every layer: each property is read once."""
     if not hasattr(x, "shape") or not hasattr(x, "dtype"):
         raise TypeError(f"x: expected a tensor, got {type(x).__name__}")
-    if len(x.shape) != 2:
-        raise ValueError(f"x: expected shape (num_tokens, dim), got {shape_of(x)}")
+    xshape = shape_of(x)
+    if len(xshape) != 2:
+        raise ValueError(f"x: expected shape (num_tokens, dim), got {xshape}")
     dtype = bridge.dtype_name(x)
     if dtype not in FLOAT_DTYPES:
         raise TypeError(f"x: dtype must be one of {FLOAT_DTYPES}, got {dtype}")
-    dim = shape_of(x)[1]
+    dim = xshape[1]
 
     wshape = shape_of(weight)
     if not (len(wshape) == 2 or (len(wshape) == 3 and wshape[1] == 1)) or wshape[0] != dim:
@@ -65,19 +67,24 @@ def check_tensors(x, weight, bias, conv_state, out):
     _check_strides("conv_state", conv_state)
 
     if out is not None:
-        if shape_of(out) != shape_of(x):
-            raise ValueError(f"out: expected shape {shape_of(x)} (same as x), "
+        if shape_of(out) != xshape:
+            raise ValueError(f"out: expected shape {xshape} (same as x), "
                              f"got {shape_of(out)}")
         _same_dtype("out", out, dtype)
         _check_strides("out", out)
 
-    where = bridge.device_of(x)
+    where = _where(x)
     for name, t in (("weight", weight), ("bias", bias), ("conv_state", conv_state),
                     ("out", out)):
-        if t is not None and bridge.device_of(t) != where:
-            raise ValueError(f"{name}: expected a tensor on the same device as x ({where}),"
-                             f" got one on {bridge.device_of(t)}")
+        if t is not None and _where(t) != where:
+            raise ValueError(f"{name}: expected a tensor on the same device as x "
+                             f"({bridge.device_of(x)}), got one on {bridge.device_of(t)}")
     return dim, width, dtype
+
+
+def _where(t):
+    """A cheap comparable device key (torch.device objects compare without str())."""
+    return t.device if isinstance(t, torch.Tensor) else bridge.device_of(t)
 
 
 def _same_dtype(name, t, dtype):
@@ -88,7 +95,7 @@ def _same_dtype(name, t, dtype):
 
 def _check_strides(name, t):
     strides = t.stride()  # torch tensors and bridge.UsmArray, in elements
-    if any(s < 0 for s in strides):
+    if min(strides, default=0) < 0:
         raise ValueError(f"{name}: negative strides are not supported, got {tuple(strides)}")
 
 
@@ -253,6 +260,11 @@ def _may_overlap_itself(shape, strides):
     return False
 
 
+def may_overlap_itself(t):
+    """Whether the layout of ``t`` could map two elements to one address."""
+    return _may_overlap_itself(shape_of(t), _strides(t))
+
+
 def _elements_repeat(shape, strides, first_index=None):
     """Exact check: do two elements (of the index-0 entries in ``first_index``, when
     given) share an offset? None when that is too many elements to check."""
@@ -272,11 +284,14 @@ def check_aliasing(x, weight, bias, conv_state, out, lines):
     """Outputs (out, and the cache lines ``lines`` of conv_state) must not overlap each
     other, themselves, or an input the kernel reads while writing them. out may alias x
     (the launch then computes into a separate buffer and copies). Interval checks on the
-    byte extents; exact element checks only where a layout could overlap itself."""
-    given = {"x": x, "weight": weight, "bias": bias, "conv_state": conv_state, "out": out}
+    byte extents; exact element checks only where a layout could overlap itself.
+    Returns the byte extents by argument name (the launch reuses x's and out's)."""
+    extents = {name: bridge.byte_extent(t) for name, t in (
+        ("x", x), ("weight", weight), ("bias", bias), ("conv_state", conv_state),
+        ("out", out))}
 
     def meet(a, b):
-        return bridge.overlaps(given[a], given[b])
+        return bridge.extents_meet(extents[a], extents[b])
 
     if out is not None:
         if _may_overlap_itself(shape_of(out), _strides(out)) and \
@@ -301,6 +316,7 @@ def check_aliasing(x, weight, bias, conv_state, out, lines):
                              f"memory (strides {tuple(strides)} for shape {shape}, e.g. an "
                              f"expand() or as_strided() view); each line needs its own "
                              f"memory")
+    return extents
 
 
 def _strides(t):

@@ -45,7 +45,7 @@ def test_bytes_moved_counts_what_must_move():
 
 @pytest.mark.parametrize("tamper", ["copy", "row missing", "row twice", "GB/s", "% copy",
                                     "speedup", "bytes", "two calls", "layer host",
-                                    "kernel share"])
+                                    "layer host new tensors", "kernel share"])
 def test_inconsistencies_are_found(small_run, tamper):
     result, _, _ = small_run
     bad = dict(result, rows=[dict(r) for r in result["rows"]])
@@ -58,9 +58,10 @@ def test_inconsistencies_are_found(small_run, tamper):
         rows[1] = dict(rows[0])
     elif tamper == "two calls":
         rows[0]["two_us"] = rows[0]["one_us"]  # decode-only has no second part
-    elif tamper in ("layer host", "kernel share"):
+    elif tamper in ("layer host", "layer host new tensors", "kernel share"):
         loops = bad["layer_loops"] = [dict(r) for r in result["layer_loops"]]
-        loops[-1]["host_us_per_layer" if tamper == "layer host" else "kernel_share"] *= 1.01
+        loops[-1][{"layer host": "host_us_per_layer", "kernel share": "kernel_share",
+                   "layer host new tensors": "checked_host_us_per_layer"}[tamper]] *= 1.01
     else:
         key = {"GB/s": "gbps", "% copy": "pct_copy", "speedup": "speedup",
                "bytes": "bytes"}[tamper]
