@@ -22,7 +22,7 @@ import time
 import torch
 
 import jitconv
-from jitconv import launching, run_cache
+from jitconv import launching, plan_cache, run_cache
 from jitconv.baseline import causal_conv1d_mixed_torch
 from jitconv.steps import DATA_KEYS, mixed_step, random_values, split_step
 from jitconv.usm import DeviceArray
@@ -116,17 +116,17 @@ def host_overhead():
     step = make_step("decode-only 64", 64, torch.float32)
     per_call = median_time(lambda: jitconv.causal_conv1d_mixed(**step), min_reps=50)
     captured = {}
-    original = launching.submit_conv
+    original = launching.submit_packed
 
     def capture(*args, **kwargs):
         captured["args"] = (args, kwargs)
         return original(*args, **kwargs)
 
-    launching.submit_conv = capture
+    launching.submit_packed = capture
     try:
         jitconv.causal_conv1d_mixed(**step)
     finally:
-        launching.submit_conv = original
+        launching.submit_packed = original
     args, kwargs = captured["args"]
     submit = median_time(lambda: original(*args, **kwargs), min_reps=50)
     return per_call * 1e6, submit * 1e6
@@ -215,7 +215,9 @@ def tiny_run_cost(runs=1000):
     so every run waits for its kernel; "pipelined": device memory on an in-order queue,
     one wait at the end (how torch XPU tensors on torch's stream run). Runs repeat the
     same tensors, so after the first they reuse the checked launch (``run_cache``);
-    "checked": pipelined with that cache emptied before every run (new tensors)."""
+    "checked": pipelined with that cache emptied before every run (new tensors). One-shot
+    calls repeat the metadata, so they reuse its plan (``plan_cache``); "new": both
+    caches emptied before every call."""
     import dpctl
     step = mixed_step(torch.Generator().manual_seed(0), dim=64, width=4,
                       dtype=torch.float32, ns_lengths=[1], usm=True)
@@ -234,6 +236,13 @@ def tiny_run_cost(runs=1000):
 
     waits = loop(lambda: plan.run(**data, out=out), runs)
     one_shot = loop(lambda: jitconv.causal_conv1d_mixed(**data, **meta, out=out), runs // 4)
+
+    def one_shot_new():  # as if metadata and tensors were new: validate, build, check
+        plan_cache.clear()
+        run_cache.clear()
+        jitconv.causal_conv1d_mixed(**data, **meta, out=out)
+
+    one_shot_new_s = loop(one_shot_new, runs // 4)
     base = jitconv.get_queue()
     queue = dpctl.SyclQueue(base.sycl_context, base.sycl_device, property="in_order")
     device = {k: DeviceArray(v, queue) for k, v in data.items()}
@@ -252,7 +261,8 @@ def tiny_run_cost(runs=1000):
         return (time.perf_counter() - t0) / runs
 
     return dict(run_waits_us=waits * 1e6, run_pipelined_us=pipelined(False) * 1e6,
-                run_checked_us=pipelined(True) * 1e6, one_shot_us=one_shot * 1e6)
+                run_checked_us=pipelined(True) * 1e6, one_shot_us=one_shot * 1e6,
+                one_shot_new_us=one_shot_new_s * 1e6)
 
 
 _COLD_CHILD = """
@@ -340,7 +350,9 @@ def run(dims=(2048, 8192), dtypes=("bfloat16", "float32"), workloads=None,
         f"{tiny['run_waits_us']:.0f} us (USM tensors, waits for each kernel), "
         f"{tiny['run_pipelined_us']:.0f} us (device memory, in-order queue, one wait at "
         f"the end), {tiny['run_checked_us']:.0f} us (the same, every run checked as if "
-        f"its tensors were new); one-shot call {tiny['one_shot_us']:.0f} us")
+        f"its tensors were new); one-shot call {tiny['one_shot_us']:.0f} us (metadata of "
+        f"the call before: its plan is reused), {tiny['one_shot_new_us']:.0f} us (new "
+        f"metadata and tensors)")
     loops = []
     for name in layer_workloads if layers else ():
         r = layer_loop(name, layer_dim, getattr(torch, layer_dtype), layers=layers)

@@ -429,6 +429,11 @@ def empty_like_output(x, shape, dtype_str):
     return usm.empty(shape, DTYPE_TORCH[dtype_str])
 
 
+def address_of(t):
+    """The address of the first element of a torch tensor or a USM array."""
+    return t.data_ptr() if isinstance(t, torch.Tensor) else normalize(t, "out").address
+
+
 def has_unit_channel_stride(t):
     """True if the last dimension is contiguous (or has a single element)."""
     return t.shape[-1] <= 1 or t.stride()[-1] == 1

@@ -263,12 +263,13 @@ def with_tables(values, tables):
     return values
 
 
-def set_out(values, view):
-    """Replace out's parameters (the array, its offset and row stride) in packed
-    ``values`` (with addresses) by those of ``view``."""
-    packed = array_args(view, view.offset, view.strides[0])
-    packed[2] = packed[2]._pointer
-    values[_START["out"]:_START["out"] + len(packed)] = packed
+def set_out(values, address, shape):
+    """Replace out's parameters in packed ``values`` (with addresses) by those of a new
+    contiguous 2-D array of ``shape`` at ``address`` (same dtype)."""
+    first = _START["out"]
+    nitems = shape[0] * shape[1]
+    itemsize = values[first + 1]
+    values[first:first + 7] = [nitems, itemsize, address, nitems, itemsize, 0, shape[1]]
 
 
 def submit_packed(kernel, queue, values, grid, wait):

@@ -10,7 +10,7 @@ The contract is docs/SEMANTICS.md; ``jitconv.reference`` implements it in float6
 
 import numpy as np
 
-from . import bridge, validation
+from . import bridge, plan_cache, validation
 from .batch import Part
 from .step_plan import StepPlan
 from .validation import Geometry
@@ -112,16 +112,16 @@ def spec_part(query_start_loc, state_indices, token_indx, num_accepted_tokens, n
 
 
 def _prepare(x, weight, bias, conv_state, out, activation, pad_slot_id):
-    """Tensor checks shared by every op. Returns the normalized tensors and geometry."""
-    silu = validation.check_activation(activation)
+    """Argument checks shared by every op, before any metadata is read (so a bad tensor
+    is reported first, as it always was). Returns the step's Geometry."""
+    validation.check_activation(activation)
     if isinstance(pad_slot_id, bool) or not isinstance(pad_slot_id, (int, np.integer)):
         raise TypeError(f"pad_slot_id: expected an int, got {pad_slot_id!r}")
     tensors = bridge.normalize_all(x, weight, bias, conv_state, out)
-    _dim, width, dtype = validation.check_tensors(*tensors)
+    _dim, width, _dtype = validation.check_tensors(*tensors)
     num_lines, _, state_len = validation.shape_of(tensors[3])
-    geo = Geometry(validation.shape_of(tensors[0])[0], num_lines, state_len, width,
-                   int(pad_slot_id))
-    return tensors, silu, dtype, geo
+    return Geometry(validation.shape_of(tensors[0])[0], num_lines, state_len, width,
+                    int(pad_slot_id))
 
 
 _FN_NAMES = {"qsl": "query_start_loc", "lines": "cache_indices",
@@ -142,12 +142,16 @@ def causal_conv1d_fn(x, weight, bias, conv_state, query_start_loc, cache_indices
     query_start_loc[-1] must equal num_tokens). Returns out (new, or the given ``out``,
     which may alias x). See docs/SEMANTICS.md for the exact rule.
     """
-    tensors, silu, dtype, geo = _prepare(x, weight, bias, conv_state, out, activation,
-                                         pad_slot_id)
-    part = non_spec_part(query_start_loc, cache_indices, has_initial_state, token_indx,
-                         None, _FN_NAMES, geo, whole_x=True)
-    plan = StepPlan([part], geo, line_names="cache_indices")
-    return plan.launch(tensors, silu, dtype)
+    geo = _prepare(x, weight, bias, conv_state, out, activation, pad_slot_id)
+
+    def build():
+        part = non_spec_part(query_start_loc, cache_indices, has_initial_state, token_indx,
+                             None, _FN_NAMES, geo, whole_x=True)
+        return StepPlan([part], geo, line_names="cache_indices")
+
+    metadata = (query_start_loc, cache_indices, has_initial_state, token_indx)
+    plan = plan_cache.plan_for(plan_cache.key("fn", geo, metadata), build)
+    return plan.run(x, weight, bias, conv_state, out=out, activation=activation)
 
 
 def causal_conv1d_update(x, weight, bias, conv_state, conv_state_indices,
@@ -162,24 +166,31 @@ def causal_conv1d_update(x, weight, bias, conv_state, conv_state_indices,
     state keeps the newest width-2 old columns then all new tokens. Without it, each
     sequence continues from its state (non-spec rule).
     """
-    tensors, silu, dtype, geo = _prepare(x, weight, bias, conv_state, out, activation,
-                                         pad_slot_id)
-    if query_start_loc is None:
-        lines = validation.host_ints(conv_state_indices, "conv_state_indices", ndim=(1, 2))
-        if token_indx is None and len(lines) != geo.num_tokens:
-            raise ValueError(f"conv_state_indices: expected {geo.num_tokens} entries (one "
-                             f"per row of x when query_start_loc is None), got {len(lines)}")
-        query_start_loc = np.arange(len(lines) + 1)
-    names = {"qsl": "query_start_loc", "lines": "conv_state_indices",
-             "rows": "token_indx", "accepted": "num_accepted_tokens"}
-    if num_accepted_tokens is None:
-        part = non_spec_part(query_start_loc, conv_state_indices, None, token_indx, None,
-                             names, geo, whole_x=True, lines_2d=True)
-    else:
-        part = spec_part(query_start_loc, conv_state_indices, token_indx,
-                         num_accepted_tokens, names, geo, whole_x=True)
-    plan = StepPlan([part], geo, line_names="conv_state_indices")
-    return plan.launch(tensors, silu, dtype)
+    geo = _prepare(x, weight, bias, conv_state, out, activation, pad_slot_id)
+
+    def build():
+        qsl = query_start_loc
+        if qsl is None:
+            lines = validation.host_ints(conv_state_indices, "conv_state_indices",
+                                         ndim=(1, 2))
+            if token_indx is None and len(lines) != geo.num_tokens:
+                raise ValueError(f"conv_state_indices: expected {geo.num_tokens} entries "
+                                 f"(one per row of x when query_start_loc is None), got "
+                                 f"{len(lines)}")
+            qsl = np.arange(len(lines) + 1)
+        names = {"qsl": "query_start_loc", "lines": "conv_state_indices",
+                 "rows": "token_indx", "accepted": "num_accepted_tokens"}
+        if num_accepted_tokens is None:
+            part = non_spec_part(qsl, conv_state_indices, None, token_indx, None,
+                                 names, geo, whole_x=True, lines_2d=True)
+        else:
+            part = spec_part(qsl, conv_state_indices, token_indx,
+                             num_accepted_tokens, names, geo, whole_x=True)
+        return StepPlan([part], geo, line_names="conv_state_indices")
+
+    metadata = (conv_state_indices, query_start_loc, num_accepted_tokens, token_indx)
+    plan = plan_cache.plan_for(plan_cache.key("update", geo, metadata), build)
+    return plan.run(x, weight, bias, conv_state, out=out, activation=activation)
 
 
 def causal_conv1d_mixed(x, weight, bias, conv_state, *, non_spec_query_start_loc=None,
@@ -198,13 +209,13 @@ def causal_conv1d_mixed(x, weight, bias, conv_state, *, non_spec_query_start_loc
     (P,), optional: a non-spec sequence that follows a spec step which accepted a tokens
     reads its window at column a-1 (default: column 0).
     """
-    tensors, silu, dtype, geo = _prepare(x, weight, bias, conv_state, out, activation,
-                                         pad_slot_id)
-    plan = _mixed_plan(geo, None, non_spec_query_start_loc, non_spec_state_indices,
-                       has_initial_state, non_spec_token_indx, spec_query_start_loc,
-                       spec_state_indices, spec_token_indx, num_accepted_tokens,
-                       non_spec_num_accepted_tokens)
-    return plan.launch(tensors, silu, dtype)
+    geo = _prepare(x, weight, bias, conv_state, out, activation, pad_slot_id)
+    metadata = (non_spec_query_start_loc, non_spec_state_indices, has_initial_state,
+                non_spec_token_indx, spec_query_start_loc, spec_state_indices,
+                spec_token_indx, num_accepted_tokens, non_spec_num_accepted_tokens)
+    plan = plan_cache.plan_for(plan_cache.key("mixed", geo, metadata),
+                               lambda: _mixed_plan(geo, None, *metadata))
+    return plan.run(x, weight, bias, conv_state, out=out, activation=activation)
 
 
 def plan(num_tokens, num_cache_lines, state_len, width, *, non_spec_query_start_loc=None,

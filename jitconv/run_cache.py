@@ -122,16 +122,14 @@ class _Entry:
         """Submit the remembered launch with ``plan``'s tables: returns the output (the
         given ``out``, or a new one of x's kind)."""
         values = launching.with_tables(self.values, plan.tables_on(self.queue))
-        target, write_back = out, None
+        target = out
         if out is None:
+            # A new contiguous output of x's kind: USM memory of x's device (jitconv's
+            # pool, torch XPU, or x's own library), so only its address is new.
             target = bridge.empty_like_output(x, self.out_shape, self.dtype)
-            view, write_back = bridge.to_device(target, "out", True, self.queue)
-            launching.set_out(values, view)
-        wait = self.wait or write_back is not None
-        if not wait:
+            launching.set_out(values, bridge.address_of(target), self.out_shape)
+        if not self.wait:
             plan.mark_unwaited()
         launching.submit_packed(self.kernel, self.queue, values,
-                                (plan.num_blocks, self.out_shape[1]), wait)
-        if write_back is not None:
-            write_back()
+                                (plan.num_blocks, self.out_shape[1]), self.wait)
         return target
