@@ -73,6 +73,17 @@ def _emit_f32_to_bf16(b, v):
 _f32_to_bf16_bits = _llvm_unary(types.int16, _emit_f32_to_bf16, _emit_f32_to_bf16.__doc__)
 
 
+@intrinsic
+def _fdiv(typingctx, a, b):
+    """float32 a / b as a plain LLVM fdiv (IEEE: x/0 is inf or NaN). numba's error model
+    guards ``/`` with "if b == 0: return" per lane; in the token loop that made every
+    lane able to leave the loop, and the OpenCL CPU compiler then ran the vectorized loop
+    fully masked, each iteration waiting for the previous exp (~25% slower in float32)."""
+    def codegen(context, builder, signature, args):
+        return builder.fdiv(args[0], args[1])
+    return types.float32(types.float32, types.float32), codegen
+
+
 @dpex.device_func
 def _identity(v):
     return v
@@ -171,7 +182,7 @@ xf = load(x[U(xc + r * x_row_stride)])
 acc = bias_c + {taps}
 {shift}
 if silu:
-    acc = acc / (ONE + math.exp(-acc))
+    acc = fdiv(acc, ONE + math.exp(-acc))  # divisor >= 1 or NaN: never 0
 out[U(oc + r * out_row_stride)] = store(acc)
 """
 
@@ -217,7 +228,7 @@ def make_conv_kernel(width, dtype_name):
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
     load, store = _CONVERTERS[dtype_name]
     namespace = {
-        "U": np.uint64, "math": math, "load": load, "store": store, "_window_value": _window_value,
+        "U": np.uint64, "math": math, "fdiv": _fdiv, "load": load, "store": store, "_window_value": _window_value,
         "ZERO": STORAGE[dtype_name](0), "F32_ZERO": np.float32(0.0), "ONE": np.float32(1.0),
         "FLAG_INITIAL_STATE": FLAG_INITIAL_STATE, "FLAG_SPEC": FLAG_SPEC,
     }
