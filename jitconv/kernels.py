@@ -35,7 +35,8 @@ import numba_dpex as dpex
 from .kernel_abi import FLAG_INITIAL_STATE, FLAG_SPEC, STORAGE, SUPPORTED_WIDTHS
 
 
-_I16, _I32, _F16, _F32 = ir.IntType(16), ir.IntType(32), ir.HalfType(), ir.FloatType()
+_I16, _I32, _I64 = ir.IntType(16), ir.IntType(32), ir.IntType(64)
+_F16, _F32 = ir.HalfType(), ir.FloatType()
 
 
 def _llvm_unary(result_type, emit, doc):
@@ -84,29 +85,56 @@ def _fdiv(typingctx, a, b):
     return types.float32(types.float32, types.float32), codegen
 
 
+@intrinsic
+def _load16_by_word(typingctx, array, index):
+    """array[index] of a 16-bit array, read as the aligned 32-bit word that holds it.
+    For loads whose addresses are not consecutive across work-items (runtime strides:
+    weights, bias, the state window) the OpenCL CPU compiler has no 16-bit gather and
+    emitted 16 scalar loads and inserts per vector; a 32-bit gather is one instruction.
+    The word never crosses the element's aligned 4 bytes (allocations are at least
+    4-byte aligned), so it reads no other page or allocation granule."""
+    def codegen(context, builder, signature, args):
+        model = context.data_model_manager[signature.args[0]]
+        data = builder.extract_value(args[0], model.get_field_position("data"))
+        addr = builder.add(builder.ptrtoint(data, _I64),
+                           builder.shl(args[1], ir.Constant(_I64, 1)))
+        word_ptr = builder.inttoptr(builder.and_(addr, ir.Constant(_I64, ~3)),
+                                    _I32.as_pointer(data.type.addrspace))
+        word = builder.load(word_ptr, align=4)
+        shift = builder.trunc(builder.shl(builder.and_(addr, ir.Constant(_I64, 2)),
+                                          ir.Constant(_I64, 3)), _I32)  # 0 or 16 bits
+        return builder.trunc(builder.lshr(word, shift), _I16)
+    return types.int16(array, types.uint64), codegen
+
+
 @dpex.device_func
 def _identity(v):
     return v
 
 
+@dpex.device_func
+def _element(array, index):
+    return array[index]
+
+
 _CONVERTERS = {
-    # storage -> (load: raw -> float32, store: float32 -> raw)
-    "float32": (_identity, _identity),
-    "float16": (_f16_bits_to_f32, _f32_to_f16_bits),
-    "bfloat16": (_bf16_bits_to_f32, _f32_to_bf16_bits),
+    # storage -> (load: raw -> float32, store: float32 -> raw, strided element read)
+    "float32": (_identity, _identity, _element),
+    "float16": (_f16_bits_to_f32, _f32_to_f16_bits, _load16_by_word),
+    "bfloat16": (_bf16_bits_to_f32, _f32_to_bf16_bits, _load16_by_word),
 }
 
 
 @dpex.device_func
 def _window_value(x, x_at, x_row_stride, state, state_at, tables, rows, st0, p, initial,
-                  zero):
+                  zero, strided):
     """The input at position p of the sequence: p >= 0 is a row of x (``x_at`` is the
     channel's offset); p < 0 reads the cache line's window (flat index ``state_at``), or
     zero without initial state."""
     if p >= 0:
         return x[np.uint64(x_at + tables[rows + st0 + p] * x_row_stride)]
     if initial:
-        return state[np.uint64(state_at)]
+        return strided(state, np.uint64(state_at))
     return zero
 
 
@@ -163,7 +191,7 @@ def {name}(item, x, x_offset, x_row_stride, out, out_offset, out_row_stride,
 {load_weights}
     bias_c = F32_ZERO
     if has_bias:
-        bias_c = load(bias[U(bias_offset + c * bias_stride)])
+        bias_c = load(strided(bias, U(bias_offset + c * bias_stride)))
 {window_to_float}
     if tables[blk_contig + b]:
         r0 = tables[rows + t0]  # consecutive rows: computed, not loaded per token
@@ -203,11 +231,11 @@ def kernel_source(width, name):
         name=name, S=S, S1=S - 1, body=body,
         load_window=lines(f"u{{k}} = _window_value(x, xc, x_row_stride, state, "
                           f"st + (off + p0 + {{k}}) * sc, tables, rows, st0, "
-                          f"p0 - {S} + {{k}}, initial, ZERO)", S),
+                          f"p0 - {S} + {{k}}, initial, ZERO, strided)", S),
         store_window=lines("if q0 <= {k}:\n" + ind * 3 + "state[U(st + ({k} - q0) * sc)] = u{k}",
                            S, depth=2),
-        load_weights=lines("w{k} = load(weight[U(weight_offset + c * weight_stride_c + "
-                           "{k} * weight_stride_k)])", width),
+        load_weights=lines("w{k} = load(strided(weight, U(weight_offset + c * weight_stride_c"
+                           " + {k} * weight_stride_k)))", width),
         window_to_float=lines("f{k} = load(u{k})", S),
     )
 
@@ -226,9 +254,10 @@ def make_conv_kernel(width, dtype_name):
     source = kernel_source(width, name)
     filename = f"<jitconv kernel {name}>"
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
-    load, store = _CONVERTERS[dtype_name]
+    load, store, strided = _CONVERTERS[dtype_name]
     namespace = {
-        "U": np.uint64, "math": math, "fdiv": _fdiv, "load": load, "store": store, "_window_value": _window_value,
+        "U": np.uint64, "math": math, "fdiv": _fdiv, "load": load, "store": store, "strided": strided,
+        "_window_value": _window_value,
         "ZERO": STORAGE[dtype_name](0), "F32_ZERO": np.float32(0.0), "ONE": np.float32(1.0),
         "FLAG_INITIAL_STATE": FLAG_INITIAL_STATE, "FLAG_SPEC": FLAG_SPEC,
     }
