@@ -32,7 +32,9 @@ from numba.core.extending import intrinsic
 
 import numba_dpex as dpex
 
-from .kernel_abi import FLAG_INITIAL_STATE, FLAG_SPEC, STORAGE, SUPPORTED_WIDTHS
+from numba.core import cgutils
+
+from .kernel_abi import FAST_EXP, FLAG_INITIAL_STATE, FLAG_SPEC, STORAGE, SUPPORTED_WIDTHS
 
 
 _I16, _I32, _I64 = ir.IntType(16), ir.IntType(32), ir.IntType(64)
@@ -83,6 +85,18 @@ def _fdiv(typingctx, a, b):
     def codegen(context, builder, signature, args):
         return builder.fdiv(args[0], args[1])
     return types.float32(types.float32, types.float32), codegen
+
+
+@intrinsic
+def _native_exp(typingctx, value):
+    """OpenCL's native_exp (float32), called as the SPIR builtin it is: the device's
+    fastest exp, accuracy implementation-defined (opt-in: kernel_abi.FAST_EXP)."""
+    def codegen(context, builder, signature, args):
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_F32, [_F32]),
+                                            "_Z10native_expf")
+        fn.calling_convention = "spir_func"
+        return builder.call(fn, args, cconv="spir_func")
+    return types.float32(types.float32), codegen
 
 
 @intrinsic
@@ -210,7 +224,7 @@ xf = load(x[U(xc + r * x_row_stride)])
 acc = bias_c + {taps}
 {shift}
 if silu:
-    acc = fdiv(acc, ONE + math.exp(-acc))  # divisor >= 1 or NaN: never 0
+    acc = fdiv(acc, ONE + exp(-acc))  # divisor >= 1 or NaN: never 0
 out[U(oc + r * out_row_stride)] = store(acc)
 """
 
@@ -240,8 +254,9 @@ def kernel_source(width, name):
     )
 
 
-def make_conv_kernel(width, dtype_name):
-    """Build the mixed-batch causal-conv1d kernel for one (width, dtype) specialization.
+def make_conv_kernel(width, dtype_name, fast_exp=FAST_EXP):
+    """Build the mixed-batch causal-conv1d kernel for one (width, dtype) specialization;
+    ``fast_exp``: silu's exp is OpenCL's native_exp instead of math.exp.
 
     The width shapes the source (scalar registers for the window and the taps); the
     storage conversions are globals of the generated function, so numba treats them as
@@ -250,13 +265,15 @@ def make_conv_kernel(width, dtype_name):
     """
     if width not in SUPPORTED_WIDTHS:
         raise ValueError(f"width must be one of {SUPPORTED_WIDTHS}, got {width}")
-    name = f"jitconv_conv_w{width}_{dtype_name}"
+    name = f"jitconv_conv_w{width}_{dtype_name}" + ("_fastexp" if fast_exp else "")
     source = kernel_source(width, name)
     filename = f"<jitconv kernel {name}>"
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
     load, store, strided = _CONVERTERS[dtype_name]
     namespace = {
-        "U": np.uint64, "math": math, "fdiv": _fdiv, "load": load, "store": store, "strided": strided,
+        "U": np.uint64, "fdiv": _fdiv,
+        "exp": _native_exp if fast_exp else math.exp,
+        "load": load, "store": store, "strided": strided,
         "_window_value": _window_value,
         "ZERO": STORAGE[dtype_name](0), "F32_ZERO": np.float32(0.0), "ONE": np.float32(1.0),
         "FLAG_INITIAL_STATE": FLAG_INITIAL_STATE, "FLAG_SPEC": FLAG_SPEC,
