@@ -79,22 +79,26 @@ def median_time(fn, min_time=0.2, min_reps=5, max_reps=200):
     return statistics.median(times)
 
 
-def median_kernel_time(submit, min_time=0.2, min_reps=5, max_reps=200):
-    """Median device time of ``submit()``, which returns the profiling events of the work
-    it submitted (summed: a two-call step is both kernels). Host cost is left out."""
-    def once():
+def median_kernel_times(submits, min_time=0.2, min_reps=5, max_reps=200):
+    """Median device time of each of ``submits`` (callables returning the profiling
+    events of the work they submitted, summed: a two-call step is both kernels), run in
+    turn within every repetition so that all see the same load on a shared machine.
+    Host cost is left out."""
+    def once(submit):
         events = submit()
         for e in events:
             e.wait()
         return sum(e.profiling_info_end - e.profiling_info_start for e in events) / 1e9
 
-    once()  # warm-up (compiles on first use)
-    times = []
+    for submit in submits:
+        once(submit)  # warm-up (compiles on first use)
+    times = [[] for _ in submits]
     start = time.perf_counter()
-    while len(times) < min_reps or (time.perf_counter() - start < min_time
-                                    and len(times) < max_reps):
-        times.append(once())
-    return statistics.median(times)
+    while len(times[0]) < min_reps or (time.perf_counter() - start < min_time
+                                       and len(times[0]) < max_reps):
+        for t, submit in zip(times, submits):
+            t.append(once(submit))
+    return [statistics.median(t) for t in times]
 
 
 def profiling_queue():
@@ -116,17 +120,26 @@ def _filled(nbytes, queue):
     return memory
 
 
+def _copy_figures(nbytes, seconds):
+    return {"bytes": 2 * nbytes, "us": seconds * 1e6, "gbps": 2 * nbytes / seconds / 1e9}
+
+
+def copy_submit(nbytes, queue):
+    """A callable submitting a memcpy of ``nbytes`` between two filled buffers on the
+    profiling ``queue`` and returning its event (for median_kernel_times)."""
+    src, dst = _filled(nbytes, queue), _filled(nbytes, queue)
+    return lambda: [queue.memcpy_async(dst, src, nbytes)]
+
+
 def copy_bandwidth(nbytes=256 << 20, queue=None):
     """Device memcpy of ``nbytes`` between two filled buffers: {"bytes": read + write,
     "us": median time, "gbps"}. With a profiling ``queue`` the time is the copy's own
     (from its events), else the wall time of copy + wait."""
-    q = queue or jitconv.get_queue()
+    if queue is not None:
+        return _copy_figures(nbytes, median_kernel_times([copy_submit(nbytes, queue)])[0])
+    q = jitconv.get_queue()
     src, dst = _filled(nbytes, q), _filled(nbytes, q)
-    if queue is not None and queue.has_enable_profiling:
-        t = median_kernel_time(lambda: [q.memcpy_async(dst, src, nbytes)])
-    else:
-        t = median_time(lambda: q.memcpy(dst, src, nbytes))
-    return {"bytes": 2 * nbytes, "us": t * 1e6, "gbps": 2 * nbytes / t / 1e9}
+    return _copy_figures(nbytes, median_time(lambda: q.memcpy(dst, src, nbytes)))
 
 
 def _torch_step(step):
@@ -157,22 +170,26 @@ def run_workload(name, dim, dtype, queue=None):
     """One workload: jitconv as one call and (mixed steps) as two calls, the pure-torch
     baseline, and the device copy of the same number of bytes (filled buffers). With a
     profiling ``queue`` (kernel-only) jitconv's and the copy's times are device times
-    from events; the baseline is host code and always wall time."""
+    from events, measured in turn; the baseline is host code and always wall time."""
     step = make_step(name, dim, dtype)
     split = None
     if "spec_query_start_loc" in step and "non_spec_query_start_loc" in step:
         split = split_step(step)
+    moved = bytes_moved(step)
     if queue is None:
         one = median_time(lambda: jitconv.causal_conv1d_mixed(**step))
         two = None if split is None else median_time(
             lambda: [jitconv.causal_conv1d_mixed(**part) for part in split])
-    else:
-        one = median_kernel_time(_planned_runs([step], queue))
-        two = None if split is None else median_kernel_time(_planned_runs(split, queue))
+        copy = copy_bandwidth(moved // 2)  # read + write = the bytes the conv moves
+    else:  # kernels and copy in turn: the same load on a shared machine
+        submits = [copy_submit(moved // 2, queue), _planned_runs([step], queue)]
+        if split is not None:
+            submits.append(_planned_runs(split, queue))
+        copy_s, one, *two = median_kernel_times(submits)
+        two = two[0] if two else None
+        copy = _copy_figures(moved // 2, copy_s)
     tstep = _torch_step(step)
     base = median_time(lambda: causal_conv1d_mixed_torch(**tstep), min_reps=3)
-    moved = bytes_moved(step)
-    copy = copy_bandwidth(moved // 2, queue)  # read + write = the bytes the conv moves
     return dict(workload=name, dtype=str(dtype).replace("torch.", ""), dim=dim,
                 tokens=int(step["x"].shape[0]), bytes=moved, one_us=one * 1e6,
                 two_us=None if two is None else two * 1e6, torch_us=base * 1e6,
