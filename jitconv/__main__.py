@@ -235,7 +235,8 @@ def bench(args):
                            dtypes=args.dtypes.split(","),
                            workloads=args.workloads.split(";") if args.workloads else None,
                            plot_path=args.plot or None, cold=not args.no_cold_start,
-                           layers=args.layers, layer_dim=args.layer_dim)
+                           layers=args.layers, layer_dim=args.layer_dim,
+                           kernel_only=args.kernel_only)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)
@@ -273,6 +274,9 @@ def main(argv=None):
     p.add_argument("--plot", default="bench.png", help="plot path ('' for none)")
     p.add_argument("--json", help="also write every figure to this JSON file")
     p.add_argument("--no-cold-start", action="store_true")
+    p.add_argument("--kernel-only", action="store_true",
+                   help="time jitconv's kernels and the copies from profiling events "
+                        "(device time, no host cost) instead of whole calls")
     p.add_argument("--layers", type=int, default=48,
                    help="layers of the plan-vs-one-shot step (0: skip it)")
     p.add_argument("--layer-dim", type=int, default=8192)

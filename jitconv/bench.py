@@ -79,13 +79,67 @@ def median_time(fn, min_time=0.2, min_reps=5, max_reps=200):
     return statistics.median(times)
 
 
-def copy_bandwidth(nbytes=256 << 20):
-    """Device memcpy of ``nbytes``: {"bytes": read + write, "us": median time, "gbps"}."""
+def median_kernel_times(submits, min_time=0.2, min_reps=5, max_reps=200):
+    """Median device time of each of ``submits`` (callables returning the profiling
+    events of the work they submitted, summed: a two-call step is both kernels), run in
+    turn within every repetition so that all see the same load on a shared machine.
+    Host cost is left out."""
+    def once(submit):
+        events = submit()
+        for e in events:
+            e.wait()
+        return sum(e.profiling_info_end - e.profiling_info_start for e in events) / 1e9
+
+    for submit in submits:
+        once(submit)  # warm-up (compiles on first use)
+    times = [[] for _ in submits]
+    start = time.perf_counter()
+    while len(times[0]) < min_reps or (time.perf_counter() - start < min_time
+                                       and len(times[0]) < max_reps):
+        for t, submit in zip(times, submits):
+            t.append(once(submit))
+    return [statistics.median(t) for t in times]
+
+
+def profiling_queue():
+    """An in-order queue with event profiling on the current device, in the default
+    queue's context (so USM tensors made by jitconv.empty are usable on it)."""
+    import dpctl
+    base = jitconv.get_queue()
+    return dpctl.SyclQueue(base.sycl_context, base.sycl_device,
+                           property=["enable_profiling", "in_order"])
+
+
+def _filled(nbytes, queue):
+    """Device memory whose pages all hold data: an allocation never written maps every
+    page to one zero page, which a copy then reads from cache (overstating bandwidth)."""
+    import numpy as np
     import dpctl.memory as dpm
+    memory = dpm.MemoryUSMDevice(max(nbytes, 1), queue=queue)
+    memory.copy_from_host(np.full(max(nbytes, 1), 0x3C, np.uint8))
+    return memory
+
+
+def _copy_figures(nbytes, seconds):
+    return {"bytes": 2 * nbytes, "us": seconds * 1e6, "gbps": 2 * nbytes / seconds / 1e9}
+
+
+def copy_submit(nbytes, queue):
+    """A callable submitting a memcpy of ``nbytes`` between two filled buffers on the
+    profiling ``queue`` and returning its event (for median_kernel_times)."""
+    src, dst = _filled(nbytes, queue), _filled(nbytes, queue)
+    return lambda: [queue.memcpy_async(dst, src, nbytes)]
+
+
+def copy_bandwidth(nbytes=256 << 20, queue=None):
+    """Device memcpy of ``nbytes`` between two filled buffers: {"bytes": read + write,
+    "us": median time, "gbps"}. With a profiling ``queue`` the time is the copy's own
+    (from its events), else the wall time of copy + wait."""
+    if queue is not None:
+        return _copy_figures(nbytes, median_kernel_times([copy_submit(nbytes, queue)])[0])
     q = jitconv.get_queue()
-    src, dst = dpm.MemoryUSMDevice(nbytes, queue=q), dpm.MemoryUSMDevice(nbytes, queue=q)
-    t = median_time(lambda: q.memcpy(dst, src, nbytes))
-    return {"bytes": 2 * nbytes, "us": t * 1e6, "gbps": 2 * nbytes / t / 1e9}
+    src, dst = _filled(nbytes, q), _filled(nbytes, q)
+    return _copy_figures(nbytes, median_time(lambda: q.memcpy(dst, src, nbytes)))
 
 
 def _torch_step(step):
@@ -93,21 +147,61 @@ def _torch_step(step):
     return {k: (v.clone() if k == "conv_state" else v) for k, v in step.items()}
 
 
-def run_workload(name, dim, dtype):
+def _planned_runs(steps, queue):
+    """Submit the steps (each a kwargs dict of causal_conv1d_mixed) as plan runs on the
+    profiling ``queue`` and return their kernels' events. Plans are built once: only the
+    kernels are timed."""
+    runs = []
+    for step in steps:
+        lines, _dim, state_len = step["conv_state"].shape
+        plan = jitconv.plan(step["x"].shape[0], lines, state_len, step["weight"].shape[-1],
+                            queue=queue, **_metadata(step))
+        runs.append((plan, {k: step[k] for k in DATA_KEYS}))
+
+    def submit():
+        with launching.recording() as events:
+            for plan, data in runs:
+                plan.run(**data)
+        return events
+    return submit
+
+
+def run_workload(name, dim, dtype, queue=None):
+    """One workload: jitconv as one call and (mixed steps) as two calls, the pure-torch
+    baseline, and the device copy of the same number of bytes (filled buffers). With a
+    profiling ``queue`` (kernel-only) jitconv's and the copy's times are device times
+    from events, measured in turn; the baseline is host code and always wall time."""
     step = make_step(name, dim, dtype)
-    one = median_time(lambda: jitconv.causal_conv1d_mixed(**step))
-    two = None
+    split = None
     if "spec_query_start_loc" in step and "non_spec_query_start_loc" in step:
-        first, second = split_step(step)
-        two = median_time(lambda: (jitconv.causal_conv1d_mixed(**first),
-                                   jitconv.causal_conv1d_mixed(**second)))
+        split = split_step(step)
+    moved = bytes_moved(step)
+    if queue is None:
+        one = median_time(lambda: jitconv.causal_conv1d_mixed(**step))
+        two = None if split is None else median_time(
+            lambda: [jitconv.causal_conv1d_mixed(**part) for part in split])
+        copy = copy_bandwidth(moved // 2)  # read + write = the bytes the conv moves
+    else:  # kernels and copy in turn: the same load on a shared machine
+        submits = [copy_submit(moved // 2, queue), _planned_runs([step], queue)]
+        if split is not None:
+            submits.append(_planned_runs(split, queue))
+        copy_s, one, *two = median_kernel_times(submits)
+        two = two[0] if two else None
+        copy = _copy_figures(moved // 2, copy_s)
     tstep = _torch_step(step)
     base = median_time(lambda: causal_conv1d_mixed_torch(**tstep), min_reps=3)
-    moved = bytes_moved(step)
     return dict(workload=name, dtype=str(dtype).replace("torch.", ""), dim=dim,
                 tokens=int(step["x"].shape[0]), bytes=moved, one_us=one * 1e6,
                 two_us=None if two is None else two * 1e6, torch_us=base * 1e6,
-                gbps=moved / one / 1e9)
+                gbps=moved / one / 1e9, copy_bytes=copy["bytes"], copy_us=copy["us"],
+                copy_gbps=copy["gbps"])
+
+
+def percent_of_copy(row, key):
+    """A time of a result row (one_us, two_us, torch_us) as % of the copy bandwidth
+    measured for that row: 100 x copy time / that time (both move the same bytes)."""
+    return None if row[key] is None else 100 * row["bytes"] / (row[key] * 1e3) / row[
+        "copy_gbps"]
 
 
 def host_overhead():
@@ -291,21 +385,36 @@ def cold_start():
     return results
 
 
-def plot(rows, copy_gbps, path):
+SERIES = (("one_us", "jitconv, one call", "tab:blue"),
+          ("two_us", "jitconv, two calls (non-spec + spec)", "tab:cyan"),
+          ("torch_us", "pure torch", "tab:gray"))
+
+
+def plot(panels, path):
+    """% of copy bandwidth per workload: one bar per series (``SERIES``: one call, two
+    calls, pure torch) for each row. ``panels``: [(title, rows)], one subplot each, side
+    by side (e.g. this device's run beside another device's results of the same form:
+    rows with "workload", "dtype", "dim" and, per series, "pct_<key>" or None)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    labels = [f"{r['workload']}\n{r['dtype']} d{r['dim']}" for r in rows]
-    fig, ax = plt.subplots(figsize=(max(8, 0.7 * len(rows)), 4.5))
-    ax.bar(range(len(rows)), [r["gbps"] for r in rows], color="tab:blue",
-           label="jitconv, one call")
-    ax.axhline(copy_gbps, color="tab:red", linestyle="--",
-               label=f"device copy {copy_gbps:.1f} GB/s")
-    ax.axhline(0.6 * copy_gbps, color="tab:orange", linestyle=":", label="60% of copy")
-    ax.set_xticks(range(len(rows)), labels, rotation=60, ha="right", fontsize=7)
-    ax.set_ylabel("effective GB/s (bytes that must move)")
-    ax.set_title(f"jitconv on {jitconv.get_device()}")
-    ax.legend(fontsize=8)
+    widest = max(len(rows) for _t, rows in panels)
+    fig, axes = plt.subplots(1, len(panels), figsize=(max(8, 0.55 * widest) * len(panels), 5),
+                             squeeze=False, sharey=True)
+    width = 0.8 / len(SERIES)
+    for ax, (title, rows) in zip(axes[0], panels):
+        for k, (key, label, color) in enumerate(SERIES):
+            xs = [i + (k - 1) * width for i, r in enumerate(rows) if r.get(f"pct_{key}")]
+            ys = [r[f"pct_{key}"] for r in rows if r.get(f"pct_{key}")]
+            ax.bar(xs, ys, width, color=color, label=label)
+        ax.axhline(100, color="tab:red", linestyle="--", label="device copy (same bytes)")
+        ax.axhline(60, color="tab:orange", linestyle=":", label="target: 60% of copy")
+        labels = [f"{r['workload']}\n{r['dtype']} d{r['dim']}" for r in rows]
+        ax.set_xticks(range(len(rows)), labels, rotation=60, ha="right", fontsize=7)
+        ax.set_title(title, fontsize=10)
+        ax.grid(axis="y", alpha=0.3)
+    axes[0][0].set_ylabel("% of copy bandwidth (bytes that must move)")
+    axes[0][0].legend(fontsize=7, loc="upper left")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -313,8 +422,11 @@ def plot(rows, copy_gbps, path):
 
 def run(dims=(2048, 8192), dtypes=("bfloat16", "float32"), workloads=None,
         plot_path="bench.png", cold=True, out=sys.stdout, layers=48, layer_dim=8192,
-        layer_dtype="bfloat16", layer_workloads=("decode-only 64", "mixed step")):
-    """Run the benchmark, print the table; returns a dict with every figure."""
+        layer_dtype="bfloat16", layer_workloads=("decode-only 64", "mixed step"),
+        kernel_only=False):
+    """Run the benchmark, print the table; returns a dict with every figure.
+    ``kernel_only``: jitconv's and the copies' times are device times from profiling
+    events (no host cost) instead of the wall time of whole calls."""
     def say(text=""):
         print(text, file=out, flush=True)
 
@@ -323,25 +435,37 @@ def run(dims=(2048, 8192), dtypes=("bfloat16", "float32"), workloads=None,
     if unknown:
         raise ValueError(f"workloads: unknown {unknown}; expected names from {list(WORKLOADS)}")
     say(f"device: {jitconv.get_device()}")
-    copy = copy_bandwidth()
+    queue = profiling_queue() if kernel_only else None
+    timing = "kernel" if kernel_only else "wall"
+    copy = copy_bandwidth(queue=queue)
     copy_gbps = copy["gbps"]
-    say(f"device copy bandwidth (memcpy, read + write): {copy_gbps:.1f} GB/s")
+    say(f"device copy bandwidth (memcpy of 256 MiB, filled buffers, read + write): "
+        f"{copy_gbps:.1f} GB/s")
+    say("times: " + ("jitconv's kernels from profiling events (no host cost), pure torch "
+                     "wall time" if kernel_only else "wall time of whole calls (host cost "
+                     "included)") + "; % copy: against a copy of the workload's own bytes "
+        "(filled buffers), measured beside it")
     rows = []
     total = len(dims) * len(dtypes) * len(workloads)
     header = (f"{'workload':22s} {'dtype':8s} {'dim':>5s} {'tokens':>6s} {'one call':>10s} "
-              f"{'GB/s':>6s} {'% copy':>6s} {'two calls':>10s} {'torch':>11s} {'vs torch':>8s}")
+              f"{'GB/s':>6s} {'% copy':>6s} {'two calls':>10s} {'% copy':>6s} {'copy':>5s} "
+              f"{'torch':>11s} {'vs torch':>8s}")
     say(header)
     for dim in dims:
         for dtype_name in dtypes:
             for name in workloads:
-                r = run_workload(name, dim, getattr(torch, dtype_name))
-                r["pct_copy"] = 100 * r["gbps"] / copy_gbps
+                r = run_workload(name, dim, getattr(torch, dtype_name), queue)
+                for key, _label, _color in SERIES:
+                    r[f"pct_{key}"] = percent_of_copy(r, key)
+                r["pct_copy"] = r["pct_one_us"]
                 r["speedup"] = r["torch_us"] / r["one_us"]
                 rows.append(r)
-                two = f"{r['two_us']:8.0f}us" if r["two_us"] else f"{'-':>10s}"
+                two = (f"{r['two_us']:8.0f}us {r['pct_two_us']:5.1f}%" if r["two_us"]
+                       else f"{'-':>10s} {'-':>6s}")
                 say(f"{name:22s} {r['dtype']:8s} {dim:5d} {r['tokens']:6d} "
                     f"{r['one_us']:8.0f}us {r['gbps']:6.2f} {r['pct_copy']:5.1f}% {two} "
-                    f"{r['torch_us']:9.0f}us {r['speedup']:7.1f}x   [{len(rows)}/{total}]")
+                    f"{r['copy_gbps']:5.1f} {r['torch_us']:9.0f}us {r['speedup']:7.1f}x"
+                    f"   [{len(rows)}/{total}]")
     per_call, submit = host_overhead()
     say(f"host overhead: {per_call:.0f} us per call for a tiny decode batch (64 x 1, dim 64)"
         f" end to end; bare kernel submit + wait {submit:.0f} us")
@@ -364,7 +488,7 @@ def run(dims=(2048, 8192), dtypes=("bfloat16", "float32"), workloads=None,
             f"per layer: {r['host_us_per_layer']:.0f} us planned, "
             f"{r['checked_host_us_per_layer']:.0f} us planned with new tensors, "
             f"{r['one_shot_host_us_per_layer']:.0f} us one-shot")
-    result = dict(device=jitconv.get_device(),
+    result = dict(device=jitconv.get_device(), timing=timing,
                   grid=dict(dims=list(dims), dtypes=list(dtypes), workloads=workloads),
                   copy_gbps=copy_gbps,
                   copy_bytes=copy["bytes"], copy_us=copy["us"], rows=rows,
@@ -378,7 +502,7 @@ def run(dims=(2048, 8192), dtypes=("bfloat16", "float32"), workloads=None,
         result["cold_start"] = starts
     if plot_path:
         try:
-            plot(rows, copy_gbps, plot_path)
+            plot([(f"jitconv on {jitconv.get_device()} ({timing} time)", rows)], plot_path)
             say(f"plot: {plot_path}")
         except ImportError:
             say("plot skipped: matplotlib is not installed")
@@ -388,7 +512,8 @@ def run(dims=(2048, 8192), dtypes=("bfloat16", "float32"), workloads=None,
 def inconsistencies(result):
     """What does not add up in a result of ``run`` (an empty list when all is well): every
     workload of the grid measured once, bytes as ``bytes_moved`` counts them, GB/s equal to
-    bytes / time, % of copy and the speedup equal to their ratios, two calls measured
+    bytes / time, each row's copy of the row's own bytes, % of copy (one call, two calls,
+    torch) and the speedup equal to their ratios, two calls measured
     exactly for the steps that have both kinds of sequences. Timings themselves are never
     judged: these machines are shared and noisy."""
     problems = []
@@ -417,8 +542,16 @@ def inconsistencies(result):
             continue
         if differ(r["gbps"], r["bytes"] / r["one_us"] / 1e3):
             problems.append(f"{name}: GB/s is not bytes / time")
-        if differ(r["pct_copy"], 100 * r["gbps"] / result["copy_gbps"]):
+        if differ(r["copy_gbps"], r["copy_bytes"] / r["copy_us"] / 1e3):
+            problems.append(f"{name}: copy GB/s is not copy bytes / copy time")
+        if abs(r["copy_bytes"] - r["bytes"]) > 1:  # a copy of the workload's own bytes
+            problems.append(f"{name}: copy of {r['copy_bytes']} bytes, not {r['bytes']}")
+        if differ(r["pct_copy"], 100 * r["gbps"] / r["copy_gbps"]):
             problems.append(f"{name}: % of copy is not GB/s / copy GB/s")
+        for key in ("two_us", "torch_us"):
+            if r[key] is not None and (r[f"pct_{key}"] is None or differ(
+                    r[f"pct_{key}"], 100 * r["bytes"] / r[key] / 1e3 / r["copy_gbps"])):
+                problems.append(f"{name}: % of copy of {key} is not its GB/s / copy GB/s")
         if differ(r["speedup"], r["torch_us"] / r["one_us"]):
             problems.append(f"{name}: speedup is not torch time / jitconv time")
         if (r["two_us"] is not None) != bool(ns_lengths and sp_lengths):

@@ -4,9 +4,17 @@ tables: supported widths, storage types, flag bits and the argument list.
 Kept free of numba / numba-dpex imports: launching prebuilt SPIR-V needs only this.
 """
 
+import os
+
 import numpy as np
 
 SUPPORTED_WIDTHS = (2, 3, 4, 5, 6, 7, 8)
+
+# Opt-in (JITCONV_FAST_EXP=1, read once per process): silu's exp as OpenCL's native_exp,
+# whose accuracy is the device's choice (here within 1e-5 of exp, inside the contract's
+# tolerances; see README). It is another kernel, with its own cache key; the default is
+# the exact path (math.exp), and the shipped kernels are that one.
+FAST_EXP = os.environ.get("JITCONV_FAST_EXP") == "1"
 
 # How a tensor of each dtype is passed to the kernel: fp16/bf16 have no numba-dpex array
 # type, so they travel as int16 bit patterns and are converted inside the kernel.

@@ -32,10 +32,13 @@ from numba.core.extending import intrinsic
 
 import numba_dpex as dpex
 
-from .kernel_abi import FLAG_INITIAL_STATE, FLAG_SPEC, STORAGE, SUPPORTED_WIDTHS
+from numba.core import cgutils
+
+from .kernel_abi import FAST_EXP, FLAG_INITIAL_STATE, FLAG_SPEC, STORAGE, SUPPORTED_WIDTHS
 
 
-_I16, _I32, _F16, _F32 = ir.IntType(16), ir.IntType(32), ir.HalfType(), ir.FloatType()
+_I16, _I32, _I64 = ir.IntType(16), ir.IntType(32), ir.IntType(64)
+_F16, _F32 = ir.HalfType(), ir.FloatType()
 
 
 def _llvm_unary(result_type, emit, doc):
@@ -73,29 +76,79 @@ def _emit_f32_to_bf16(b, v):
 _f32_to_bf16_bits = _llvm_unary(types.int16, _emit_f32_to_bf16, _emit_f32_to_bf16.__doc__)
 
 
+@intrinsic
+def _fdiv(typingctx, a, b):
+    """float32 a / b as a plain LLVM fdiv (IEEE: x/0 is inf or NaN). numba's error model
+    guards ``/`` with "if b == 0: return" per lane; in the token loop that made every
+    lane able to leave the loop, and the OpenCL CPU compiler then ran the vectorized loop
+    fully masked, each iteration waiting for the previous exp (~25% slower in float32)."""
+    def codegen(context, builder, signature, args):
+        return builder.fdiv(args[0], args[1])
+    return types.float32(types.float32, types.float32), codegen
+
+
+@intrinsic
+def _native_exp(typingctx, value):
+    """OpenCL's native_exp (float32), called as the SPIR builtin it is: the device's
+    fastest exp, accuracy implementation-defined (opt-in: kernel_abi.FAST_EXP)."""
+    def codegen(context, builder, signature, args):
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_F32, [_F32]),
+                                            "_Z10native_expf")
+        fn.calling_convention = "spir_func"
+        return builder.call(fn, args, cconv="spir_func")
+    return types.float32(types.float32), codegen
+
+
+@intrinsic
+def _load16_by_word(typingctx, array, index):
+    """array[index] of a 16-bit array, read as the aligned 32-bit word that holds it.
+    For loads whose addresses are not consecutive across work-items (runtime strides:
+    weights, bias, the state window) the OpenCL CPU compiler has no 16-bit gather and
+    emitted 16 scalar loads and inserts per vector; a 32-bit gather is one instruction.
+    The word never crosses the element's aligned 4 bytes (allocations are at least
+    4-byte aligned), so it reads no other page or allocation granule."""
+    def codegen(context, builder, signature, args):
+        model = context.data_model_manager[signature.args[0]]
+        data = builder.extract_value(args[0], model.get_field_position("data"))
+        addr = builder.add(builder.ptrtoint(data, _I64),
+                           builder.shl(args[1], ir.Constant(_I64, 1)))
+        word_ptr = builder.inttoptr(builder.and_(addr, ir.Constant(_I64, ~3)),
+                                    _I32.as_pointer(data.type.addrspace))
+        word = builder.load(word_ptr, align=4)
+        shift = builder.trunc(builder.shl(builder.and_(addr, ir.Constant(_I64, 2)),
+                                          ir.Constant(_I64, 3)), _I32)  # 0 or 16 bits
+        return builder.trunc(builder.lshr(word, shift), _I16)
+    return types.int16(array, types.uint64), codegen
+
+
 @dpex.device_func
 def _identity(v):
     return v
 
 
+@dpex.device_func
+def _element(array, index):
+    return array[index]
+
+
 _CONVERTERS = {
-    # storage -> (load: raw -> float32, store: float32 -> raw)
-    "float32": (_identity, _identity),
-    "float16": (_f16_bits_to_f32, _f32_to_f16_bits),
-    "bfloat16": (_bf16_bits_to_f32, _f32_to_bf16_bits),
+    # storage -> (load: raw -> float32, store: float32 -> raw, strided element read)
+    "float32": (_identity, _identity, _element),
+    "float16": (_f16_bits_to_f32, _f32_to_f16_bits, _load16_by_word),
+    "bfloat16": (_bf16_bits_to_f32, _f32_to_bf16_bits, _load16_by_word),
 }
 
 
 @dpex.device_func
 def _window_value(x, x_at, x_row_stride, state, state_at, tables, rows, st0, p, initial,
-                  zero):
+                  zero, strided):
     """The input at position p of the sequence: p >= 0 is a row of x (``x_at`` is the
     channel's offset); p < 0 reads the cache line's window (flat index ``state_at``), or
     zero without initial state."""
     if p >= 0:
         return x[np.uint64(x_at + tables[rows + st0 + p] * x_row_stride)]
     if initial:
-        return state[np.uint64(state_at)]
+        return strided(state, np.uint64(state_at))
     return zero
 
 
@@ -152,7 +205,7 @@ def {name}(item, x, x_offset, x_row_stride, out, out_offset, out_row_stride,
 {load_weights}
     bias_c = F32_ZERO
     if has_bias:
-        bias_c = load(bias[U(bias_offset + c * bias_stride)])
+        bias_c = load(strided(bias, U(bias_offset + c * bias_stride)))
 {window_to_float}
     if tables[blk_contig + b]:
         r0 = tables[rows + t0]  # consecutive rows: computed, not loaded per token
@@ -171,7 +224,7 @@ xf = load(x[U(xc + r * x_row_stride)])
 acc = bias_c + {taps}
 {shift}
 if silu:
-    acc = acc / (ONE + math.exp(-acc))
+    acc = fdiv(acc, ONE + exp(-acc))  # divisor >= 1 or NaN: never 0
 out[U(oc + r * out_row_stride)] = store(acc)
 """
 
@@ -192,17 +245,18 @@ def kernel_source(width, name):
         name=name, S=S, S1=S - 1, body=body,
         load_window=lines(f"u{{k}} = _window_value(x, xc, x_row_stride, state, "
                           f"st + (off + p0 + {{k}}) * sc, tables, rows, st0, "
-                          f"p0 - {S} + {{k}}, initial, ZERO)", S),
+                          f"p0 - {S} + {{k}}, initial, ZERO, strided)", S),
         store_window=lines("if q0 <= {k}:\n" + ind * 3 + "state[U(st + ({k} - q0) * sc)] = u{k}",
                            S, depth=2),
-        load_weights=lines("w{k} = load(weight[U(weight_offset + c * weight_stride_c + "
-                           "{k} * weight_stride_k)])", width),
+        load_weights=lines("w{k} = load(strided(weight, U(weight_offset + c * weight_stride_c"
+                           " + {k} * weight_stride_k)))", width),
         window_to_float=lines("f{k} = load(u{k})", S),
     )
 
 
-def make_conv_kernel(width, dtype_name):
-    """Build the mixed-batch causal-conv1d kernel for one (width, dtype) specialization.
+def make_conv_kernel(width, dtype_name, fast_exp=FAST_EXP):
+    """Build the mixed-batch causal-conv1d kernel for one (width, dtype) specialization;
+    ``fast_exp``: silu's exp is OpenCL's native_exp instead of math.exp.
 
     The width shapes the source (scalar registers for the window and the taps); the
     storage conversions are globals of the generated function, so numba treats them as
@@ -211,13 +265,16 @@ def make_conv_kernel(width, dtype_name):
     """
     if width not in SUPPORTED_WIDTHS:
         raise ValueError(f"width must be one of {SUPPORTED_WIDTHS}, got {width}")
-    name = f"jitconv_conv_w{width}_{dtype_name}"
+    name = f"jitconv_conv_w{width}_{dtype_name}" + ("_fastexp" if fast_exp else "")
     source = kernel_source(width, name)
     filename = f"<jitconv kernel {name}>"
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
-    load, store = _CONVERTERS[dtype_name]
+    load, store, strided = _CONVERTERS[dtype_name]
     namespace = {
-        "U": np.uint64, "math": math, "load": load, "store": store, "_window_value": _window_value,
+        "U": np.uint64, "fdiv": _fdiv,
+        "exp": _native_exp if fast_exp else math.exp,
+        "load": load, "store": store, "strided": strided,
+        "_window_value": _window_value,
         "ZERO": STORAGE[dtype_name](0), "F32_ZERO": np.float32(0.0), "ONE": np.float32(1.0),
         "FLAG_INITIAL_STATE": FLAG_INITIAL_STATE, "FLAG_SPEC": FLAG_SPEC,
     }

@@ -43,7 +43,27 @@ def test_bytes_moved_counts_what_must_move():
     assert bench.bytes_moved(step) == 2 * 64 * 128 * 4 + 128 * 5 * 4 + 64 * 2 * 3 * 128 * 4
 
 
-@pytest.mark.parametrize("tamper", ["copy", "row missing", "row twice", "GB/s", "% copy",
+def test_kernel_only_figures_add_up(sycl_device):
+    """--kernel-only: kernel and copy times from profiling events, same consistency."""
+    result = bench.run(dims=(128,), dtypes=("bfloat16",), workloads=["mixed step"],
+                       plot_path=None, cold=False, out=io.StringIO(), layers=0,
+                       kernel_only=True)
+    assert result["timing"] == "kernel"
+    assert bench.inconsistencies(result) == []
+    assert result["rows"][0]["two_us"] > 0 and result["rows"][0]["pct_two_us"] > 0
+
+
+def test_copy_buffers_are_filled(sycl_device):
+    """The copy figure reads memory that holds data: a never-written allocation maps to
+    the zero page and a copy of it runs from cache."""
+    import numpy as np
+    memory = bench._filled(4096 * 3, jitconv.get_queue())
+    data = np.frombuffer(memory.copy_to_host(), np.uint8)
+    assert data.size == 4096 * 3 and (data != 0).all()
+
+
+@pytest.mark.parametrize("tamper", ["copy", "row copy", "copy bytes", "two % copy",
+                                    "row missing", "row twice", "GB/s", "% copy",
                                     "speedup", "bytes", "two calls", "layer host",
                                     "layer host new tensors", "kernel share"])
 def test_inconsistencies_are_found(small_run, tamper):
@@ -52,6 +72,10 @@ def test_inconsistencies_are_found(small_run, tamper):
     rows = bad["rows"]
     if tamper == "copy":
         bad["copy_gbps"] *= 1.01
+    elif tamper in ("row copy", "copy bytes"):
+        rows[3]["copy_gbps" if tamper == "row copy" else "copy_bytes"] *= 1.01
+    elif tamper == "two % copy":
+        rows[3]["pct_two_us"] *= 1.01  # decode-heavy mixed: has two calls
     elif tamper == "row missing":
         del rows[2]
     elif tamper == "row twice":
