@@ -311,7 +311,8 @@ def tiny_run_cost(runs=1000):
     same tensors, so after the first they reuse the checked launch (``run_cache``);
     "checked": pipelined with that cache emptied before every run (new tensors). One-shot
     calls repeat the metadata, so they reuse its plan (``plan_cache``); "new": both
-    caches emptied before every call."""
+    caches emptied before every call. "python": pipelined runs with the runtime's submit
+    skipped; "submit": the runtime's submit alone, of the same packed arguments."""
     import dpctl
     step = mixed_step(torch.Generator().manual_seed(0), dim=64, width=4,
                       dtype=torch.float32, ns_lengths=[1], usm=True)
@@ -354,9 +355,26 @@ def tiny_run_cost(runs=1000):
         queue.wait()
         return (time.perf_counter() - t0) / runs
 
-    return dict(run_waits_us=waits * 1e6, run_pipelined_us=pipelined(False) * 1e6,
-                run_checked_us=pipelined(True) * 1e6, one_shot_us=one_shot * 1e6,
-                one_shot_new_us=one_shot_new_s * 1e6)
+    result = dict(run_waits_us=waits * 1e6, run_pipelined_us=pipelined(False) * 1e6,
+                  run_checked_us=pipelined(True) * 1e6, one_shot_us=one_shot * 1e6,
+                  one_shot_new_us=one_shot_new_s * 1e6)
+    # The same pipelined runs split in two: jitconv's own Python (the runtime's submit
+    # skipped), and the runtime's submit alone (the packed arguments of the last run).
+    submitted = []
+    original = launching.submit_packed
+    launching.submit_packed = lambda *args: submitted.append(args)
+    try:
+        result["python_us"] = pipelined(False) * 1e6
+        result["python_checked_us"] = pipelined(True) * 1e6
+    finally:
+        launching.submit_packed = original
+    kernel, _queue, values, grid, _wait = submitted[-1]
+    t0 = time.perf_counter()
+    for _ in range(runs):
+        original(kernel, queue, values, grid, False)
+    queue.wait()
+    result["submit_us"] = (time.perf_counter() - t0) / runs * 1e6
+    return result
 
 
 _COLD_CHILD = """
@@ -477,6 +495,9 @@ def run(dims=(2048, 8192), dtypes=("bfloat16", "float32"), workloads=None,
         f"its tensors were new); one-shot call {tiny['one_shot_us']:.0f} us (metadata of "
         f"the call before: its plan is reused), {tiny['one_shot_new_us']:.0f} us (new "
         f"metadata and tensors)")
+    say(f"  of a pipelined run: jitconv's Python {tiny['python_us']:.0f} us "
+        f"({tiny['python_checked_us']:.0f} us when checked), the SYCL runtime's submit "
+        f"of the packed arguments {tiny['submit_us']:.0f} us")
     loops = []
     for name in layer_workloads if layers else ():
         r = layer_loop(name, layer_dim, getattr(torch, layer_dtype), layers=layers)
