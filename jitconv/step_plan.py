@@ -26,7 +26,7 @@ import weakref
 import numpy as np
 import torch
 
-from . import bridge, launching, usm, validation
+from . import bridge, cuda_backend, launching, usm, validation
 from . import device as devices
 from .batch import build_batch
 from .kernel_abi import TABLES
@@ -75,6 +75,8 @@ class StepPlan:
         x, weight, bias, conv_state, out = tensors
         validation.check_writable(x, weight, bias, conv_state, out)
         validation.check_aliasing(x, weight, bias, conv_state, out, self.lines)
+        if cuda_backend.wants(x):  # torch CUDA tensors: numba-cuda, torch's stream
+            return _finish(out, cuda_backend.launch(self, tensors, silu, dtype))
         dim = validation.shape_of(x)[1]
         # The kernel needs channels contiguous in x and out (see kernel_abi). out may also
         # alias x, and the kernel reads neighbouring rows of x: then compute into a
