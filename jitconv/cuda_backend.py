@@ -27,7 +27,9 @@ import numpy as np
 import torch
 
 _SIXTEEN_BIT = (torch.float16, torch.bfloat16)
-DEFAULT_CHANNELS = 2   # channels per thread (JITCONV_CUDA_CHANNELS); see benchmarks/h200
+# Channels per thread by dtype (JITCONV_CUDA_CHANNELS overrides): the fastest on the H200
+# for the prefill and mixed-step workloads (benchmarks/h200/): 4 for 16-bit, 2 for float32.
+DEFAULT_CHANNELS = {"bfloat16": 4, "float16": 4, "float32": 2}
 DEFAULT_THREADS = 128  # threads per thread block (JITCONV_CUDA_THREADS)
 
 _lock = threading.Lock()
@@ -102,11 +104,11 @@ def wants(x):
                     f"CUDA tensors (x.to('{current}')) or select a SYCL device")
 
 
-def channels_for(dim):
+def channels_for(dim, dtype_name="float32"):
     """Channels per thread: JITCONV_CUDA_CHANNELS (1, 2, 4 or 8; default
-    DEFAULT_CHANNELS), halved until it divides dim (the kernel has no per-channel
-    guard)."""
-    value = os.environ.get("JITCONV_CUDA_CHANNELS", str(DEFAULT_CHANNELS))
+    DEFAULT_CHANNELS of the dtype), halved until it divides dim (the kernel has no
+    per-channel guard)."""
+    value = os.environ.get("JITCONV_CUDA_CHANNELS", str(DEFAULT_CHANNELS[dtype_name]))
     if value not in ("1", "2", "4", "8"):
         raise ValueError(f"JITCONV_CUDA_CHANNELS: expected 1, 2, 4 or 8, got {value!r}")
     channels = int(value)
@@ -208,7 +210,7 @@ def launch(plan, tensors, silu, dtype):
         return target
     if weight.dim() == 3:  # (dim, 1, width)
         weight = weight[:, 0, :]
-    channels = channels_for(dim)
+    channels = channels_for(dim, dtype)
     kernel = get_kernel(plan.geometry.width, dtype, channels, _fastmath())
     tables, offsets = _tables(plan, x.device, sim)
     xa, oa, wa, sa = (_flat(t, sim) for t in (x, target, weight, conv_state))

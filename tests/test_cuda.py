@@ -84,6 +84,10 @@ def test_channels_per_thread(cuda_device, monkeypatch, channels, dim, dtype_name
 
 
 def test_channels_setting_is_checked(monkeypatch):
+    monkeypatch.delenv("JITCONV_CUDA_CHANNELS", raising=False)
+    assert cuda_backend.channels_for(8192, "bfloat16") == 4
+    assert cuda_backend.channels_for(8192, "float32") == 2
+    assert cuda_backend.channels_for(10, "bfloat16") == 2
     monkeypatch.setenv("JITCONV_CUDA_CHANNELS", "3")
     with pytest.raises(ValueError, match="JITCONV_CUDA_CHANNELS"):
         cuda_backend.channels_for(12)
