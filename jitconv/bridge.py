@@ -36,8 +36,11 @@ import torch
 from . import device as devices
 from . import dlpack, usm
 
-import dpctl  # noqa: E402  (devices bootstraps the runtime first)
-import dpctl.memory as dpm  # noqa: E402
+try:
+    import dpctl  # noqa: E402  (devices bootstraps the runtime first)
+    import dpctl.memory as dpm  # noqa: E402
+except ImportError:  # a CUDA-only install: torch CUDA tensors need none of this module's
+    dpctl = dpm = None  # SYCL paths (cuda_backend)
 
 KDL_ONEAPI = dlpack.KDL_ONEAPI
 
@@ -47,7 +50,8 @@ DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16",
                torch.int8: "int8", torch.float64: "float64"}
 DTYPE_TORCH = {v: k for k, v in DTYPE_NAMES.items()}
 _SIXTEEN_BIT = (torch.float16, torch.bfloat16)
-_USM_CLASSES = (dpm.MemoryUSMShared, dpm.MemoryUSMDevice, dpm.MemoryUSMHost)
+_USM_CLASSES = ((dpm.MemoryUSMShared, dpm.MemoryUSMDevice, dpm.MemoryUSMHost)
+                if dpm is not None else ())
 
 _counts = {"to_device": 0, "from_device": 0}
 _allow_copies = os.environ.get("JITCONV_ALLOW_COPIES", "1") != "0"

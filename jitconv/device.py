@@ -1,8 +1,10 @@
 """Device selection: which SYCL device jitconv runs on, and one cached queue per device.
 
-Devices are named by dpctl filter strings ("opencl:cpu", "level_zero:gpu:0", ...).
-The default is the first Level Zero GPU if there is one, else the OpenCL CPU device.
-JITCONV_DEVICE overrides the default; ``set_device`` overrides both.
+Devices are named by dpctl filter strings ("opencl:cpu", "level_zero:gpu:0", ...), and
+NVIDIA GPUs as "cuda:N" when numba-cuda is installed (``cuda_backend``). The default is
+the first Level Zero GPU if there is one, else the first CUDA GPU, else the OpenCL CPU
+device. JITCONV_DEVICE overrides the default; ``set_device`` overrides both. dpctl is
+optional: without it (a CUDA-only install) only the CUDA devices exist.
 
 One queue object per device, always the same: numba-dpex makes the queue part of a
 kernel's type, so a new SyclQueue object for the same device would force a recompile.
@@ -16,7 +18,12 @@ from ._bootstrap import bootstrap, no_device_hint
 
 bootstrap()
 
-import dpctl  # noqa: E402
+try:
+    import dpctl  # noqa: E402
+except ImportError:  # no SYCL runtime (a CUDA-only install): SYCL devices are absent
+    dpctl = None
+
+from . import cuda_backend  # noqa: E402
 
 _current = None
 
@@ -25,16 +32,32 @@ class DeviceNotFoundError(ValueError):
     """A device filter string matched no usable SYCL device."""
 
 
+def _sycl_devices():
+    return dpctl.get_devices() if dpctl is not None else []
+
+
 def devices():
-    """Usable SYCL devices as dpctl filter strings, e.g. ['opencl:cpu:0']."""
-    return [d.filter_string for d in dpctl.get_devices()]
+    """Usable devices: SYCL devices as dpctl filter strings, e.g. ['opencl:cpu:0'], then
+    CUDA GPUs as 'cuda:N' (with numba-cuda installed)."""
+    return [d.filter_string for d in _sycl_devices()] + cuda_backend.devices()
 
 
 def _resolve(filter_str):
     if not isinstance(filter_str, str) or not filter_str.strip():
         raise DeviceNotFoundError(
             f"device must be a dpctl filter string such as 'opencl:cpu' or "
-            f"'level_zero:gpu', got {filter_str!r}; available: {devices()}")
+            f"'level_zero:gpu', or 'cuda:N', got {filter_str!r}; available: {devices()}")
+    if cuda_backend.is_cuda_name(filter_str):
+        name = cuda_backend.resolve(filter_str)
+        if name is None:
+            raise DeviceNotFoundError(
+                f"no CUDA device matches {filter_str!r}; available: {devices() or 'none'}"
+                f" ({cuda_backend.why_unavailable()})")
+        return name
+    if dpctl is None:
+        raise DeviceNotFoundError(
+            f"no SYCL device matches {filter_str!r}: dpctl (the SYCL runtime's Python "
+            f"package) is not installed; available: {devices() or 'none'}")
     try:
         device = dpctl.SyclDevice(filter_str.strip())
     except (dpctl.SyclDeviceCreationError, ValueError, TypeError) as exc:
@@ -50,16 +73,23 @@ def default_device():
     env = os.environ.get("JITCONV_DEVICE")
     if env:
         return _resolve(env)
-    available = dpctl.get_devices()
-    for backend, dtype in (("level_zero", "gpu"), ("opencl", "cpu")):
+    available = _sycl_devices()
+    for backend, dtype in (("level_zero", "gpu"), ("cuda", None), ("opencl", "cpu")):
+        if backend == "cuda":
+            cuda_devices = cuda_backend.devices()
+            if cuda_devices:
+                return cuda_devices[0]
+            continue
         for d in available:
             if d.backend.name == backend and d.device_type.name == dtype:
                 return d.filter_string
     if available:
         return available[0].filter_string
     raise DeviceNotFoundError(
-        "no SYCL device found; jitconv needs a Level Zero GPU or the Intel OpenCL CPU "
-        "runtime (pip package intel-opencl-rt)." + no_device_hint())
+        "no SYCL or CUDA device found; jitconv needs a Level Zero GPU, the Intel OpenCL "
+        "CPU runtime (pip package intel-opencl-rt), or an NVIDIA GPU with numba-cuda."
+        + (no_device_hint() if dpctl is not None else
+           f" dpctl is not installed; CUDA: {cuda_backend.why_unavailable()}"))
 
 
 def set_device(filter_str):
@@ -83,6 +113,9 @@ _queues = {}  # filter string -> dpctl's cached queue (making a SyclDevice costs
 def get_queue(device=None):
     """dpctl's cached queue of ``device`` (default: the current device)."""
     filter_str = device or get_device()
+    if cuda_backend.is_cuda_name(filter_str):
+        raise ValueError(f"device: {filter_str} is a CUDA device, which has no SYCL queue "
+                         f"(pass torch CUDA tensors; jitconv runs on their stream)")
     queue = _queues.get(filter_str)
     if queue is None:
         queue = _queues[filter_str] = dpctl.get_device_cached_queue(

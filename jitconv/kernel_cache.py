@@ -36,8 +36,9 @@ from .kernel_abi import CONV_ARGS, FAST_EXP
 
 _PACKAGE_DIR = Path(__file__).resolve().parent
 PREBUILT_DIR = _PACKAGE_DIR / "prebuilt"
-# The files whose text decides the generated code (the kernel template and its ABI).
-SOURCE_FILES = ("kernels.py", "kernel_abi.py")
+# The files whose text decides the generated SYCL code: the backend-neutral template, the
+# bit conversions, the SYCL backend and the ABI (kernels_cuda.py does not: no SPIR-V).
+SOURCE_FILES = ("kernel_template.py", "bit_conversions.py", "kernels.py", "kernel_abi.py")
 FORMAT = 1  # bump when the entry format changes
 
 

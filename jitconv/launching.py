@@ -374,7 +374,10 @@ def _load_c_submit():
     it off: then dpctl's Python submit is used)."""
     if os.environ.get("JITCONV_PY_SUBMIT") == "1":
         return None
-    import dpctl
+    try:
+        import dpctl
+    except ImportError:  # a CUDA-only install: nothing is submitted through SYCL
+        return None
     for path in sorted(Path(dpctl.__file__).parent.glob("libDPCTLSyclInterface.so*")):
         try:
             return _CSubmit(ctypes.CDLL(str(path)))

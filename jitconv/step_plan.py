@@ -26,7 +26,7 @@ import weakref
 import numpy as np
 import torch
 
-from . import bridge, launching, run_cache, usm, validation
+from . import bridge, cuda_backend, launching, run_cache, usm, validation
 from . import device as devices
 from .batch import build_batch
 from .kernel_abi import TABLES
@@ -66,8 +66,10 @@ class StepPlan:
         """The conv of one layer: returns out (new, or the given ``out``, which may alias
         x). conv_state is updated in place. Checks the tensors against the plan before
         launching anything."""
-        key = run_cache.key(x, weight, bias, conv_state, out, activation,
-                            self.queue or devices.queue_for(x))
+        key = None
+        if launching.can_resubmit() and not _on_cuda(x):
+            key = run_cache.key(x, weight, bias, conv_state, out, activation,
+                                self.queue or devices.queue_for(x))
         if key is not None:
             entry = run_cache.find(key, self)
             if entry is not None:  # these tensors passed the checks of this geometry
@@ -85,6 +87,8 @@ class StepPlan:
         x, weight, bias, conv_state, out = tensors
         validation.check_writable(x, weight, bias, conv_state, out)
         extents = validation.check_aliasing(x, weight, bias, conv_state, out, self.lines)
+        if cuda_backend.wants(x):  # torch CUDA tensors: numba-cuda, torch's stream
+            return _finish(out, cuda_backend.launch(self, tensors, silu, dtype))
         dim = validation.shape_of(x)[1]
         # The kernel needs channels contiguous in x and out (see kernel_abi). out may also
         # alias x, and the kernel reads neighbouring rows of x: then compute into a
@@ -158,6 +162,15 @@ class StepPlan:
                     context, launching.table_args(view, dict(zip(TABLES, offsets))))
             self._tables[queue] = tables
         return tables
+
+
+def _on_cuda(x):
+    """Whether this run goes to the CUDA backend (never remembered: run_cache packs SYCL
+    launches). A CPU x while a CUDA device is current is reported by ``launch``."""
+    try:
+        return cuda_backend.wants(x)
+    except TypeError:
+        return True
 
 
 def _finish(out, target):

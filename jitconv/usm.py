@@ -12,14 +12,18 @@ import weakref
 import numpy as np
 import torch
 
+from . import cuda_backend
 from . import device as devices
 
-import dpctl.memory as dpm  # noqa: E402  (devices bootstraps the runtime first)
+try:
+    import dpctl.memory as dpm  # noqa: E402  (devices bootstraps the runtime first)
+except ImportError:  # a CUDA-only install: no USM memory (empty() then needs dpctl)
+    dpm = None
 
-
-class _SharedAllocation(dpm.MemoryUSMShared):
-    """USM shared memory that can be weakly referenced (a Python subclass), so the
-    registry below forgets it when the last tensor using it is gone."""
+if dpm is not None:
+    class _SharedAllocation(dpm.MemoryUSMShared):
+        """USM shared memory that can be weakly referenced (a Python subclass), so the
+        registry below forgets it when the last tensor using it is gone."""
 
 
 _alloc_bases = []   # sorted base addresses of live _SharedAllocations
@@ -140,15 +144,18 @@ def empty(shape, dtype=torch.float32, device=None):
 
     Works on any SYCL device (shared USM is host- and device-accessible); on an Intel GPU
     prefer torch XPU tensors, which live in device memory. Memory is recycled through a
-    pool once no tensor uses it any more.
+    pool once no tensor uses it any more. On a CUDA device ("cuda:N") it is a plain torch
+    CUDA tensor (torch's allocator already pools).
     """
     if isinstance(shape, int):
         shape = (shape,)
     shape = tuple(int(s) for s in shape)
     dtype = _dtype_of(dtype) if isinstance(dtype, str) else dtype
+    device = device or devices.get_device()
+    if cuda_backend.is_cuda_name(device):  # torch's own device memory (CPU: simulator)
+        return torch.empty(shape, dtype=dtype, device=cuda_backend.torch_device(device))
     itemsize = torch.empty((), dtype=dtype).element_size()
     used = int(np.prod(shape, dtype=np.int64)) * itemsize
-    device = device or devices.get_device()
     memory = _pool.take(device, max(used, 1))
     # The numpy array holds `memory` while any tensor built on it lives; when the last one
     # goes, the array dies and the memory returns to the pool.

@@ -9,9 +9,16 @@ not look green.
 """
 
 import os
+import sys
 import tempfile
 
 import pytest
+
+# JITCONV_TEST_HIDE_SYCL=1: run as on a machine without the SYCL stack (the CUDA backend's
+# simulator run, tests/test_cuda_simulator.py): importing dpctl, dpnp or numba-dpex fails.
+if os.environ.get("JITCONV_TEST_HIDE_SYCL") == "1":
+    for _name in ("dpctl", "dpnp", "numba_dpex"):
+        sys.modules[_name] = None
 
 
 def pytest_configure(config):

@@ -42,8 +42,8 @@ def poisoned(shape, dtype, usm=False):
 
 
 def bits(t):
-    """The raw bit pattern of a float tensor (for bit-exact comparisons)."""
-    return t.detach().contiguous().view(_BITS[t.dtype]).clone()
+    """The raw bit pattern of a float tensor (for bit-exact comparisons), on the CPU."""
+    return t.detach().contiguous().view(_BITS[t.dtype]).cpu().clone()
 
 
 def assert_outputs_close(out, ref, dtype):

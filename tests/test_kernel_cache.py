@@ -118,8 +118,10 @@ def _edit_kernel_source(tmp_path, monkeypatch):
     src.mkdir()
     for name in kernel_cache.SOURCE_FILES:
         (src / name).write_bytes((kernel_cache._PACKAGE_DIR / name).read_bytes())
-    kernels = src / "kernels.py"
-    kernels.write_text(kernels.read_text().replace("acc", "acc_", 1))
+    template = src / "kernel_template.py"
+    text = template.read_text()
+    assert "acc{J} = bias_c{J}" in text
+    template.write_text(text.replace("acc{J} = bias_c{J}", "acc{J} = F32_ZERO + bias_c{J}", 1))
     monkeypatch.setattr(kernel_cache, "_PACKAGE_DIR", src)
 
 

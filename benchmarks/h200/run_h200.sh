@@ -1,0 +1,19 @@
+#!/bin/bash
+# The H200 run of issue 12 (what produced this folder), from a snapshot folder holding
+# src/{jitconv,tests} (this tree) and vllm/causal_conv1d.py. The vLLM file comes from
+# vLLM's distribution, downloaded where pip works into an ignored folder, never committed:
+#   pip download --no-deps --only-binary=:all: --python-version 3.12 \
+#     --platform manylinux_2_28_x86_64 vllm==0.33.0 -d .vllm
+#   unzip -p .vllm/vllm-0.33.0-*.whl vllm/model_executor/layers/mamba/ops/causal_conv1d.py \
+#     > SNAPSHOT/vllm/causal_conv1d.py
+# On the GPU machine (python3 with torch, triton, numba-cuda; no dpctl): OUT=dir bash run_h200.sh
+cd "$(dirname "$0")/src"
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+python3 -c "import sys, numpy, numba, numba_cuda, torch, triton; print(sys.version.split()[0], 'numpy', numpy.__version__, 'numba', numba.__version__, 'numba-cuda', getattr(numba_cuda,'__version__','?'), 'torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())" 2>&1 | tee $OUT/versions.txt
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,power.draw --format=csv | tee -a $OUT/versions.txt
+T="python3 -m pytest -q -p no:cacheprovider -rs -x"
+$T tests/test_cuda.py tests/test_bit_conversions.py 2>&1 | tee $OUT/grid.log | tail -15
+for v in "JITCONV_CUDA_CHANNELS=1" "JITCONV_CUDA_CHANNELS=2" "JITCONV_CUDA_CHANNELS=4" "JITCONV_CUDA_FASTMATH=1"; do
+  echo "== $v"; env $v $T tests/test_cuda.py -k "grid or channels or plan or alias" 2>&1 | tee -a $OUT/grid_variants.log | tail -4
+done
+python3 -m jitconv.bench_gpu --vllm-file ../vllm/causal_conv1d.py --out $OUT/bench --reps 100 2>&1 | grep -v -i "warn" | tee $OUT/bench.log

@@ -1,0 +1,329 @@
+"""GPU benchmark (NVIDIA, the CUDA backend): ``python -m jitconv.bench_gpu --vllm-file
+PATH --out DIR``.
+
+The workloads of ``python -m jitconv bench`` (``bench.WORKLOADS``), width 4, bfloat16 and
+float32, conv dim 2048 and 8192, side by side in one run with vLLM's Triton ops
+(``vllm/model_executor/layers/mamba/ops/causal_conv1d.py`` from vLLM's distribution,
+passed as a file: it is never part of this repository) and the GPU's copy bandwidth.
+
+Kernel time is device time from torch's profiler (CUPTI): the summed durations of the
+kernels one call launches, with L2 flushed (a 256 MiB fill) before every repetition,
+median of ``--reps``. Metadata transfers and fills (host-to-device / device-to-host
+copies, ``torch.full``) are not counted on either side: an engine makes them once per
+step, not per layer. GB/s = bytes that must move (``bench.bytes_moved``) / time; % of
+copy = that over the device-to-device copy bandwidth measured in the same run.
+
+Rows per workload: jitconv one launch for C = 1, 2, 4 channels per thread (and with
+fastmath), jitconv as two calls (mixed steps), vLLM Triton as vLLM calls it (one call for
+one kind of sequences; for mixed steps its two calls on pre-gathered inputs), and for
+mixed steps vLLM's two calls plus the two ``index_select`` gathers its GDN layer makes.
+"""
+
+import argparse
+import csv
+import json
+import os
+import statistics
+import sys
+import types
+
+import torch
+
+import jitconv
+from jitconv import cuda_backend
+from jitconv.bench import WORKLOADS, bytes_moved, make_step
+from jitconv.reference import TOLERANCE, causal_conv1d_reference
+from jitconv.steps import DATA_KEYS, split_step, token_rows
+
+_NOT_COUNTED = ("Memcpy HtoD", "Memcpy DtoH", "FillFunctor", "Memset")
+
+
+def load_vllm_triton(path):
+    """vLLM's causal_conv1d.py as a module, its three vLLM imports replaced by what they
+    provide (triton, the pad / null-block constants, and the platform's PDL check)."""
+    text = open(path).read()
+    replaced = {
+        "from vllm.platforms import current_platform": "current_platform = _platform",
+        "from vllm.triton_utils import tl, triton":
+            "import triton\nimport triton.language as tl",
+        "from vllm.v1.attention.backends.utils import NULL_BLOCK_ID, PAD_SLOT_ID":
+            "NULL_BLOCK_ID, PAD_SLOT_ID = 0, -1",
+    }
+    for old, new in replaced.items():
+        if old not in text:
+            raise RuntimeError(f"{path}: expected the line {old!r}")
+        text = text.replace(old, new)
+    module = types.ModuleType("vllm_causal_conv1d")
+    # vLLM enables programmatic dependent launch from compute capability 9.0 (Hopper)
+    major = torch.cuda.get_device_capability()[0]
+    module._platform = types.SimpleNamespace(is_arch_support_pdl=lambda: major >= 9,
+                                             is_cpu=lambda: False)
+    module.__file__ = path
+    exec(compile(text, path, "exec"), module.__dict__)
+    return module
+
+
+def _device_events(prof):
+    """(name, start_ns, duration_ns) of every GPU activity the profiler saw."""
+    out = []
+    for e in prof.profiler.kineto_results.events():
+        if e.device_type() == torch.autograd.DeviceType.CUDA:
+            out.append((e.name(), e.start_ns(), e.duration_ns()))
+    return sorted(out, key=lambda e: e[1])
+
+
+def device_time_us(fn, flush, reps):
+    """Median over ``reps`` of the summed durations of the GPU work one ``fn()`` launches
+    (fills and metadata copies excepted), L2 flushed before each; and the names."""
+    from torch.profiler import ProfilerActivity, profile
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    per_call = len(_device_events(prof))
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            flush.zero_()
+            fn()
+        torch.cuda.synchronize()
+    events = _device_events(prof)
+    group = per_call + 1
+    if len(events) != reps * group:
+        raise RuntimeError(f"expected {reps} x ({per_call} + flush) GPU activities, got "
+                           f"{len(events)}")
+    times, names = [], set()
+    for i in range(reps):
+        counted = [e for e in events[i * group + 1:(i + 1) * group]
+                   if not any(k in e[0] for k in _NOT_COUNTED)]
+        names.update(e[0][:60] for e in counted)
+        times.append(sum(e[2] for e in counted) / 1e3)
+    return statistics.median(times), sorted(names)
+
+
+def copy_bandwidth(device, nbytes=1 << 30, reps=20):
+    """Device-to-device copy of filled buffers: GB/s counting bytes read + written."""
+    src = torch.randn(nbytes // 4, device=device)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        dst.copy_(src)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3)
+    us = statistics.median(times)
+    return {"bytes": 2 * nbytes, "us": us, "gbps": 2 * nbytes / us / 1e3}
+
+
+def _on(device, step):
+    """The step's metadata on the device (vLLM's kernels read it there)."""
+    return {k: (v.to(device) if isinstance(v, torch.Tensor) and k not in DATA_KEYS else v)
+            for k, v in step.items()}
+
+
+def _plan(step):
+    meta = {k: v for k, v in step.items() if k not in DATA_KEYS}
+    lines, _, state_len = step["conv_state"].shape
+    plan = jitconv.plan(step["x"].shape[0], lines, state_len, step["weight"].shape[1], **meta)
+    return lambda: plan.run(step["x"], step["weight"], step["bias"], step["conv_state"])
+
+
+def vllm_calls(vt, step, device, gathers):
+    """A callable running the step as vLLM's GDN layer does: causal_conv1d_update for the
+    spec part (and for non-spec decodes when the step has no prefill and no spec),
+    causal_conv1d_fn for the non-spec part; ``gathers``: the two index_selects of x
+    inside the call (else the parts are gathered once, outside)."""
+    d = _on(device, step)
+    x, w, b, state = d["x"], d["weight"], d["bias"], d["conv_state"]
+    has_ns, has_sp = "non_spec_query_start_loc" in d, "spec_query_start_loc" in d
+    rows = {p: token_rows(step, p).to(device) for p, h in (("non_spec", has_ns), ("spec", has_sp)) if h}
+    both = has_ns and has_sp
+    pre = {p: x.index_select(0, r) for p, r in rows.items()} if both else {p: x for p in rows}
+    decode_only = has_ns and not has_sp and bool(
+        (torch.diff(step["non_spec_query_start_loc"]) == 1).all())
+
+    spec_lines = None
+    if has_sp:  # the GDN layer's column-0 slice, made once per step, not per layer
+        sp = d["spec_state_indices"]
+        spec_lines = (sp[:, 0] if sp.dim() == 2 else sp).contiguous()
+
+    def part(p):
+        return x.index_select(0, rows[p]) if (gathers and both) else pre[p]
+
+    def run():
+        outs = []
+        if has_sp:
+            outs.append(vt.causal_conv1d_update(
+                part("spec"), state, w, b, "silu", conv_state_indices=spec_lines,
+                num_accepted_tokens=d["num_accepted_tokens"],
+                query_start_loc=d["spec_query_start_loc"],
+                max_query_len=int(torch.diff(step["spec_query_start_loc"]).max()),
+                null_block_id=-1))
+        if has_ns and decode_only:
+            outs.append(vt.causal_conv1d_update(
+                part("non_spec"), state, w, b, "silu",
+                conv_state_indices=d["non_spec_state_indices"], null_block_id=-1))
+        elif has_ns:
+            outs.append(vt.causal_conv1d_fn(
+                part("non_spec").transpose(0, 1), w, b, state, d["non_spec_query_start_loc"],
+                cache_indices=d["non_spec_state_indices"],
+                has_initial_state=d.get("has_initial_state"), activation="silu",
+                pad_slot_id=-1, null_block_id=-1).transpose(0, 1))
+        return outs
+    return run, rows
+
+
+def _check(step, device, vt):
+    """jitconv's and vLLM's outputs of the step against the float64 reference."""
+    ref_out, _ = causal_conv1d_reference(**dict(step, conv_state=step["conv_state"].clone()))
+    rtol, atol = TOLERANCE[str(step["x"].dtype).replace("torch.", "")]
+    ok = {}
+    got = jitconv.causal_conv1d_mixed(**dict(step, conv_state=step["conv_state"].clone()))
+    ok["jitconv"] = bool(torch.allclose(got.double().cpu(), torch.from_numpy(ref_out), rtol=rtol, atol=atol))
+    run, rows = vllm_calls(vt, dict(step, conv_state=step["conv_state"].clone()), device, False)
+    outs = run()
+    parts = [p for p in ("spec", "non_spec") if p in rows]
+    vllm_ok = True
+    for p, o in zip(parts, outs):
+        want = torch.from_numpy(ref_out)[rows[p].cpu()]
+        vllm_ok &= bool(torch.allclose(o.double().cpu(), want, rtol=rtol, atol=atol))
+    ok["vllm"] = vllm_ok
+    return ok
+
+
+def run(vllm_file, out_dir, dims=(2048, 8192), dtypes=("bfloat16", "float32"), reps=100,
+        channels=(1, 2, 4), workloads=None):
+    device = torch.device(jitconv.set_device("cuda:0"))
+    vt = load_vllm_triton(vllm_file)
+    flush = torch.empty(256 << 20, dtype=torch.uint8, device=device)
+    copy = copy_bandwidth(device)
+    print(f"{torch.cuda.get_device_name()}: copy {copy['gbps']:.0f} GB/s", flush=True)
+    rows = []
+    for dim in dims:
+        for dtype_name in dtypes:
+            dtype = getattr(torch, dtype_name)
+            for name in workloads or WORKLOADS:
+                step = make_step(name, dim, dtype)
+                assert step["x"].device == device
+                moved = bytes_moved(step)
+                try:
+                    ok = _check(step, device, vt)
+                except Exception as exc:
+                    print(f"{name} {dtype_name} {dim}: check FAILED {exc!r}"[:400], flush=True)
+                    ok = {"jitconv": None, "vllm": None}
+                base = dict(workload=name, dtype=dtype_name, dim=dim,
+                            tokens=int(step["x"].shape[0]), bytes=moved,
+                            jitconv_correct=ok["jitconv"], vllm_correct=ok["vllm"])
+
+                def record(variant, fn):
+                    try:
+                        us, names = device_time_us(fn, flush, reps)
+                    except Exception as exc:  # keep the run going; the row says why
+                        rows.append(dict(base, variant=variant, error=repr(exc)[:300]))
+                        print(f"{name} {dtype_name} {dim} {variant}: FAILED {exc!r}"[:400],
+                              flush=True)
+                        return
+                    gbps = moved / us / 1e3
+                    rows.append(dict(base, variant=variant, us=us, gbps=gbps,
+                                     pct_copy=100 * gbps / copy["gbps"], kernels=names))
+                    print(f"{name:22s} {dtype_name:8s} {dim:5d} {variant:28s} {us:8.1f} us "
+                          f"{gbps:7.0f} GB/s {100 * gbps / copy['gbps']:5.1f}%", flush=True)
+
+                for fast in (False, True):
+                    for c in (channels if not fast else [c for c in channels if c > 1]):
+                        os.environ["JITCONV_CUDA_CHANNELS"] = str(c)
+                        os.environ["JITCONV_CUDA_FASTMATH"] = "1" if fast else "0"
+                        record(f"jitconv C={c}{' fast' if fast else ''}", _plan(step))
+                os.environ.pop("JITCONV_CUDA_CHANNELS")
+                os.environ.pop("JITCONV_CUDA_FASTMATH")
+                first, second = split_step(step)
+                if first is not None and second is not None:
+                    p1, p2 = _plan(first), _plan(second)
+                    record("jitconv two calls", lambda: (p1(), p2()))
+                vrun, _ = vllm_calls(vt, step, device, gathers=False)
+                record("vllm triton", vrun)
+                if first is not None and second is not None:
+                    grun, _ = vllm_calls(vt, step, device, gathers=True)
+                    record("vllm triton + gathers", grun)
+                _save(out_dir, copy, reps, rows)  # as it goes: a cut-off run keeps rows
+    return _save(out_dir, copy, reps, rows)
+
+
+def _save(out_dir, copy, reps, rows):
+    result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+              "copy": copy, "reps": reps, "rows": rows}
+    try:
+        import numba_cuda
+        import triton
+        result.update(numba_cuda=getattr(numba_cuda, "__version__", "?"),
+                      triton=triton.__version__)
+    except ImportError:
+        pass
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "results.json"), "w") as f:
+        json.dump(result, f, indent=1)
+    with open(os.path.join(out_dir, "results.csv"), "w", newline="") as f:
+        fields = ["workload", "dtype", "dim", "tokens", "bytes", "variant", "us", "gbps",
+                  "pct_copy", "jitconv_correct", "vllm_correct"]
+        writer = csv.DictWriter(f, fields, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+    return result
+
+
+def plot(result, path):
+    """% of copy bandwidth per workload: jitconv (best C), vLLM Triton, and vLLM Triton
+    with its gathers (mixed steps)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    rows = result["rows"]
+    keys = sorted({(r["dim"], r["dtype"]) for r in rows})
+    fig, axes = plt.subplots(len(keys), 1, figsize=(11, 3.2 * len(keys)), squeeze=False)
+    for ax, (dim, dtype) in zip(axes[:, 0], keys):
+        sel = [r for r in rows if r["dim"] == dim and r["dtype"] == dtype]
+        names = list(dict.fromkeys(r["workload"] for r in sel))
+        series = {"jitconv (one launch, best C)": [], "vLLM Triton": [],
+                  "vLLM Triton + gathers": []}
+        for n in names:
+            mine = [r for r in sel if r["workload"] == n]
+            best = max((r for r in mine if r["variant"].startswith("jitconv C=")
+                        and "pct_copy" in r), key=lambda r: r["pct_copy"])
+            series["jitconv (one launch, best C)"].append(best["pct_copy"])
+            mine = [r for r in mine if "pct_copy" in r]
+            tri = [r for r in mine if r["variant"] == "vllm triton"]
+            series["vLLM Triton"].append(tri[0]["pct_copy"] if tri else 0)
+            gat = [r for r in mine if r["variant"] == "vllm triton + gathers"]
+            series["vLLM Triton + gathers"].append(gat[0]["pct_copy"] if gat else 0)
+        width = 0.27
+        for i, (label, values) in enumerate(series.items()):
+            ax.bar([k + (i - 1) * width for k in range(len(names))], values, width, label=label)
+        ax.set_xticks(range(len(names)), names, fontsize=8)
+        ax.set_ylabel("% of copy bandwidth")
+        ax.set_title(f"{result['device']}: {dtype}, conv dim {dim}, width 4 "
+                     f"(copy {result['copy']['gbps']:.0f} GB/s)", fontsize=9)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--vllm-file", required=True)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--reps", type=int, default=100)
+    parser.add_argument("--workload", action="append", help="only these (repeatable)")
+    parser.add_argument("--dim", type=int, action="append")
+    args = parser.parse_args(argv)
+    if not cuda_backend.devices():
+        sys.exit(f"no CUDA device: {cuda_backend.why_unavailable()}")
+    result = run(args.vllm_file, args.out, reps=args.reps, workloads=args.workload,
+                 dims=tuple(args.dim or (2048, 8192)))
+    plot(result, os.path.join(args.out, "h200_pct_copy.png"))
+
+
+if __name__ == "__main__":
+    main()

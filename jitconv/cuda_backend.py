@@ -1,0 +1,231 @@
+"""The CUDA device: torch CUDA tensors in and out, zero-copy, the conv kernel of
+``kernels_cuda`` (the same template as the SYCL kernel) launched on torch's current CUDA
+stream. Needs numba-cuda (``pip install 'jitconv[cuda]'``); neither dpctl nor numba-dpex.
+
+Memory: each tensor reaches the kernel as a flat 1-D array from its first to its last
+element (``Tensor.as_strided`` on its own storage, then ``numba.cuda.as_cuda_array``:
+no copy), with element strides as scalars, the layout the SYCL backend uses too.
+fp16/bf16 are viewed as int16 (their bit patterns). The plan's int32 tables are copied
+to the device once per plan and device.
+
+Order: the kernel goes on torch's current stream of x's device, so it is ordered with
+torch's work before and after it; ``run`` does not wait for it.
+
+numba's CUDA simulator (NUMBA_ENABLE_CUDASIM=1, numba-cuda installed) runs the same
+kernels as Python on the CPU: then "cuda:0" is listed, ``jitconv.set_device("cuda:0")``
+works, and torch CPU tensors go through this backend (tests/test_cuda.py runs that way in
+CI). The simulator checks the kernel's logic (indexing, bounds guard, tables, state
+updates); it cannot check code generation, the LLVM conversion intrinsics (it runs their
+Python twins, see ``bit_conversions``), fastmath, streams or speed.
+"""
+
+import importlib.util
+import os
+import threading
+
+import numpy as np
+import torch
+
+_SIXTEEN_BIT = (torch.float16, torch.bfloat16)
+# Channels per thread by dtype (JITCONV_CUDA_CHANNELS overrides): the fastest on the H200
+# for the prefill and mixed-step workloads (benchmarks/h200/): 4 for 16-bit, 2 for float32.
+DEFAULT_CHANNELS = {"bfloat16": 4, "float16": 4, "float32": 2}
+DEFAULT_THREADS = 128  # threads per thread block (JITCONV_CUDA_THREADS)
+
+_lock = threading.Lock()
+_kernels = {}  # (width, dtype, channels, fastmath) -> numba-cuda dispatcher
+_streams = {}  # (device index, cudaStream_t) -> numba external stream
+
+
+def have_numba_cuda():
+    return importlib.util.find_spec("numba_cuda") is not None
+
+
+def simulating():
+    """numba's CUDA simulator is on (it must be set before numba.cuda is imported)."""
+    return os.environ.get("NUMBA_ENABLE_CUDASIM") == "1" and have_numba_cuda()
+
+
+def devices():
+    """'cuda:N' for each NVIDIA GPU torch sees, when numba-cuda is installed (one
+    simulated 'cuda:0' under the simulator)."""
+    if not have_numba_cuda():
+        return []
+    if simulating():
+        return ["cuda:0"]
+    if not torch.cuda.is_available():
+        return []
+    return [f"cuda:{i}" for i in range(torch.cuda.device_count())]
+
+
+def why_unavailable():
+    if not have_numba_cuda():
+        return "numba-cuda is not installed: pip install 'jitconv[cuda]'"
+    if not simulating() and not torch.cuda.is_available():
+        return "torch sees no CUDA GPU"
+    return "no such device"
+
+
+def is_cuda_name(name):
+    return isinstance(name, str) and (name.strip() == "cuda" or name.strip().startswith("cuda:"))
+
+
+def resolve(name):
+    """The canonical 'cuda:N' for a device name, or None when there is no such GPU."""
+    name = name.strip()
+    name = "cuda:0" if name == "cuda" else name
+    return name if name in devices() else None
+
+
+def torch_device(name):
+    """The torch device holding a CUDA device's tensors (the CPU under the simulator)."""
+    return torch.device("cpu") if simulating() else torch.device(name)
+
+
+def wants(x):
+    """Whether a call with this x runs here: a torch CUDA tensor, or (simulator) a torch
+    CPU tensor while the current device is 'cuda:N'."""
+    if not isinstance(x, torch.Tensor):
+        return False
+    if x.device.type == "cuda":
+        return True
+    if x.device.type != "cpu":
+        return False
+    from . import device as devices_module
+    try:
+        current = devices_module.get_device()
+    except devices_module.DeviceNotFoundError:
+        return False
+    if not is_cuda_name(current):
+        return False
+    if simulating():
+        return True
+    raise TypeError(f"x: a CPU tensor, but the current device is {current}: pass torch "
+                    f"CUDA tensors (x.to('{current}')) or select a SYCL device")
+
+
+def channels_for(dim, dtype_name="float32"):
+    """Channels per thread: JITCONV_CUDA_CHANNELS (1, 2, 4 or 8; default
+    DEFAULT_CHANNELS of the dtype), halved until it divides dim (the kernel has no
+    per-channel guard)."""
+    value = os.environ.get("JITCONV_CUDA_CHANNELS", str(DEFAULT_CHANNELS[dtype_name]))
+    if value not in ("1", "2", "4", "8"):
+        raise ValueError(f"JITCONV_CUDA_CHANNELS: expected 1, 2, 4 or 8, got {value!r}")
+    channels = int(value)
+    while channels > 1 and dim % channels:
+        channels //= 2
+    return channels
+
+
+def _fastmath():
+    return os.environ.get("JITCONV_CUDA_FASTMATH", "0") == "1"
+
+
+def _threads():
+    value = os.environ.get("JITCONV_CUDA_THREADS", "32" if simulating() else str(DEFAULT_THREADS))
+    if not value.isdigit() or int(value) < 32 or int(value) > 1024 or int(value) % 32:
+        raise ValueError(f"JITCONV_CUDA_THREADS: expected a multiple of 32 in [32, 1024], "
+                         f"got {value!r}")
+    return int(value)
+
+
+def get_kernel(width, dtype_name, channels, fastmath=False):
+    key = (width, dtype_name, channels, fastmath)
+    kernel = _kernels.get(key)
+    if kernel is None:
+        with _lock:
+            kernel = _kernels.get(key)
+            if kernel is None:
+                from .kernels_cuda import make_conv_kernel
+                kernel = _kernels[key] = make_conv_kernel(width, dtype_name, channels,
+                                                          fastmath)
+    return kernel
+
+
+def launch_shape(groups, num_blocks, threads):
+    """(grid, block): x threads over channel groups (a multiple of 32, at most
+    ``threads``), y threads over token blocks; the grid is rounded up (the kernel
+    guards). Grid x runs over token blocks (no 65535 limit there), grid y over channel
+    tiles."""
+    tx = min(threads, 32 * -(-groups // 32))
+    ty = max(1, threads // tx)
+    return (-(-num_blocks // ty), -(-groups // tx)), (tx, ty)
+
+
+def _flat(t, sim):
+    """t's elements from its first to its last as a 1-D kernel array (zero-copy)."""
+    bits = t.view(torch.int16) if t.dtype in _SIXTEEN_BIT else t
+    extent = 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride())) if t.numel() else 1
+    if t.numel() == 0:  # nothing is read or written: any valid memory of the device
+        bits = torch.zeros(1, dtype=bits.dtype, device=t.device)
+    flat = bits.as_strided((extent,), (1,))
+    if sim:
+        return flat.numpy()
+    from numba import cuda
+    return cuda.as_cuda_array(flat)
+
+
+def _tables(plan, device, sim):
+    """The plan's tables as one int32 array on ``device`` and their offsets (copied
+    once per plan and device; the plan keeps them)."""
+    cache = plan.__dict__.setdefault("_cuda_tables", {})
+    found = cache.get(str(device))
+    if found is None:
+        host = [np.asarray(a, np.int32) for a in plan._host_tables]
+        offsets = tuple(int(o) for o in np.cumsum([0] + [len(a) for a in host[:-1]]))
+        tensor = torch.from_numpy(np.concatenate(host + [np.zeros(1, np.int32)]))
+        if not sim:
+            tensor = tensor.to(device)
+        found = cache.setdefault(str(device), (_flat(tensor, sim), offsets, tensor))
+    return found[0], found[1]
+
+
+def _stream(device):
+    """numba's handle on torch's current stream of ``device``."""
+    from numba import cuda
+    handle = torch.cuda.current_stream(device).cuda_stream
+    key = (device.index, handle)
+    stream = _streams.get(key)
+    if stream is None:
+        stream = _streams.setdefault(key, cuda.external_stream(handle))
+    return stream
+
+
+def launch(plan, tensors, silu, dtype):
+    """One run of ``plan`` on checked tensors (StepPlan.launch checked them); returns the
+    tensor the kernel wrote (``out``, or a new one when out is None, overlaps x or has
+    strided channels: the caller copies it into out then)."""
+    from . import bridge
+    x, weight, bias, conv_state, out = tensors
+    sim = simulating()
+    if not sim and not have_numba_cuda():
+        raise RuntimeError("x: a CUDA tensor, but numba-cuda is not installed: "
+                           "pip install 'jitconv[cuda]'")
+    dim = x.shape[1]
+    x = bridge.channels_contiguous(x)
+    target = out
+    if out is None or bridge.overlaps(out, x) or not bridge.has_unit_channel_stride(out):
+        target = torch.empty(tuple(x.shape), dtype=x.dtype, device=x.device)
+    if dim == 0 or plan.num_blocks == 0:
+        return target
+    if weight.dim() == 3:  # (dim, 1, width)
+        weight = weight[:, 0, :]
+    channels = channels_for(dim, dtype)
+    kernel = get_kernel(plan.geometry.width, dtype, channels, _fastmath())
+    tables, offsets = _tables(plan, x.device, sim)
+    xa, oa, wa, sa = (_flat(t, sim) for t in (x, target, weight, conv_state))
+    ba = _flat(bias, sim) if bias is not None else wa  # not read without bias
+    args = (xa, 0, x.stride(0), oa, 0, target.stride(0),
+            wa, 0, weight.stride(0), weight.stride(1),
+            ba, 0, bias.stride(0) if bias is not None else 1,
+            sa, 0, *conv_state.stride(),
+            tables, *offsets, int(bias is not None), int(silu),
+            dim, plan.num_blocks)
+    grid, block = launch_shape(dim // channels, plan.num_blocks, _threads())
+    if sim:
+        kernel[grid, block](*args)
+    else:
+        from numba import cuda
+        with cuda.gpus[x.device.index]:
+            kernel[grid, block, _stream(x.device)](*args)
+    return target

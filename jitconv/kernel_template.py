@@ -1,0 +1,201 @@
+"""The conv kernel's source, written once for every backend: the math of SEMANTICS.md
+as Python source text that a backend compiles (numba-dpex for SYCL in ``kernels.py``,
+numba-cuda in ``kernels_cuda.py``).
+
+Backend-neutral: this module imports neither numba-dpex nor numba-cuda. A backend
+supplies what differs (a ``Backend``): how a work-item finds its channel group and block
+(and the bounds guard a rounded-up CUDA grid needs), its extra arguments, and, as globals
+of the generated function, the storage conversions ``load``/``store``, ``strided``,
+``fdiv``, ``exp`` and the device function ``_window_value`` (``window_value`` below,
+decorated by the backend).
+
+One kernel serves every kind of sequence (prefill chunk, plain decode, spec verify, pad).
+The index space is 2-D: the channel group (the fastest-varying index), and the block, so
+neighbouring work-items touch neighbouring channels of one token row (contiguous memory:
+vectorized on the OpenCL CPU device, coalesced on a GPU). A block is up to B consecutive
+tokens of one sequence; long prefills are split into many blocks, so they fill the device
+like many short sequences do. B >= width - 1 is required: the first block of a sequence
+writes the new state, and a later block must find the old window in x, not in the state.
+
+A work-item handles ``channels`` (C) contiguous channels c = group * C .. c + C - 1: the
+statements below are repeated per channel (names suffixed _0.._{C-1} when C > 1), loads of
+all channels first, so the work-item has C independent chains in flight. With C = 1 the
+text is exactly the one-channel kernel. The host picks C among divisors of dim.
+
+Per work-item: load the width-1 inputs before the block into registers (from x, or
+from the cache line, or zeros), then slide over the block's tokens. The work-item that owns
+the first block of a sequence (for its channels) is the only one that reads that
+sequence's old conv-state window, so it can also write the new state without racing
+anyone: it holds the old window in registers before writing. New state values are raw
+copies of inputs (bit-exact, whatever the dtype).
+
+fp16/bf16 arrive as int16 arrays (bit patterns) and are converted by ``load``/``store``
+(``bit_conversions``). Accumulation is float32; the result is rounded once to the output
+dtype. Loads whose addresses are not consecutive across work-items (weights, bias, the
+state window) go through the backend's ``strided(array, index)``: a plain element read,
+or on SYCL for 16-bit data the aligned 32-bit word holding the element (a 32-bit gather
+instead of 16 scalar loads on the OpenCL CPU device).
+"""
+
+import numpy as np
+from typing import NamedTuple
+
+
+class Backend(NamedTuple):
+    """What the template leaves to a backend. ``index`` sets ``c`` (first channel of the
+    work-item, from its group times C) and ``b`` (block), formatted with {C}; it may
+    return early (bounds guard). ``index_arg``: leading parameter(s) (SYCL's item);
+    ``extra_args``: trailing parameters the index code needs."""
+    name: str
+    index_arg: str
+    index: str
+    extra_args: str
+
+
+def window_value(x, x_at, x_row_stride, state, state_at, tables, rows, st0, p, initial,
+                 zero, strided):
+    """The input at position p of the sequence: p >= 0 is a row of x (``x_at`` is the
+    channel's offset); p < 0 reads the cache line's window (flat index ``state_at``, with
+    the backend's ``strided`` element read), or zero without initial state. (A device
+    function: backends decorate it.)"""
+    if p >= 0:
+        return x[np.uint64(x_at + tables[rows + st0 + p] * x_row_stride)]
+    if initial:
+        return strided(state, np.uint64(state_at))
+    return zero
+
+
+# The kernel body, written once; {…} parts are expanded per width and per channel so that
+# the sliding window and the taps live in scalar variables (registers): private arrays
+# indexed in loops were slower. Every array is flat (1-D) with explicit element strides:
+# with 2-D and 3-D strided numba arrays in a 2-D index space, the OpenCL CPU compiler
+# produced wrong loads here (channels 16..31 read the weights of channels 0..15).
+# Indices are cast to unsigned (U): for a signed index numba adds negative-index
+# wraparound, a per-lane select that turns contiguous loads into gathers (2x slower).
+_TEMPLATE = """
+def {name}({index_arg}x, x_offset, x_row_stride, out, out_offset, out_row_stride,
+           weight, weight_offset, weight_stride_c, weight_stride_k,
+           bias, bias_offset, bias_stride,
+           state, state_offset, state_stride_line, state_stride_c, state_stride_col,
+           tables, rows, blk_seq, blk_tok, blk_len, seq_tok, seq_len, seq_line, seq_off,
+           seq_flags, blk_contig, has_bias, silu{extra_args}):
+    # rows, blk_*, seq_*: offsets of the per-call tables inside `tables`.
+{index}
+    s = tables[blk_seq + b]
+    t0 = tables[blk_tok + b]
+    nb = tables[blk_len + b]
+    line = tables[seq_line + s]
+{channel_offsets}
+    if line < 0:
+        # Padded sequence, or output rows no sequence covers: zeros, no state access.
+        for i in range(nb):
+{pad_zeros}
+        return
+
+    st0 = tables[seq_tok + s]
+    n = tables[seq_len + s]
+    p0 = t0 - st0  # position of the block's first token in its sequence
+    off = tables[seq_off + s]
+    flags = tables[seq_flags + s]
+    initial = flags & FLAG_INITIAL_STATE
+{state_offsets}
+    sc = state_stride_col
+    # u = concat(window, x_seq); u0..u{S1} hold u[p0 .. p0+S-1] as raw values.
+{load_window}
+    if p0 == 0:
+        # Sole reader of this line's old window (per channel): write the new state.
+        # New state = u[q0:] from column 0: spec keeps all but the oldest column
+        # (S-1+n values), non-spec the last S.
+        q0 = n
+        if flags & FLAG_SPEC:
+            q0 = 1
+{store_window}
+        for q in range(max(q0, {S}), {S} + n):
+{state_from_x}
+
+{load_weights}
+{bias_zero}
+    if has_bias:
+{bias_load}
+{window_to_float}
+    if tables[blk_contig + b]:
+        r0 = tables[rows + t0]  # consecutive rows: computed, not loaded per token
+        for i in range(nb):
+            r = r0 + i
+{body}
+    else:
+        for i in range(nb):
+            r = tables[rows + t0 + i]
+{body}
+"""
+
+# One token of the sliding window (inside the loops above): the taps, the shift, silu.
+# Each line is repeated per channel ({J}: name suffix, {CH}: channel) before the next.
+# ``fdiv`` is the backend's plain division (the divisor is >= 1 or NaN, never 0: no
+# zero-divisor check, which numba-dpex's default error model would add and which broke
+# vectorization on the OpenCL CPU device); ``exp`` is math.exp or a faster opt-in one.
+_BODY = """
+xf{J} = load(x[U(xc{J} + r * x_row_stride)])
+acc{J} = bias_c{J} + {taps}
+{shift}
+if silu:
+    acc{J} = fdiv(acc{J}, ONE + exp(-acc{J}))
+out[U(oc{J} + r * out_row_stride)] = store(acc{J})
+"""
+
+
+def kernel_source(width, name, backend, channels=1):
+    """The Python source of the conv kernel for one width, backend and channel count."""
+    S = width - 1
+    ind = " " * 4
+    suffixes = [""] if channels == 1 else [f"_{j}" for j in range(channels)]
+    chans = ["c"] + [f"(c + {j})" for j in range(1, channels)]
+
+    def each(fmt, depth=1, **values):
+        """``fmt`` once per channel, indented by ``depth``; a multi-line ``fmt`` keeps its
+        statements together per channel."""
+        return "\n".join(ind * depth + line for J, CH in zip(suffixes, chans)
+                         for line in fmt.format(J=J, CH=CH, **values).splitlines())
+
+    def per_k(fmt, count, depth=1):
+        return "\n".join(each(fmt, depth, k=k) for k in range(count))
+
+    def body_line(line):
+        """One line of _BODY for every channel; 'if silu:' groups the divisions."""
+        if line == "if silu:":
+            return line
+        if line.startswith("    "):
+            return "\n".join("    " + line.strip().format(J=J) for J in suffixes)
+        if line == "{shift}":
+            return "\n".join(
+                "\n".join([f"f{k}{J} = f{k + 1}{J}" for k in range(S - 1)]
+                          + [f"f{S - 1}{J} = xf{J}"]) for J in suffixes)
+        return "\n".join(line.format(J=J, taps=" + ".join(
+            [f"w{k}{J} * f{k}{J}" for k in range(S)] + [f"w{S}{J} * xf{J}"]))
+            for J in suffixes)
+
+    body = "\n".join(body_line(line) for line in _BODY.strip().splitlines())
+    body = "\n".join(ind * 3 + line for line in body.splitlines())
+    return _TEMPLATE.format(
+        name=name, S=S, S1=S - 1, body=body, index_arg=backend.index_arg,
+        extra_args=backend.extra_args, index=backend.index.format(C=channels),
+        channel_offsets=each("xc{J} = x_offset + {CH}      # this channel in x and out\n"
+                             "oc{J} = out_offset + {CH}"),
+        pad_zeros=each("out[U(oc{J} + tables[rows + t0 + i] * out_row_stride)] = ZERO", 3),
+        state_offsets=each("st{J} = state_offset + line * state_stride_line + {CH} * "
+                           "state_stride_c  # line, channel"),
+        load_window=per_k(f"u{{k}}{{J}} = _window_value(x, xc{{J}}, x_row_stride, state, "
+                          f"st{{J}} + (off + p0 + {{k}}) * sc, tables, rows, st0, "
+                          f"p0 - {S} + {{k}}, initial, ZERO, strided)", S),
+        store_window="\n".join(
+            ind * 2 + f"if q0 <= {k}:\n"
+            + each(f"state[U(st{{J}} + ({k} - q0) * sc)] = u{k}{{J}}", 3) for k in range(S)),
+        state_from_x=each(f"state[U(st{{J}} + (q - q0) * sc)] = x[U(xc{{J}} + tables[rows + "
+                          f"st0 + q - {S}] * x_row_stride)]", 3),
+        load_weights=per_k("w{k}{J} = load(strided(weight, U(weight_offset + {CH} * "
+                           "weight_stride_c + {k} * weight_stride_k)))", width),
+        bias_zero=each("bias_c{J} = F32_ZERO"),
+        bias_load=each("bias_c{J} = load(strided(bias, U(bias_offset + {CH} * "
+                       "bias_stride)))", 2),
+        window_to_float=per_k("f{k}{J} = load(u{k}{J})", S),
+    )

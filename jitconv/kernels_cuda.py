@@ -1,0 +1,93 @@
+"""The numba-cuda backend of the conv kernel: the template of ``kernel_template``
+compiled for NVIDIA GPUs. Only what is CUDA's lives here: the index (thread and block
+ids, and the bounds guard a grid rounded up to whole thread blocks needs), numba-cuda's
+device-function decorator, and which conversions run (LLVM intrinsics on a GPU, their
+Python twins under numba's CUDA simulator, NUMBA_ENABLE_CUDASIM=1).
+
+Arguments are ``kernel_abi.CONV_ARGS`` followed by ``EXTRA_ARGS`` (dim and the number of
+blocks, for the guard). Thread layout: x over channel groups (neighbouring threads on
+neighbouring channels: coalesced), y over blocks of tokens.
+
+The silu division is a plain fdiv: numba-cuda compiles with numba's "numpy" error model
+(no zero-divisor check), unlike numba-dpex's default. ``fastmath`` (measured on the H200,
+see benchmarks/h200/) also makes exp and the division the GPU's approximate instructions.
+"""
+
+import linecache
+import math
+
+import numpy as np
+
+if not hasattr(np, "row_stack"):  # numpy 2.x removed it; some numba-cuda releases use it
+    np.row_stack = np.vstack
+
+from numba import cuda  # noqa: E402
+
+from . import bit_conversions  # noqa: E402
+from .kernel_abi import FLAG_INITIAL_STATE, FLAG_SPEC, STORAGE, SUPPORTED_WIDTHS  # noqa: E402
+from .kernel_template import Backend, kernel_source, window_value  # noqa: E402
+
+CUDA = Backend(
+    name="cuda", index_arg="", extra_args=", dim, num_blocks",
+    index="    g = cuda.blockIdx.y * cuda.blockDim.x + cuda.threadIdx.x  # channel group\n"
+          "    b = cuda.blockIdx.x * cuda.blockDim.y + cuda.threadIdx.y  # block\n"
+          "    c = g * {C}  # first of the work-item's channels\n"
+          "    if c >= dim or b >= num_blocks:\n"
+          "        return  # the grid is rounded up to whole thread blocks")
+EXTRA_ARGS = (("dim", 0, "int64", None), ("num_blocks", 0, "int64", None))
+
+def _simulating():
+    from numba.core import config
+    return bool(config.ENABLE_CUDASIM)
+
+
+_conversions = {}
+
+
+def _converters(dtype_name):
+    """(load, store) for the dtype: the intrinsics on a GPU, the Python twins in the
+    simulator (where intrinsics cannot run)."""
+    if not _conversions:
+        if _simulating():
+            _conversions.update(bit_conversions.python_converters())
+            _conversions["identity"] = lambda v: v
+        else:
+            try:  # numba-cuda's own extension API (newer releases), else numba's
+                from numba.cuda.extending import intrinsic
+            except ImportError:
+                from numba.core.extending import intrinsic
+            _conversions.update(bit_conversions.intrinsics(intrinsic))
+            _conversions["identity"] = cuda.jit(device=True)(lambda v: v)
+    load, store = bit_conversions.CONVERSIONS[dtype_name]
+    return _conversions[load or "identity"], _conversions[store or "identity"]
+
+
+@cuda.jit(device=True)
+def _fdiv(a, b):
+    return a / b  # numba-cuda's "numpy" error model: a plain division
+
+
+@cuda.jit(device=True)
+def _element(array, index):
+    return array[index]
+
+
+def make_conv_kernel(width, dtype_name, channels=1, fastmath=False):
+    """The CUDA conv kernel for one (width, dtype, channels per thread) specialization
+    (a numba-cuda dispatcher; types are taken from the first launch)."""
+    if width not in SUPPORTED_WIDTHS:
+        raise ValueError(f"width must be one of {SUPPORTED_WIDTHS}, got {width}")
+    name = f"jitconv_conv_w{width}_{dtype_name}_c{channels}{'_fast' if fastmath else ''}"
+    source = kernel_source(width, name, CUDA, channels)
+    filename = f"<jitconv cuda kernel {name}>"
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    load, store = _converters(dtype_name)
+    namespace = {
+        "cuda": cuda, "U": np.uint64, "load": load, "store": store,
+        "fdiv": _fdiv, "exp": math.exp, "strided": _element,
+        "_window_value": cuda.jit(device=True)(window_value),
+        "ZERO": STORAGE[dtype_name](0), "F32_ZERO": np.float32(0.0), "ONE": np.float32(1.0),
+        "FLAG_INITIAL_STATE": FLAG_INITIAL_STATE, "FLAG_SPEC": FLAG_SPEC,
+    }
+    exec(compile(source, filename, "exec"), namespace)
+    return cuda.jit(fastmath=fastmath)(namespace[name])

@@ -1,0 +1,198 @@
+"""The CUDA backend (numba-cuda, torch CUDA tensors): the same contract checks as the
+SYCL kernel tests, through the public ops.
+
+Where it runs:
+- on an NVIDIA GPU (`pytest tests/test_cuda.py` with numba-cuda installed): the whole
+  grid of test_mixed.py at dim 136 and the other cases below (the H200 run is recorded in
+  benchmarks/h200/);
+- in CI, under numba's CUDA simulator (tests/test_cuda_simulator.py starts this file in
+  a subprocess with NUMBA_ENABLE_CUDASIM=1 and dpctl / numba-dpex hidden): a subset at a
+  small dim, since the simulator runs every thread as Python. The simulator checks the
+  kernel's logic (indexing, the bounds guard of the rounded-up grid: its arrays are
+  exactly as long as the data, so a stray index raises; tables; state updates;
+  channels per thread). It does not check code generation, the LLVM bit-conversion
+  intrinsics (it runs their Python twins: tests/test_bit_conversions.py compares those
+  with torch), fastmath, streams or speed.
+"""
+
+import os
+import sys
+
+import pytest
+import torch
+
+import jitconv
+from jitconv import cuda_backend
+from jitconv.reference import causal_conv1d_reference
+
+from helpers import (DTYPES, assert_outputs_close, assert_state_exact, bits, cumulative,
+                     poisoned, randn, split_step, token_rows)
+from test_mixed import GRID, build_mixed, run_and_check
+
+SIM = cuda_backend.simulating()
+pytestmark = pytest.mark.skipif(not cuda_backend.devices(),
+                                reason=f"no CUDA device: {cuda_backend.why_unavailable()}")
+DIM = 12 if SIM else 136  # 12: divisible by 4, not a multiple of 32 (grid rounding)
+# The simulator takes every 8th case of the grid (all dtypes, widths, layouts appear).
+CASES = GRID[::8] if SIM else GRID
+
+
+@pytest.fixture(scope="module")
+def cuda_device():
+    device = jitconv.set_device(cuda_backend.devices()[0])
+    yield device
+
+
+def test_runs_without_the_sycl_stack_when_hidden(cuda_device):
+    """In the simulator run dpctl and numba-dpex are hidden (conftest): the CUDA path
+    must not need them (the H200 image has neither)."""
+    if os.environ.get("JITCONV_TEST_HIDE_SYCL") != "1":
+        pytest.skip("SYCL stack not hidden in this run")
+    with pytest.raises(ImportError):
+        import dpctl  # noqa: F401
+    assert "numba_dpex" not in sys.modules or sys.modules["numba_dpex"] is None
+    assert cuda_device in jitconv.devices()
+
+
+@pytest.mark.parametrize("dtype_name,width,layout,pads,shuffle,act_bias", CASES,
+                         ids=["-".join(str(v) for v in p[:5]) + f"-{p[5][0]}-bias{p[5][1]}"
+                              for p in CASES])
+def test_mixed_grid(cuda_device, dtype_name, width, layout, pads, shuffle, act_bias):
+    dtype = DTYPES[dtype_name]
+    activation, use_bias = act_bias
+    seed = GRID.index((dtype_name, width, layout, pads, shuffle, act_bias))
+    case = build_mixed(seed, dtype=dtype, width=width, dim=DIM, layout=layout,
+                       use_bias=use_bias, pads=pads, shuffle=shuffle, usm=True,
+                       spec_2d=bool(seed % 2), strided=bool(seed % 3 == 0))
+    assert case["x"].device == cuda_backend.torch_device(cuda_device)
+    out = poisoned(tuple(case["x"].shape), dtype, usm=True)
+    run_and_check(case, dtype=dtype, activation=activation, out=out)
+
+
+@pytest.mark.parametrize("channels,dim", [(1, 12), (2, 12), (4, 12), (4, 10), (4, 9),
+                                          (8, 24)])
+@pytest.mark.parametrize("dtype_name", ["float32", "bfloat16"])
+def test_channels_per_thread(cuda_device, monkeypatch, channels, dim, dtype_name):
+    """C contiguous channels per thread (halved until it divides dim)."""
+    monkeypatch.setenv("JITCONV_CUDA_CHANNELS", str(channels))
+    used = cuda_backend.channels_for(dim)
+    assert dim % used == 0 and used <= channels
+    dtype = DTYPES[dtype_name]
+    case = build_mixed(channels * 100 + dim, dtype=dtype, width=4, dim=dim, usm=True,
+                       strided=True)
+    run_and_check(case, dtype=dtype, out=poisoned(tuple(case["x"].shape), dtype, usm=True))
+
+
+def test_channels_setting_is_checked(monkeypatch):
+    monkeypatch.delenv("JITCONV_CUDA_CHANNELS", raising=False)
+    assert cuda_backend.channels_for(8192, "bfloat16") == 4
+    assert cuda_backend.channels_for(8192, "float32") == 2
+    assert cuda_backend.channels_for(10, "bfloat16") == 2
+    monkeypatch.setenv("JITCONV_CUDA_CHANNELS", "3")
+    with pytest.raises(ValueError, match="JITCONV_CUDA_CHANNELS"):
+        cuda_backend.channels_for(12)
+
+
+@pytest.mark.parametrize("dtype_name", list(DTYPES))
+def test_out_none_and_out_aliasing_x(cuda_device, dtype_name):
+    dtype = DTYPES[dtype_name]
+    case = build_mixed(7, dtype=dtype, width=4, dim=DIM, usm=True)
+    result = run_and_check(dict(case, conv_state=case["conv_state"].clone()), dtype=dtype)
+    assert result.device == case["x"].device
+    x = case["x"].clone()
+    ref_out, _ = causal_conv1d_reference(**dict(case, x=x.clone()))
+    got = jitconv.causal_conv1d_mixed(**dict(case, x=x, out=x))
+    assert got is x
+    assert_outputs_close(x, ref_out, dtype)
+
+
+def test_memory_around_the_views_is_untouched(cuda_device):
+    """x, out and conv_state as views inside larger buffers: the kernel (whose grid is
+    rounded up to whole thread blocks) writes nothing outside them."""
+    dtype = torch.bfloat16
+    case = build_mixed(9, dtype=dtype, width=4, dim=DIM, usm=True, strided=True)
+    n = case["x"].shape[0]
+    big = poisoned((n + 2, DIM + 40), dtype, usm=True)
+    big.copy_(torch.randn(big.shape).to(dtype))
+    before = bits(big)
+    out = big[1:n + 1, 16:16 + DIM]
+    out.fill_(float("nan"))
+    inside = torch.zeros(big.shape, dtype=torch.bool)
+    inside[1:n + 1, 16:16 + DIM] = True
+    run_and_check(case, dtype=dtype, out=out)
+    assert torch.equal(bits(big)[~inside], before[~inside])
+
+
+@pytest.mark.parametrize("dtype_name", list(DTYPES))
+def test_mixed_equals_spec_call_plus_non_spec_call(cuda_device, dtype_name):
+    dtype = DTYPES[dtype_name]
+    case = build_mixed(21, dtype=dtype, width=4, dim=DIM, shuffle=True, usm=True)
+    split_state = case["conv_state"].clone()
+    mixed = jitconv.causal_conv1d_mixed(**case)
+    non_spec_only, spec_only = split_step(case, conv_state=split_state)
+    out_ns = jitconv.causal_conv1d_mixed(**non_spec_only)
+    out_sp = jitconv.causal_conv1d_mixed(**spec_only)
+    ns_rows, sp_rows = token_rows(case, "non_spec"), token_rows(case, "spec")
+    assert torch.equal(bits(mixed)[ns_rows], bits(out_ns)[ns_rows])
+    assert torch.equal(bits(mixed)[sp_rows], bits(out_sp)[sp_rows])
+    assert torch.equal(bits(case["conv_state"]), bits(split_state))
+
+
+def test_plan_runs_every_layer(cuda_device):
+    """One plan, several layers (different weights and states), each against the
+    reference; the tables are copied to the device once."""
+    dtype = torch.float16
+    case = build_mixed(61, dtype=dtype, width=3, dim=DIM, usm=True)
+    meta = {k: v for k, v in case.items() if k not in ("x", "weight", "bias", "conv_state")}
+    lines, _, state_len = case["conv_state"].shape
+    plan = jitconv.plan(case["x"].shape[0], lines, state_len, 3, **meta)
+    gen = torch.Generator().manual_seed(5)
+    for layer in range(3):
+        x = randn(gen, tuple(case["x"].shape), dtype, usm=True)
+        w = randn(gen, (DIM, 3), dtype, usm=True)
+        state = case["conv_state"].clone()
+        ref_out, ref_state = causal_conv1d_reference(**dict(case, x=x, weight=w,
+                                                            conv_state=state.clone()))
+        got = plan.run(x, w, None if layer == 1 else case["bias"], state,
+                       activation=None if layer == 1 else "silu")
+        if layer == 1:
+            ref_out, ref_state = causal_conv1d_reference(**dict(
+                case, x=x, weight=w, bias=None, conv_state=case["conv_state"].clone()),
+                activation=None)
+        assert_outputs_close(got, ref_out, dtype)
+        assert_state_exact(state, ref_state)
+    assert len(plan.__dict__["_cuda_tables"]) == 1
+
+
+def test_update_decode(cuda_device):
+    gen = torch.Generator().manual_seed(3)
+    dtype, batch, width = torch.bfloat16, 5, 4
+    x = randn(gen, (batch, DIM), dtype, usm=True)
+    w, b = randn(gen, (DIM, width), dtype, usm=True), randn(gen, (DIM,), dtype, usm=True)
+    state = randn(gen, (batch + 1, width, DIM), dtype, usm=True).transpose(1, 2)
+    lines = torch.tensor([3, 0, -1, 5, 1], dtype=torch.int32)
+    ref_out, ref_state = causal_conv1d_reference(
+        x, w, b, state, non_spec_query_start_loc=cumulative([1] * batch),
+        non_spec_state_indices=lines)
+    out = jitconv.causal_conv1d_update(x, w, b, state, lines)
+    assert_outputs_close(out, ref_out, dtype)
+    assert_state_exact(state, ref_state)
+
+
+@pytest.mark.skipif(SIM, reason="the simulator has no streams")
+def test_runs_on_torchs_current_stream(cuda_device):
+    """Inputs produced on a side stream and the result read there, with no sync in
+    between: only right if the kernel runs on torch's current stream."""
+    dtype = torch.float32
+    case = build_mixed(71, dtype=dtype, width=4, dim=4096, usm=True)
+    ref_out, ref_state = causal_conv1d_reference(**dict(case, conv_state=case["conv_state"].clone()))
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        x = case["x"] * 1.0  # produced on the side stream
+        big = torch.randn(4096, 4096, device=x.device) @ torch.randn(4096, 4096, device=x.device)
+        out = jitconv.causal_conv1d_mixed(**dict(case, x=x))
+        result = out.clone() + 0 * big.sum()
+    side.synchronize()
+    assert_outputs_close(result, ref_out, dtype)
+    assert_state_exact(case["conv_state"], ref_state)
