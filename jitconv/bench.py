@@ -409,20 +409,23 @@ SERIES = (("one_us", "jitconv, one call", "tab:blue"),
 
 
 def plot(panels, path):
-    """% of copy bandwidth per workload: one bar per series (``SERIES``: one call, two
-    calls, pure torch) for each row. ``panels``: [(title, rows)], one subplot each, side
-    by side (e.g. this device's run beside another device's results of the same form:
-    rows with "workload", "dtype", "dim" and, per series, "pct_<key>" or None)."""
+    """% of copy bandwidth per workload: one bar per series for each row. ``panels``:
+    [(title, rows)] or [(title, rows, series)], one subplot each, side by side (this
+    device's run beside another device's results: rows with "workload", "dtype", "dim"
+    and, per series key, "pct_<key>" or None); series default to ``SERIES`` (one call,
+    two calls, pure torch); ``bench_gpu.panel`` makes the H200's."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    widest = max(len(rows) for _t, rows in panels)
+    panels = [tuple(p) + (SERIES,) if len(p) == 2 else tuple(p) for p in panels]
+    widest = max(len(rows) for _t, rows, _s in panels)
     fig, axes = plt.subplots(1, len(panels), figsize=(max(8, 0.55 * widest) * len(panels), 5),
                              squeeze=False, sharey=True)
-    width = 0.8 / len(SERIES)
-    for ax, (title, rows) in zip(axes[0], panels):
-        for k, (key, label, color) in enumerate(SERIES):
-            xs = [i + (k - 1) * width for i, r in enumerate(rows) if r.get(f"pct_{key}")]
+    for ax, (title, rows, series) in zip(axes[0], panels):
+        width = 0.8 / len(series)
+        for k, (key, label, color) in enumerate(series):
+            shift = (k - (len(series) - 1) / 2) * width
+            xs = [i + shift for i, r in enumerate(rows) if r.get(f"pct_{key}")]
             ys = [r[f"pct_{key}"] for r in rows if r.get(f"pct_{key}")]
             ax.bar(xs, ys, width, color=color, label=label)
         ax.axhline(100, color="tab:red", linestyle="--", label="device copy (same bytes)")
@@ -431,8 +434,8 @@ def plot(panels, path):
         ax.set_xticks(range(len(rows)), labels, rotation=60, ha="right", fontsize=7)
         ax.set_title(title, fontsize=10)
         ax.grid(axis="y", alpha=0.3)
+        ax.legend(fontsize=7, loc="upper left")
     axes[0][0].set_ylabel("% of copy bandwidth (bytes that must move)")
-    axes[0][0].legend(fontsize=7, loc="upper left")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

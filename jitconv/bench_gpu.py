@@ -274,6 +274,64 @@ def _save(out_dir, copy, reps, rows):
     return result
 
 
+def table(result):
+    """The markdown results table of benchmarks/h200/README.md, from a run's result:
+    per (dim, dtype, workload) the default variant (C of cuda_backend.DEFAULT_CHANNELS,
+    exact math), the fastest jitconv variant, vLLM's calls, and the ratios."""
+    from .cuda_backend import DEFAULT_CHANNELS
+    by = {}
+    for r in result["rows"]:
+        if "us" in r:
+            by.setdefault((r["dim"], r["dtype"], r["workload"]), {})[r["variant"]] = r
+    order = {name: i for i, name in enumerate(WORKLOADS)}
+
+    def cell(r):
+        return "-" if r is None else f"{r['us']:.1f} us ({r['pct_copy']:.0f}%)"
+
+    lines = ["| dim | dtype | workload | jitconv default C (plain) | best jitconv (variant) | "
+             "vLLM Triton | vLLM Triton + gathers | jitconv two calls | best vs Triton | "
+             "best vs Triton+gathers |", "|---" * 10 + "|"]
+    for (dim, dtype, name) in sorted(by, key=lambda k: (k[0], k[1], order.get(k[2], 99))):
+        v = by[(dim, dtype, name)]
+        ours = {k: r for k, r in v.items() if k.startswith("jitconv C=")}
+        best_name = min(ours, key=lambda k: ours[k]["us"])
+        best = ours[best_name]
+        default = ours.get(f"jitconv C={DEFAULT_CHANNELS[dtype]}")
+        triton, gathers = v.get("vllm triton"), v.get("vllm triton + gathers")
+        vs = f"{triton['us'] / best['us']:.2f}x" if triton else "-"
+        vs_g = f"{gathers['us'] / best['us']:.2f}x" if gathers else "-"
+        lines.append(f"| {dim} | {dtype} | {name} | {cell(default)} | {cell(best)} "
+                     f"{best_name.replace('jitconv ', '')} | {cell(triton)} | {cell(gathers)} | "
+                     f"{cell(v.get('jitconv two calls'))} | {vs} | {vs_g} |")
+    return "\n".join(lines)
+
+
+PANEL_SERIES = (("best", "jitconv, one launch (best C)", "tab:blue"),
+                ("two", "jitconv, two calls", "tab:cyan"),
+                ("triton", "vLLM Triton", "tab:green"),
+                ("gathers", "vLLM Triton + gathers", "tab:olive"))
+
+
+def panel(result):
+    """A GPU run as a panel of ``bench.plot`` (title, rows, series), to draw beside the
+    CPU device's run."""
+    by = {}
+    for r in result["rows"]:
+        if "pct_copy" in r:
+            by.setdefault((r["dim"], r["dtype"], r["workload"]), {})[r["variant"]] = r
+    order = {name: i for i, name in enumerate(WORKLOADS)}
+    rows = []
+    for (dim, dtype, name) in sorted(by, key=lambda k: (order.get(k[2], 99), k[1], k[0])):
+        v = by[(dim, dtype, name)]
+        pct = {k: r["pct_copy"] for k, r in v.items()}
+        rows.append(dict(workload=name, dtype=dtype, dim=dim,
+                         pct_best=max(p for k, p in pct.items() if k.startswith("jitconv C=")),
+                         pct_two=pct.get("jitconv two calls"), pct_triton=pct.get("vllm triton"),
+                         pct_gathers=pct.get("vllm triton + gathers")))
+    title = f"{result['device']} (copy {result['copy']['gbps']:.0f} GB/s), kernel time"
+    return title, rows, PANEL_SERIES
+
+
 def plot(result, path):
     """% of copy bandwidth per workload: jitconv (best C), vLLM Triton, and vLLM Triton
     with its gathers (mixed steps)."""
@@ -310,7 +368,23 @@ def plot(result, path):
     fig.savefig(path, dpi=110)
 
 
+def side_by_side(cpu_json, gpu_json, path):
+    """One figure: a CPU device's ``python -m jitconv bench --json`` result beside a GPU
+    run of this module (the README's plot)."""
+    from .bench import plot as draw
+    with open(cpu_json) as f:
+        cpu = json.load(f)
+    with open(gpu_json) as f:
+        gpu = json.load(f)
+    draw([(f"{cpu['device']} ({cpu.get('timing', 'wall')} time), % of the copy of the same "
+           f"bytes", cpu["rows"]), panel(gpu)], path)
+
+
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["side-by-side"]:  # CPU_JSON GPU_JSON PNG: no GPU needed
+        side_by_side(*argv[1:4])
+        return
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--vllm-file", required=True)
     parser.add_argument("--out", required=True)

@@ -353,7 +353,7 @@ class _CSubmit:
         for i in where:
             args[i] = values[i]
         layout.pack_into(buf, 0, *values)  # pointer slots of buf are not read
-        rng[0], rng[1] = grid
+        rng[:len(grid)] = grid
         event = self.submit(kernel.addressof_ref(), queue.addressof_ref(), args, types,
                             len(pointers), rng, len(grid), None, 0)
         if not event:
