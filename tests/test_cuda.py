@@ -26,8 +26,9 @@ from jitconv import cuda_backend
 from jitconv.reference import causal_conv1d_reference
 
 from helpers import (DTYPES, assert_outputs_close, assert_state_exact, bits, cumulative,
-                     poisoned, randn, split_step, token_rows)
-from test_mixed import GRID, build_mixed, run_and_check
+                     poisoned, randn)
+from test_mixed import (GRID, build_mixed, check_grid_case, check_mixed_equals_split,
+                        grid_ids, run_and_check)
 
 SIM = cuda_backend.simulating()
 pytestmark = pytest.mark.skipif(not cuda_backend.devices(),
@@ -54,19 +55,11 @@ def test_runs_without_the_sycl_stack_when_hidden(cuda_device):
     assert cuda_device in jitconv.devices()
 
 
-@pytest.mark.parametrize("dtype_name,width,layout,pads,shuffle,act_bias", CASES,
-                         ids=["-".join(str(v) for v in p[:5]) + f"-{p[5][0]}-bias{p[5][1]}"
-                              for p in CASES])
-def test_mixed_grid(cuda_device, dtype_name, width, layout, pads, shuffle, act_bias):
-    dtype = DTYPES[dtype_name]
-    activation, use_bias = act_bias
-    seed = GRID.index((dtype_name, width, layout, pads, shuffle, act_bias))
-    case = build_mixed(seed, dtype=dtype, width=width, dim=DIM, layout=layout,
-                       use_bias=use_bias, pads=pads, shuffle=shuffle, usm=True,
-                       spec_2d=bool(seed % 2), strided=bool(seed % 3 == 0))
-    assert case["x"].device == cuda_backend.torch_device(cuda_device)
-    out = poisoned(tuple(case["x"].shape), dtype, usm=True)
-    run_and_check(case, dtype=dtype, activation=activation, out=out)
+@pytest.mark.parametrize("params", CASES, ids=grid_ids(CASES))
+def test_mixed_grid(cuda_device, params):
+    def on_cuda(case):
+        assert case["x"].device == cuda_backend.torch_device(cuda_device)
+    check_grid_case(params, dim=DIM, usm=True, on_device=on_cuda)
 
 
 @pytest.mark.parametrize("channels,dim", [(1, 12), (2, 12), (4, 12), (4, 10), (4, 9),
@@ -125,17 +118,8 @@ def test_memory_around_the_views_is_untouched(cuda_device):
 
 @pytest.mark.parametrize("dtype_name", list(DTYPES))
 def test_mixed_equals_spec_call_plus_non_spec_call(cuda_device, dtype_name):
-    dtype = DTYPES[dtype_name]
-    case = build_mixed(21, dtype=dtype, width=4, dim=DIM, shuffle=True, usm=True)
-    split_state = case["conv_state"].clone()
-    mixed = jitconv.causal_conv1d_mixed(**case)
-    non_spec_only, spec_only = split_step(case, conv_state=split_state)
-    out_ns = jitconv.causal_conv1d_mixed(**non_spec_only)
-    out_sp = jitconv.causal_conv1d_mixed(**spec_only)
-    ns_rows, sp_rows = token_rows(case, "non_spec"), token_rows(case, "spec")
-    assert torch.equal(bits(mixed)[ns_rows], bits(out_ns)[ns_rows])
-    assert torch.equal(bits(mixed)[sp_rows], bits(out_sp)[sp_rows])
-    assert torch.equal(bits(case["conv_state"]), bits(split_state))
+    check_mixed_equals_split(build_mixed(21, dtype=DTYPES[dtype_name], width=4, dim=DIM,
+                                         shuffle=True, usm=True))
 
 
 def test_plan_runs_every_layer(cuda_device):
