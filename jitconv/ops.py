@@ -113,15 +113,17 @@ def spec_part(query_start_loc, state_indices, token_indx, num_accepted_tokens, n
 
 def _prepare(x, weight, bias, conv_state, out, activation, pad_slot_id):
     """Argument checks shared by every op, before any metadata is read (so a bad tensor
-    is reported first, as it always was). Returns the step's Geometry."""
+    is reported first, as it always was). Returns the step's Geometry and what
+    ``StepPlan.run_checked`` takes as checked tensors."""
     validation.check_activation(activation)
     if isinstance(pad_slot_id, bool) or not isinstance(pad_slot_id, (int, np.integer)):
         raise TypeError(f"pad_slot_id: expected an int, got {pad_slot_id!r}")
     tensors = bridge.normalize_all(x, weight, bias, conv_state, out)
-    _dim, width, _dtype = validation.check_tensors(*tensors)
+    _dim, width, dtype = validation.check_tensors(*tensors)
     num_lines, _, state_len = validation.shape_of(tensors[3])
-    return Geometry(validation.shape_of(tensors[0])[0], num_lines, state_len, width,
-                    int(pad_slot_id))
+    geo = Geometry(validation.shape_of(tensors[0])[0], num_lines, state_len, width,
+                   int(pad_slot_id))
+    return geo, (tensors, dtype)
 
 
 _FN_NAMES = {"qsl": "query_start_loc", "lines": "cache_indices",
@@ -142,7 +144,7 @@ def causal_conv1d_fn(x, weight, bias, conv_state, query_start_loc, cache_indices
     query_start_loc[-1] must equal num_tokens). Returns out (new, or the given ``out``,
     which may alias x). See docs/SEMANTICS.md for the exact rule.
     """
-    geo = _prepare(x, weight, bias, conv_state, out, activation, pad_slot_id)
+    geo, checked = _prepare(x, weight, bias, conv_state, out, activation, pad_slot_id)
 
     def build():
         part = non_spec_part(query_start_loc, cache_indices, has_initial_state, token_indx,
@@ -151,7 +153,7 @@ def causal_conv1d_fn(x, weight, bias, conv_state, query_start_loc, cache_indices
 
     metadata = (query_start_loc, cache_indices, has_initial_state, token_indx)
     plan = plan_cache.plan_for(plan_cache.key("fn", geo, metadata), build)
-    return plan.run(x, weight, bias, conv_state, out=out, activation=activation)
+    return plan.run_checked((x, weight, bias, conv_state, out), activation, checked)
 
 
 def causal_conv1d_update(x, weight, bias, conv_state, conv_state_indices,
@@ -166,7 +168,7 @@ def causal_conv1d_update(x, weight, bias, conv_state, conv_state_indices,
     state keeps the newest width-2 old columns then all new tokens. Without it, each
     sequence continues from its state (non-spec rule).
     """
-    geo = _prepare(x, weight, bias, conv_state, out, activation, pad_slot_id)
+    geo, checked = _prepare(x, weight, bias, conv_state, out, activation, pad_slot_id)
 
     def build():
         qsl = query_start_loc
@@ -190,7 +192,7 @@ def causal_conv1d_update(x, weight, bias, conv_state, conv_state_indices,
 
     metadata = (conv_state_indices, query_start_loc, num_accepted_tokens, token_indx)
     plan = plan_cache.plan_for(plan_cache.key("update", geo, metadata), build)
-    return plan.run(x, weight, bias, conv_state, out=out, activation=activation)
+    return plan.run_checked((x, weight, bias, conv_state, out), activation, checked)
 
 
 def causal_conv1d_mixed(x, weight, bias, conv_state, *, non_spec_query_start_loc=None,
@@ -209,13 +211,13 @@ def causal_conv1d_mixed(x, weight, bias, conv_state, *, non_spec_query_start_loc
     (P,), optional: a non-spec sequence that follows a spec step which accepted a tokens
     reads its window at column a-1 (default: column 0).
     """
-    geo = _prepare(x, weight, bias, conv_state, out, activation, pad_slot_id)
+    geo, checked = _prepare(x, weight, bias, conv_state, out, activation, pad_slot_id)
     metadata = (non_spec_query_start_loc, non_spec_state_indices, has_initial_state,
                 non_spec_token_indx, spec_query_start_loc, spec_state_indices,
                 spec_token_indx, num_accepted_tokens, non_spec_num_accepted_tokens)
     plan = plan_cache.plan_for(plan_cache.key("mixed", geo, metadata),
                                lambda: _mixed_plan(geo, None, *metadata))
-    return plan.run(x, weight, bias, conv_state, out=out, activation=activation)
+    return plan.run_checked((x, weight, bias, conv_state, out), activation, checked)
 
 
 def plan(num_tokens, num_cache_lines, state_len, width, *, non_spec_query_start_loc=None,

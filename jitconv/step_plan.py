@@ -66,6 +66,14 @@ class StepPlan:
         """The conv of one layer: returns out (new, or the given ``out``, which may alias
         x). conv_state is updated in place. Checks the tensors against the plan before
         launching anything."""
+        return self.run_checked((x, weight, bias, conv_state, out), activation)
+
+    def run_checked(self, args, activation, checked=None):
+        """``run`` on ``args`` (x, weight, bias, conv_state, out). ``checked``: (normalized
+        tensors, dtype name) when the caller has already checked them against this
+        plan's geometry (the one-shot ops do), so a run that is not remembered does not
+        check them twice."""
+        x, weight, bias, conv_state, out = args
         key = None
         if launching.can_resubmit() and not _on_cuda(x):
             key = run_cache.key(x, weight, bias, conv_state, out, activation,
@@ -75,9 +83,12 @@ class StepPlan:
             if entry is not None:  # these tensors passed the checks of this geometry
                 return entry.run(self, x, out)
         silu = validation.check_activation(activation)
-        tensors = bridge.normalize_all(x, weight, bias, conv_state, out)
-        _dim, width, dtype = validation.check_tensors(*tensors)
-        validation.check_fits_plan(self.geometry, tensors[0], tensors[3], width)
+        if checked is None:
+            tensors = bridge.normalize_all(x, weight, bias, conv_state, out)
+            _dim, width, dtype = validation.check_tensors(*tensors)
+            validation.check_fits_plan(self.geometry, tensors[0], tensors[3], width)
+        else:
+            tensors, dtype = checked
         return self.launch(tensors, silu, dtype, key=key)
 
     def launch(self, tensors, silu, dtype, key=None):
