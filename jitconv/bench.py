@@ -10,6 +10,7 @@ rows first, each sequence's rows contiguous), and the same step with every token
 shuffled (a stress case for the token maps).
 """
 
+import contextlib
 import json
 import math
 import os
@@ -204,25 +205,29 @@ def percent_of_copy(row, key):
         "copy_gbps"]
 
 
+@contextlib.contextmanager
+def _submits_recorded():
+    """Inside the block nothing is submitted: every launch's ``submit_packed`` arguments
+    are appended to the yielded list instead (to time jitconv's host work alone, then the
+    runtime's submit of the same arguments alone)."""
+    submitted = []
+    original = launching.submit_packed
+    launching.submit_packed = lambda *args: submitted.append(args)
+    try:
+        yield submitted
+    finally:
+        launching.submit_packed = original
+
+
 def host_overhead():
     """Per-call time of a decode batch too small for the kernel to matter: host cost.
     Also the bare submit + wait of the prebuilt kernel with the same arguments."""
     step = make_step("decode-only 64", 64, torch.float32)
     per_call = median_time(lambda: jitconv.causal_conv1d_mixed(**step), min_reps=50)
-    captured = {}
-    original = launching.submit_packed
-
-    def capture(*args, **kwargs):
-        captured["args"] = (args, kwargs)
-        return original(*args, **kwargs)
-
-    launching.submit_packed = capture
-    try:
+    with _submits_recorded() as submitted:
         jitconv.causal_conv1d_mixed(**step)
-    finally:
-        launching.submit_packed = original
-    args, kwargs = captured["args"]
-    submit = median_time(lambda: original(*args, **kwargs), min_reps=50)
+    args = submitted[-1]
+    submit = median_time(lambda: launching.submit_packed(*args), min_reps=50)
     return per_call * 1e6, submit * 1e6
 
 
@@ -360,18 +365,13 @@ def tiny_run_cost(runs=1000):
                   one_shot_new_us=one_shot_new_s * 1e6)
     # The same pipelined runs split in two: jitconv's own Python (the runtime's submit
     # skipped), and the runtime's submit alone (the packed arguments of the last run).
-    submitted = []
-    original = launching.submit_packed
-    launching.submit_packed = lambda *args: submitted.append(args)
-    try:
+    with _submits_recorded() as submitted:
         result["python_us"] = pipelined(False) * 1e6
         result["python_checked_us"] = pipelined(True) * 1e6
-    finally:
-        launching.submit_packed = original
     kernel, _queue, values, grid, _wait = submitted[-1]
     t0 = time.perf_counter()
     for _ in range(runs):
-        original(kernel, queue, values, grid, False)
+        launching.submit_packed(kernel, queue, values, grid, False)
     queue.wait()
     result["submit_us"] = (time.perf_counter() - t0) / runs * 1e6
     return result

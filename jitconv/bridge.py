@@ -418,12 +418,13 @@ def _namespace(source):
 
 
 def empty_like_output(x, shape, dtype_str):
-    """A new output tensor of the same kind as ``x``: torch XPU -> torch XPU, torch CPU ->
-    ``jitconv.empty``, dpctl / dpnp -> an array of that library on x's device (made by
+    """A new output tensor of the same kind as ``x``: torch XPU / CUDA -> the same device,
+    torch CPU -> ``jitconv.empty`` (a torch CUDA-simulator tensor when the current device
+    is "cuda:N"), dpctl / dpnp -> an array of that library on x's device (made by
     its own module, found from x). Other DLPack producers get a ``jitconv.empty`` torch
     tensor: USM shared memory of the device, usable on the host and by kernels."""
     if isinstance(x, torch.Tensor):
-        if x.device.type == "xpu":
+        if x.device.type in ("xpu", "cuda"):  # torch's own device memory
             return torch.empty(shape, dtype=x.dtype, device=x.device)
         return usm.empty(shape, x.dtype)
     source = x.source if isinstance(x, UsmArray) else x

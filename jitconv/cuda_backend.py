@@ -191,23 +191,14 @@ def _stream(device):
     return stream
 
 
-def launch(plan, tensors, silu, dtype):
-    """One run of ``plan`` on checked tensors (StepPlan.launch checked them); returns the
-    tensor the kernel wrote (``out``, or a new one when out is None, overlaps x or has
-    strided channels: the caller copies it into out then)."""
-    from . import bridge
-    x, weight, bias, conv_state, out = tensors
+def launch(plan, x, weight, bias, conv_state, target, silu, dtype):
+    """One run of ``plan`` on checked tensors into ``target`` (StepPlan._launch checked
+    them and chose target: channels of x and target contiguous, target apart from x)."""
     sim = simulating()
     if not sim and not have_numba_cuda():
         raise RuntimeError("x: a CUDA tensor, but numba-cuda is not installed: "
                            "pip install 'jitconv[cuda]'")
     dim = x.shape[1]
-    x = bridge.channels_contiguous(x)
-    target = out
-    if out is None or bridge.overlaps(out, x) or not bridge.has_unit_channel_stride(out):
-        target = torch.empty(tuple(x.shape), dtype=x.dtype, device=x.device)
-    if dim == 0 or plan.num_blocks == 0:
-        return target
     if weight.dim() == 3:  # (dim, 1, width)
         weight = weight[:, 0, :]
     channels = channels_for(dim, dtype)
@@ -228,4 +219,3 @@ def launch(plan, tensors, silu, dtype):
         from numba import cuda
         with cuda.gpus[x.device.index]:
             kernel[grid, block, _stream(x.device)](*args)
-    return target

@@ -171,16 +171,24 @@ def get_conv_kernel(width, dtype_name, queue=None):
     return kernel
 
 
+def _array_params(nitems, itemsize, pointer, *scalars):
+    """A flat 1-D numba-dpex array of ``nitems`` as its five kernel parameters (see the
+    module docstring), then ``scalars``. The pointer is the third (``_ARRAY_POINTER``)."""
+    return [nitems, itemsize, pointer, nitems, itemsize, *scalars]
+
+
+_ARRAY_POINTER = 2
+
+
 def array_args(view, *scalars):
     """One array argument as the kernel's parameters: the view's whole allocation as a
-    flat 1-D array (see the module docstring), then ``scalars`` (its element offset and
-    strides, passed separately)."""
+    flat 1-D array, then ``scalars`` (its element offset and strides, passed
+    separately)."""
     extent = 1
     for n, s in zip(view.shape, view.strides):
         if n > 0:
             extent += (n - 1) * s
-    nitems = view.offset + extent
-    return [nitems, view.itemsize, view.memory, nitems, view.itemsize, *scalars]
+    return _array_params(view.offset + extent, view.itemsize, view.memory, *scalars)
 
 
 # submit_conv packs the arguments in this order; a change of the ABI must change both.
@@ -192,7 +200,7 @@ if tuple(a[0] for a in CONV_ARGS) != _PACKED:
     raise ImportError("kernel_abi.CONV_ARGS changed: update launching.submit_conv")
 # Which packed parameters are USM pointers (the third of an array's five).
 _POINTERS = tuple(p for _name, ndim, _e, _l in CONV_ARGS
-                  for p in ((False, False, True, False, False) if ndim else (False,)))
+                  for p in ([i == _ARRAY_POINTER for i in range(5)] if ndim else (False,)))
 
 
 def table_args(view, offsets):
@@ -257,7 +265,7 @@ def with_tables(values, tables):
     (``table_args``): the layer's part stays."""
     values = list(values)
     values[_TABLES_AT] = tables
-    pointer = _TABLES_AT.start + 2  # the tables array's USM pointer
+    pointer = _TABLES_AT.start + _ARRAY_POINTER
     if values[pointer].__class__ is not int:
         values[pointer] = values[pointer]._pointer
     return values
@@ -267,9 +275,8 @@ def set_out(values, address, shape):
     """Replace out's parameters in packed ``values`` (with addresses) by those of a new
     contiguous 2-D array of ``shape`` at ``address`` (same dtype)."""
     first = _START["out"]
-    nitems = shape[0] * shape[1]
-    itemsize = values[first + 1]
-    values[first:first + 7] = [nitems, itemsize, address, nitems, itemsize, 0, shape[1]]
+    packed = _array_params(shape[0] * shape[1], values[first + 1], address, 0, shape[1])
+    values[first:first + len(packed)] = packed
 
 
 def submit_packed(kernel, queue, values, grid, wait):

@@ -89,17 +89,14 @@ class StepPlan:
             validation.check_fits_plan(self.geometry, tensors[0], tensors[3], width)
         else:
             tensors, dtype = checked
-        return self.launch(tensors, silu, dtype, key=key)
+        return self._launch(tensors, silu, dtype, key=key)
 
-    def launch(self, tensors, silu, dtype, key=None):
-        """Launch on checked tensors (``run`` checks; the one-shot ops checked already).
-        With a ``key`` (from ``run``) a zero-copy launch is remembered for the next run
-        with the same key."""
+    def _launch(self, tensors, silu, dtype, key=None):
+        """Launch on checked tensors (``run_checked`` checked them). With a ``key`` a
+        zero-copy launch is remembered for the next run with the same key."""
         x, weight, bias, conv_state, out = tensors
         validation.check_writable(x, weight, bias, conv_state, out)
         extents = validation.check_aliasing(x, weight, bias, conv_state, out, self.lines)
-        if cuda_backend.wants(x):  # torch CUDA tensors: numba-cuda, torch's stream
-            return _finish(out, cuda_backend.launch(self, tensors, silu, dtype))
         dim = validation.shape_of(x)[1]
         # The kernel needs channels contiguous in x and out (see kernel_abi). out may also
         # alias x, and the kernel reads neighbouring rows of x: then compute into a
@@ -116,6 +113,9 @@ class StepPlan:
                                  f"channels")
             target = bridge.empty_like_output(x, validation.shape_of(x), dtype)
         if dim == 0 or self.num_blocks == 0:
+            return _finish(out, target)
+        if cuda_backend.wants(x):  # torch CUDA tensors: numba-cuda, torch's stream
+            cuda_backend.launch(self, x, weight, bias, conv_state, target, silu, dtype)
             return _finish(out, target)
 
         queue = self.queue or devices.queue_for(x)
