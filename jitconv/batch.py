@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .kernel_abi import FLAG_INITIAL_STATE, FLAG_SPEC
+from .kernel_abi import (BLOCK_FIELDS, FLAG_BLOCK_ROWS, FLAG_INITIAL_STATE, FLAG_SEQ_ROWS,
+                         FLAG_SPEC)
 
 DEFAULT_BLOCK_TOKENS = 16
 
@@ -34,15 +35,37 @@ class Batch:
     blk_tok: np.ndarray
     blk_len: np.ndarray
     blk_contig: np.ndarray  # 1 if the block's rows of x are consecutive
+    seq_contig: np.ndarray  # 1 if all the sequence's rows of x are consecutive
 
     @property
     def num_blocks(self):
         return len(self.blk_seq)
 
+    def block_records(self):
+        """(num_blocks, len(BLOCK_FIELDS)) int32: per block what the kernel needs, its
+        sequence's fields included. One record per block (32 bytes, one memory sector) so
+        that a work-item reaches everything with one round of independent loads: with
+        per-sequence tables the block's sequence had to be loaded first, one more
+        dependent memory latency before any data load (it showed on small launches,
+        decode and spec verify, on the H200)."""
+        s = self.blk_seq
+        flags = self.seq_flags[s] | np.where(self.blk_contig != 0, FLAG_BLOCK_ROWS, 0) | \
+            np.where(self.seq_contig[s] != 0, FLAG_SEQ_ROWS, 0)
+        row0 = np.zeros(len(s), np.int64)  # (a block without tokens reads no row)
+        has_rows = self.blk_len > 0
+        row0[has_rows] = self.rows[self.blk_tok[has_rows]]
+        fields = dict(tok=self.blk_tok, len=self.blk_len, pos=self.blk_tok - self.seq_tok[s],
+                      seq_len=self.seq_len[s], line=self.seq_line[s], off=self.seq_off[s],
+                      flags=flags, row0=row0)
+        return np.stack([np.asarray(fields[f], np.int64) for f in BLOCK_FIELDS], axis=1) \
+            .astype(np.int32)
+
     def tables(self):
-        """The int32 arrays in the kernel's argument order (see launching.CONV_ARGS)."""
-        return [self.rows, self.blk_seq, self.blk_tok, self.blk_len, self.seq_tok,
-                self.seq_len, self.seq_line, self.seq_off, self.seq_flags, self.blk_contig]
+        """The int32 arrays in the kernel's argument order (kernel_abi.TABLES): the rows,
+        padded to whole records so that the records start aligned, then the records."""
+        pad = -len(self.rows) % len(BLOCK_FIELDS)
+        rows = np.concatenate([self.rows, np.zeros(pad, np.int32)]).astype(np.int32)
+        return [rows, self.block_records().reshape(-1)]
 
 
 @dataclass
@@ -103,7 +126,12 @@ def build_batch(parts, num_tokens, block_tokens=DEFAULT_BLOCK_TOKENS):
     last = np.maximum(blk_tok + blk_len - 1, blk_tok)
     blk_contig = breaks[np.minimum(last, len(rows) - 1)] == breaks[
         np.minimum(blk_tok, len(rows) - 1)] if len(rows) else np.ones(len(blk_tok), bool)
+    # The same for a whole sequence: then the kernel computes the rows of the window and
+    # of the new state from the block's first row instead of loading them.
+    seq_last = np.maximum(seq_tok + seq_len - 1, seq_tok)
+    seq_contig = breaks[np.minimum(seq_last, len(rows) - 1)] == breaks[
+        np.minimum(seq_tok, len(rows) - 1)] if len(rows) else np.ones(len(seq_tok), bool)
     i32 = lambda a: a.astype(np.int32)  # noqa: E731
     return Batch(i32(rows), i32(seq_tok), i32(seq_len), i32(seq_line), i32(seq_off),
                  i32(seq_flags), i32(blk_seq), i32(blk_tok), i32(blk_len),
-                 i32(blk_contig))
+                 i32(blk_contig), i32(seq_contig))

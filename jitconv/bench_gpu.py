@@ -13,8 +13,9 @@ copies, ``torch.full``) are not counted on either side: an engine makes them onc
 step, not per layer. GB/s = bytes that must move (``bench.bytes_moved``) / time; % of
 copy = that over the device-to-device copy bandwidth measured in the same run.
 
-Rows per workload: jitconv one launch for C = 1, 2, 4 channels per thread (and with
-fastmath), jitconv as two calls (mixed steps), vLLM Triton as vLLM calls it (one call for
+Rows per workload: jitconv one launch for C = 1, 2, 4 channels per thread, L tokens of
+lookahead (``cuda_backend.DEFAULT_LOOKAHEAD`` unless ``--lookaheads`` names others), with
+and without fastmath, jitconv as two calls (mixed steps), vLLM Triton as vLLM calls it (one call for
 one kind of sequences; for mixed steps its two calls on pre-gathered inputs), and for
 mixed steps vLLM's two calls plus the two ``index_select`` gathers its GDN layer makes.
 """
@@ -195,7 +196,8 @@ def _check(step, device, vt):
 
 
 def run(vllm_file, out_dir, dims=(2048, 8192), dtypes=("bfloat16", "float32"), reps=100,
-        channels=(1, 2, 4), workloads=None):
+        channels=(1, 2, 4), workloads=None, lookaheads=None):
+    lookaheads = lookaheads or (cuda_backend.DEFAULT_LOOKAHEAD,)
     device = torch.device(jitconv.set_device("cuda:0"))
     vt = load_vllm_triton(vllm_file)
     flush = torch.empty(256 << 20, dtype=torch.uint8, device=device)
@@ -232,13 +234,15 @@ def run(vllm_file, out_dir, dims=(2048, 8192), dtypes=("bfloat16", "float32"), r
                     print(f"{name:22s} {dtype_name:8s} {dim:5d} {variant:28s} {us:8.1f} us "
                           f"{gbps:7.0f} GB/s {100 * gbps / copy['gbps']:5.1f}%", flush=True)
 
-                for fast in (False, True):
-                    for c in (channels if not fast else [c for c in channels if c > 1]):
-                        os.environ["JITCONV_CUDA_CHANNELS"] = str(c)
-                        os.environ["JITCONV_CUDA_FASTMATH"] = "1" if fast else "0"
-                        record(f"jitconv C={c}{' fast' if fast else ''}", _plan(step))
-                os.environ.pop("JITCONV_CUDA_CHANNELS")
-                os.environ.pop("JITCONV_CUDA_FASTMATH")
+                for mode in MODES:
+                    for c in channels:
+                        for la in lookaheads:
+                            os.environ.update(MODES[mode], JITCONV_CUDA_CHANNELS=str(c),
+                                              JITCONV_CUDA_LOOKAHEAD=str(la))
+                            record(variant_name(c, la, mode), _plan(step))
+                for variable in ("JITCONV_CUDA_CHANNELS", "JITCONV_CUDA_LOOKAHEAD",
+                                 *MODES["fastmath"]):
+                    os.environ.pop(variable)
                 first, second = split_step(step)
                 if first is not None and second is not None:
                     p1, p2 = _plan(first), _plan(second)
@@ -274,11 +278,23 @@ def _save(out_dir, copy, reps, rows):
     return result
 
 
+# The math of silu: exact (the default), the opt-in approximate exp and division
+# (JITCONV_FAST_EXP=1), and numba's fastmath for the whole kernel (JITCONV_CUDA_FASTMATH=1).
+MODES = {"exact": {"JITCONV_FAST_EXP": "0", "JITCONV_CUDA_FASTMATH": "0"},
+         "fast exp": {"JITCONV_FAST_EXP": "1", "JITCONV_CUDA_FASTMATH": "0"},
+         "fastmath": {"JITCONV_FAST_EXP": "0", "JITCONV_CUDA_FASTMATH": "1"}}
+
+
+def variant_name(channels, lookahead, mode="exact"):
+    return f"jitconv C={channels} L={lookahead}{'' if mode == 'exact' else ' ' + mode}"
+
+
 def table(result):
     """The markdown results table of benchmarks/h200/README.md, from a run's result:
-    per (dim, dtype, workload) the default variant (C of cuda_backend.DEFAULT_CHANNELS,
-    exact math), the fastest jitconv variant, vLLM's calls, and the ratios."""
-    from .cuda_backend import DEFAULT_CHANNELS
+    per (dim, dtype, workload) the default variant (cuda_backend's DEFAULT_CHANNELS,
+    DEFAULT_LOOKAHEAD and DEFAULT_FAST_EXP), the fastest jitconv variant, vLLM's calls, and the
+    ratios."""
+    from .cuda_backend import DEFAULT_CHANNELS, DEFAULT_FAST_EXP, DEFAULT_LOOKAHEAD
     by = {}
     for r in result["rows"]:
         if "us" in r:
@@ -288,7 +304,7 @@ def table(result):
     def cell(r):
         return "-" if r is None else f"{r['us']:.1f} us ({r['pct_copy']:.0f}%)"
 
-    lines = ["| dim | dtype | workload | jitconv default C (plain) | best jitconv (variant) | "
+    lines = ["| dim | dtype | workload | jitconv default | best jitconv (variant) | "
              "vLLM Triton | vLLM Triton + gathers | jitconv two calls | best vs Triton | "
              "best vs Triton+gathers |", "|---" * 10 + "|"]
     for (dim, dtype, name) in sorted(by, key=lambda k: (k[0], k[1], order.get(k[2], 99))):
@@ -296,7 +312,8 @@ def table(result):
         ours = {k: r for k, r in v.items() if k.startswith("jitconv C=")}
         best_name = min(ours, key=lambda k: ours[k]["us"])
         best = ours[best_name]
-        default = ours.get(f"jitconv C={DEFAULT_CHANNELS[dtype]}")
+        default = ours.get(variant_name(DEFAULT_CHANNELS[dtype], DEFAULT_LOOKAHEAD,
+                                        "fast exp" if DEFAULT_FAST_EXP else "exact"))
         triton, gathers = v.get("vllm triton"), v.get("vllm triton + gathers")
         vs = f"{triton['us'] / best['us']:.2f}x" if triton else "-"
         vs_g = f"{gathers['us'] / best['us']:.2f}x" if gathers else "-"
@@ -391,11 +408,19 @@ def main(argv=None):
     parser.add_argument("--reps", type=int, default=100)
     parser.add_argument("--workload", action="append", help="only these (repeatable)")
     parser.add_argument("--dim", type=int, action="append")
+    parser.add_argument("--channels", default="1,2,4", help="C values, comma-separated")
+    parser.add_argument("--lookaheads", help="L values, comma-separated (default: "
+                        "cuda_backend.DEFAULT_LOOKAHEAD)")
     args = parser.parse_args(argv)
     if not cuda_backend.devices():
         sys.exit(f"no CUDA device: {cuda_backend.why_unavailable()}")
+
+    def ints(text):
+        return tuple(int(v) for v in text.split(",")) if text else None
+
     result = run(args.vllm_file, args.out, reps=args.reps, workloads=args.workload,
-                 dims=tuple(args.dim or (2048, 8192)))
+                 dims=tuple(args.dim or (2048, 8192)), channels=ints(args.channels),
+                 lookaheads=ints(args.lookaheads))
     plot(result, os.path.join(args.out, "h200_pct_copy.png"))
 
 

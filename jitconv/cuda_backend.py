@@ -27,13 +27,18 @@ import numpy as np
 import torch
 
 _SIXTEEN_BIT = (torch.float16, torch.bfloat16)
-# Channels per thread by dtype (JITCONV_CUDA_CHANNELS overrides): the fastest on the H200
-# for the prefill and mixed-step workloads (benchmarks/h200/): 4 for 16-bit, 2 for float32.
-DEFAULT_CHANNELS = {"bfloat16": 4, "float16": 4, "float32": 2}
+# Defaults, the fastest or within a few percent of it on every workload of the H200 run
+# (benchmarks/h200/): channels per thread by dtype (JITCONV_CUDA_CHANNELS), tokens loaded
+# before the first of their stores (JITCONV_CUDA_LOOKAHEAD), silu's exp and division as
+# the GPU's approximate instructions (JITCONV_FAST_EXP=0: the exact ones; 1.1-1.4x slower
+# on prefill, see _fast_exp).
+DEFAULT_CHANNELS = {"bfloat16": 2, "float16": 2, "float32": 2}
+DEFAULT_LOOKAHEAD = 8
+DEFAULT_FAST_EXP = True
 DEFAULT_THREADS = 128  # threads per thread block (JITCONV_CUDA_THREADS)
 
 _lock = threading.Lock()
-_kernels = {}  # (width, dtype, channels, fastmath) -> numba-cuda dispatcher
+_kernels = {}  # (width, dtype, channels, fastmath, lookahead, fast exp) -> dispatcher
 _streams = {}  # (device index, cudaStream_t) -> numba external stream
 
 
@@ -121,6 +126,20 @@ def _fastmath():
     return os.environ.get("JITCONV_CUDA_FASTMATH", "0") == "1"
 
 
+def _fast_exp():
+    """Whether silu's exp and division are the GPU's approximate instructions (as in
+    vLLM's Triton kernels; within the contract's tolerances, NaN and inf kept): the
+    default here, unlike the SYCL backend's, where the approximate exp (OpenCL's
+    native_exp) is opt-in. JITCONV_FAST_EXP=0 selects the exact path, =1 the fast one,
+    on both backends (read per launch here, once per process by the SYCL backend)."""
+    value = os.environ.get("JITCONV_FAST_EXP")
+    if value is None or value == "":
+        return DEFAULT_FAST_EXP
+    if value not in ("0", "1"):
+        raise ValueError(f"JITCONV_FAST_EXP: expected 0 or 1, got {value!r}")
+    return value == "1"
+
+
 def _threads():
     value = os.environ.get("JITCONV_CUDA_THREADS", "32" if simulating() else str(DEFAULT_THREADS))
     if not value.isdigit() or int(value) < 32 or int(value) > 1024 or int(value) % 32:
@@ -129,8 +148,16 @@ def _threads():
     return int(value)
 
 
-def get_kernel(width, dtype_name, channels, fastmath=False):
-    key = (width, dtype_name, channels, fastmath)
+def _lookahead():
+    value = os.environ.get("JITCONV_CUDA_LOOKAHEAD", str(DEFAULT_LOOKAHEAD))
+    if value not in ("1", "2", "4", "8", "16"):
+        raise ValueError(f"JITCONV_CUDA_LOOKAHEAD: expected 1, 2, 4, 8 or 16, got {value!r}")
+    return int(value)
+
+
+def get_kernel(width, dtype_name, channels, fastmath=False, lookahead=DEFAULT_LOOKAHEAD,
+               fast_exp=False):
+    key = (width, dtype_name, channels, fastmath, lookahead, fast_exp)
     kernel = _kernels.get(key)
     if kernel is None:
         with _lock:
@@ -138,7 +165,7 @@ def get_kernel(width, dtype_name, channels, fastmath=False):
             if kernel is None:
                 from .kernels_cuda import make_conv_kernel
                 kernel = _kernels[key] = make_conv_kernel(width, dtype_name, channels,
-                                                          fastmath)
+                                                          fastmath, lookahead, fast_exp)
     return kernel
 
 
@@ -202,7 +229,8 @@ def launch(plan, x, weight, bias, conv_state, target, silu, dtype):
     if weight.dim() == 3:  # (dim, 1, width)
         weight = weight[:, 0, :]
     channels = channels_for(dim, dtype)
-    kernel = get_kernel(plan.geometry.width, dtype, channels, _fastmath())
+    kernel = get_kernel(plan.geometry.width, dtype, channels, _fastmath(), _lookahead(),
+                        _fast_exp())
     tables, offsets = _tables(plan, x.device, sim)
     xa, oa, wa, sa = (_flat(t, sim) for t in (x, target, weight, conv_state))
     ba = _flat(bias, sim) if bias is not None else wa  # not read without bias

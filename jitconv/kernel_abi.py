@@ -20,13 +20,20 @@ FAST_EXP = os.environ.get("JITCONV_FAST_EXP") == "1"
 # type, so they travel as int16 bit patterns and are converted inside the kernel.
 STORAGE = {"float32": np.float32, "float16": np.int16, "bfloat16": np.int16}
 
-# seq_flags bits (built by batch.py)
+# Flag bits of a block (built by batch.py): of its sequence (initial state, spec), and
+# whether the rows of x of the block / of its whole sequence are consecutive.
 FLAG_INITIAL_STATE = 1
 FLAG_SPEC = 2
+FLAG_BLOCK_ROWS = 4
+FLAG_SEQ_ROWS = 8
 
-# The per-call tables (built by batch.py), in the order of Batch.tables().
-TABLES = ("rows", "blk_seq", "blk_tok", "blk_len", "seq_tok", "seq_len", "seq_line",
-          "seq_off", "seq_flags", "blk_contig")
+# The per-call tables (built by batch.py), in the order of Batch.tables(): "rows" (the
+# row of x of each token slot, in sequence order) and "blocks" (one record per block).
+TABLES = ("rows", "blocks")
+# A block's record, in order: first token slot, token count, position of its first token
+# in its sequence, the sequence's length, cache line (-1: pad), window offset, flags, and
+# the row of x of its first token.
+BLOCK_FIELDS = ("tok", "len", "pos", "seq_len", "line", "off", "flags", "row0")
 
 # The conv kernel's arguments, in order: (name, ndim, element type, layout).
 # ndim 0 is a scalar. Element type "raw" is the storage type of the dtype being compiled.

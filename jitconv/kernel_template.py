@@ -40,6 +40,8 @@ instead of 16 scalar loads on the OpenCL CPU device).
 import numpy as np
 from typing import NamedTuple
 
+from .kernel_abi import BLOCK_FIELDS
+
 
 class Backend(NamedTuple):
     """What the template leaves to a backend. ``index`` sets ``c`` (first channel of the
@@ -52,14 +54,18 @@ class Backend(NamedTuple):
     extra_args: str
 
 
-def window_value(x, x_at, x_row_stride, state, state_at, tables, rows, st0, p, initial,
-                 zero, strided):
+def window_value(x, x_at, x_row_stride, state, state_at, tables, rows, st0, base, p,
+                 initial, zero, strided):
     """The input at position p of the sequence: p >= 0 is a row of x (``x_at`` is the
-    channel's offset); p < 0 reads the cache line's window (flat index ``state_at``, with
-    the backend's ``strided`` element read), or zero without initial state. (A device
-    function: backends decorate it.)"""
+    channel's offset; the row is ``base + p`` when the sequence's rows are consecutive,
+    ``base`` >= 0, else looked up); p < 0 reads the cache line's window (flat index
+    ``state_at``, with the backend's ``strided`` element read), or zero without initial
+    state. (A device function: backends decorate it.)"""
     if p >= 0:
-        return x[np.uint64(x_at + tables[rows + st0 + p] * x_row_stride)]
+        r = base + p
+        if base < 0:
+            r = tables[rows + st0 + p]
+        return x[np.uint64(x_at + r * x_row_stride)]
     if initial:
         return strided(state, np.uint64(state_at))
     return zero
@@ -72,32 +78,42 @@ def window_value(x, x_at, x_row_stride, state, state_at, tables, rows, st0, p, i
 # produced wrong loads here (channels 16..31 read the weights of channels 0..15).
 # Indices are cast to unsigned (U): for a signed index numba adds negative-index
 # wraparound, a per-lane select that turns contiguous loads into gathers (2x slower).
+# Loads are grouped before stores wherever the values allow it: for the compiler any
+# store may alias x (it cannot know that out, state and x never overlap), so a load
+# placed after a store waits for it, and on a GPU every such wait is a memory latency.
 _TEMPLATE = """
 def {name}({index_arg}x, x_offset, x_row_stride, out, out_offset, out_row_stride,
            weight, weight_offset, weight_stride_c, weight_stride_k,
            bias, bias_offset, bias_stride,
            state, state_offset, state_stride_line, state_stride_c, state_stride_col,
-           tables, rows, blk_seq, blk_tok, blk_len, seq_tok, seq_len, seq_line, seq_off,
-           seq_flags, blk_contig, has_bias, silu{extra_args}):
-    # rows, blk_*, seq_*: offsets of the per-call tables inside `tables`.
+           tables, rows, blocks, has_bias, silu{extra_args}):
+    # rows, blocks: offsets of the per-call tables inside `tables` (kernel_abi.TABLES);
+    # a block's record holds BLOCK_FIELDS, its sequence's fields included.
 {index}
-    s = tables[blk_seq + b]
-    t0 = tables[blk_tok + b]
-    nb = tables[blk_len + b]
-    line = tables[seq_line + s]
+    blk = blocks + b * {NF}
+    t0 = tables[blk]
+    nb = tables[blk + 1]
+    line = tables[blk + 4]
+    flags = tables[blk + 6]
+    r0 = tables[blk + 7]  # the row of the block's first token (consecutive rows)
 {channel_offsets}
     if line < 0:
         # Padded sequence, or output rows no sequence covers: zeros, no state access.
         for i in range(nb):
+            r = r0 + i
+            if not flags & FLAG_BLOCK_ROWS:
+                r = tables[rows + t0 + i]
 {pad_zeros}
         return
 
-    st0 = tables[seq_tok + s]
-    n = tables[seq_len + s]
-    p0 = t0 - st0  # position of the block's first token in its sequence
-    off = tables[seq_off + s]
-    flags = tables[seq_flags + s]
+    p0 = tables[blk + 2]  # position of the block's first token in its sequence
+    n = tables[blk + 3]
+    off = tables[blk + 5]
+    st0 = t0 - p0  # the sequence's first token slot
     initial = flags & FLAG_INITIAL_STATE
+    base = -1  # the row of position 0 when the sequence's rows are consecutive
+    if flags & FLAG_SEQ_ROWS:
+        base = r0 - p0
 {state_offsets}
     sc = state_stride_col
     # u = concat(window, x_seq); u0..u{S1} hold u[p0 .. p0+S-1] as raw values.
@@ -105,47 +121,36 @@ def {name}({index_arg}x, x_offset, x_row_stride, out, out_offset, out_row_stride
     if p0 == 0:
         # Sole reader of this line's old window (per channel): write the new state.
         # New state = u[q0:] from column 0: spec keeps all but the oldest column
-        # (S-1+n values), non-spec the last S.
+        # (S-1+n values), non-spec the last S. Columns from S - q0 on are rows of x
+        # (positions q - S), read {S} at a time before they are stored.
         q0 = n
         if flags & FLAG_SPEC:
             q0 = 1
+        q = max(q0, {S})
+        first = True
+        while first or q < {S} + n:
+{state_chunk_loads}
+            if first:
 {store_window}
-        for q in range(max(q0, {S}), {S} + n):
-{state_from_x}
+                first = False
+{state_chunk_stores}
+            q += {S}
 
 {load_weights}
 {bias_zero}
     if has_bias:
 {bias_load}
 {window_to_float}
-    if tables[blk_contig + b]:
-        r0 = tables[rows + t0]  # consecutive rows: computed, not loaded per token
-        for i in range(nb):
-            r = r0 + i
-{body}
+    if flags & FLAG_BLOCK_ROWS:
+{contiguous_tokens}
     else:
-        for i in range(nb):
-            r = tables[rows + t0 + i]
-{body}
-"""
-
-# One token of the sliding window (inside the loops above): the taps, the shift, silu.
-# Each line is repeated per channel ({J}: name suffix, {CH}: channel) before the next.
-# ``fdiv`` is the backend's plain division (the divisor is >= 1 or NaN, never 0: no
-# zero-divisor check, which numba-dpex's default error model would add and which broke
-# vectorization on the OpenCL CPU device); ``exp`` is math.exp or a faster opt-in one.
-_BODY = """
-xf{J} = load(x[U(xc{J} + r * x_row_stride)])
-acc{J} = bias_c{J} + {taps}
-{shift}
-if silu:
-    acc{J} = fdiv(acc{J}, ONE + exp(-acc{J}))
-out[U(oc{J} + r * out_row_stride)] = store(acc{J})
+{indexed_tokens}
 """
 
 
-def kernel_source(width, name, backend, channels=1):
-    """The Python source of the conv kernel for one width, backend and channel count."""
+def kernel_source(width, name, backend, channels=1, lookahead=1):
+    """The Python source of the conv kernel for one width, backend, channel count and
+    lookahead (tokens whose loads are issued before the first of their stores)."""
     S = width - 1
     ind = " " * 4
     suffixes = [""] if channels == 1 else [f"_{j}" for j in range(channels)]
@@ -160,42 +165,81 @@ def kernel_source(width, name, backend, channels=1):
     def per_k(fmt, count, depth=1):
         return "\n".join(each(fmt, depth, k=k) for k in range(count))
 
-    def body_line(line):
-        """One line of _BODY for every channel; 'if silu:' groups the divisions."""
-        if line == "if silu:":
-            return line
-        if line.startswith("    "):
-            return "\n".join("    " + line.strip().format(J=J) for J in suffixes)
-        if line == "{shift}":
-            return "\n".join(
-                "\n".join([f"f{k}{J} = f{k + 1}{J}" for k in range(S - 1)]
-                          + [f"f{S - 1}{J} = xf{J}"]) for J in suffixes)
-        return "\n".join(line.format(J=J, taps=" + ".join(
-            [f"w{k}{J} * f{k}{J}" for k in range(S)] + [f"w{S}{J} * xf{J}"]))
-            for J in suffixes)
+    def token(xv, row):
+        """One token of the sliding window, its input loaded into ``xv`` (per channel):
+        the taps, the shift, silu (the divisions grouped), the store at ``row``.
+        ``fdiv`` is the backend's plain division (the divisor is >= 1 or NaN, never 0:
+        no zero-divisor check, which numba-dpex's default error model would add and
+        which broke vectorization on the OpenCL CPU device); ``exp`` is math.exp or a
+        faster opt-in one."""
+        lines = []
+        for J in suffixes:
+            x_J = xv.format(J=J)
+            taps = " + ".join([f"w{k}{J} * f{k}{J}" for k in range(S)] + [f"w{S}{J} * {x_J}"])
+            lines.append(f"acc{J} = bias_c{J} + {taps}")
+        for J in suffixes:
+            lines += [f"f{k}{J} = f{k + 1}{J}" for k in range(S - 1)] + [f"f{S - 1}{J} = {xv.format(J=J)}"]
+        lines.append("if silu:")
+        lines += [f"    acc{J} = fdiv(acc{J}, ONE + exp(-acc{J}))" for J in suffixes]
+        lines += [f"out[U(oc{J} + {row} * out_row_stride)] = store(acc{J})" for J in suffixes]
+        return lines
 
-    body = "\n".join(body_line(line) for line in _BODY.strip().splitlines())
-    body = "\n".join(ind * 3 + line for line in body.splitlines())
+    def token_loops(row_of):
+        """The block's tokens: groups of ``lookahead`` (all loads, then the tokens),
+        then one at a time. ``row_of(i)``: the expression of token i's row."""
+        single = ([f"r = {row_of('i')}"]
+                  + [f"xf{J} = load(x[U(xc{J} + r * x_row_stride)])" for J in suffixes]
+                  + token("xf{J}", "r"))
+        if lookahead == 1:
+            lines = ["for i in range(nb):"] + [ind + line for line in single]
+        else:
+            group = [f"ra{m} = {row_of(f'i + {m}')}" for m in range(lookahead)]
+            group += [f"xg{m}{J} = load(x[U(xc{J} + ra{m} * x_row_stride)])"
+                      for m in range(lookahead) for J in suffixes]
+            for m in range(lookahead):
+                group += token(f"xg{m}{{J}}", f"ra{m}")
+            lines = ["i = 0", f"while i + {lookahead} <= nb:"]
+            lines += [ind + line for line in group] + [ind + f"i += {lookahead}"]
+            lines += ["for i in range(i, nb):"] + [ind + line for line in single]
+        return "\n".join(ind * 2 + line for line in lines)
+
+    chunk_loads = []
+    for k in range(S):
+        chunk_loads += [ind * 3 + f"v{k}{J} = ZERO" for J in suffixes]
+        chunk_loads += [ind * 3 + f"if q + {k} < {S} + n:",
+                        ind * 4 + f"rq = base + q + {k - S}",
+                        ind * 4 + "if base < 0:",
+                        ind * 5 + f"rq = tables[rows + st0 + q + {k - S}]"]
+        chunk_loads += [ind * 4 + f"v{k}{J} = x[U(xc{J} + rq * x_row_stride)]"
+                        for J in suffixes]
+    chunk_stores = []
+    for k in range(S):
+        chunk_stores += [ind * 3 + f"if q + {k} < {S} + n:"]
+        chunk_stores += [ind * 4 + f"state[U(st{J} + (q + {k} - q0) * sc)] = v{k}{J}"
+                         for J in suffixes]
+
     return _TEMPLATE.format(
-        name=name, S=S, S1=S - 1, body=body, index_arg=backend.index_arg,
+        name=name, S=S, S1=S - 1, NF=len(BLOCK_FIELDS), index_arg=backend.index_arg,
         extra_args=backend.extra_args, index=backend.index.format(C=channels),
         channel_offsets=each("xc{J} = x_offset + {CH}      # this channel in x and out\n"
                              "oc{J} = out_offset + {CH}"),
-        pad_zeros=each("out[U(oc{J} + tables[rows + t0 + i] * out_row_stride)] = ZERO", 3),
+        pad_zeros=each("out[U(oc{J} + r * out_row_stride)] = ZERO", 3),
         state_offsets=each("st{J} = state_offset + line * state_stride_line + {CH} * "
                            "state_stride_c  # line, channel"),
         load_window=per_k(f"u{{k}}{{J}} = _window_value(x, xc{{J}}, x_row_stride, state, "
-                          f"st{{J}} + (off + p0 + {{k}}) * sc, tables, rows, st0, "
+                          f"st{{J}} + (off + p0 + {{k}}) * sc, tables, rows, st0, base, "
                           f"p0 - {S} + {{k}}, initial, ZERO, strided)", S),
+        state_chunk_loads="\n".join(chunk_loads),
         store_window="\n".join(
-            ind * 2 + f"if q0 <= {k}:\n"
-            + each(f"state[U(st{{J}} + ({k} - q0) * sc)] = u{k}{{J}}", 3) for k in range(S)),
-        state_from_x=each(f"state[U(st{{J}} + (q - q0) * sc)] = x[U(xc{{J}} + tables[rows + "
-                          f"st0 + q - {S}] * x_row_stride)]", 3),
+            ind * 4 + f"if q0 <= {k}:\n"
+            + each(f"state[U(st{{J}} + ({k} - q0) * sc)] = u{k}{{J}}", 5) for k in range(S)),
+        state_chunk_stores="\n".join(chunk_stores),
         load_weights=per_k("w{k}{J} = load(strided(weight, U(weight_offset + {CH} * "
                            "weight_stride_c + {k} * weight_stride_k)))", width),
         bias_zero=each("bias_c{J} = F32_ZERO"),
         bias_load=each("bias_c{J} = load(strided(bias, U(bias_offset + {CH} * "
                        "bias_stride)))", 2),
         window_to_float=per_k("f{k}{J} = load(u{k}{J})", S),
+        contiguous_tokens=token_loops(lambda i: f"r0 + {i}"),
+        indexed_tokens=token_loops(lambda i: f"tables[rows + t0 + {i}]"),
     )

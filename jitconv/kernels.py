@@ -21,7 +21,8 @@ from numba.core.extending import intrinsic
 import numba_dpex as dpex
 
 from . import bit_conversions
-from .kernel_abi import FAST_EXP, FLAG_INITIAL_STATE, FLAG_SPEC, STORAGE, SUPPORTED_WIDTHS
+from .kernel_abi import (FAST_EXP, FLAG_BLOCK_ROWS, FLAG_INITIAL_STATE, FLAG_SEQ_ROWS, FLAG_SPEC,
+                         STORAGE, SUPPORTED_WIDTHS)
 from .kernel_template import Backend, kernel_source as _template_source, window_value
 
 SYCL = Backend(
@@ -127,6 +128,7 @@ def make_conv_kernel(width, dtype_name, fast_exp=FAST_EXP):
         "load": load, "store": store, "strided": strided, "_window_value": _window_value,
         "ZERO": STORAGE[dtype_name](0), "F32_ZERO": np.float32(0.0), "ONE": np.float32(1.0),
         "FLAG_INITIAL_STATE": FLAG_INITIAL_STATE, "FLAG_SPEC": FLAG_SPEC,
+        "FLAG_BLOCK_ROWS": FLAG_BLOCK_ROWS, "FLAG_SEQ_ROWS": FLAG_SEQ_ROWS,
     }
     exec(compile(source, filename, "exec"), namespace)
     return dpex.kernel(namespace[name])

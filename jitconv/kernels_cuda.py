@@ -24,7 +24,8 @@ if not hasattr(np, "row_stack"):  # numpy 2.x removed it; some numba-cuda releas
 from numba import cuda  # noqa: E402
 
 from . import bit_conversions  # noqa: E402
-from .kernel_abi import FLAG_INITIAL_STATE, FLAG_SPEC, STORAGE, SUPPORTED_WIDTHS  # noqa: E402
+from .kernel_abi import (FLAG_BLOCK_ROWS, FLAG_INITIAL_STATE, FLAG_SEQ_ROWS, FLAG_SPEC,  # noqa: E402
+                         STORAGE, SUPPORTED_WIDTHS)
 from .kernel_template import Backend, kernel_source, window_value  # noqa: E402
 
 CUDA = Backend(
@@ -84,13 +85,29 @@ def _element(array, index):
     return array[index]
 
 
-def make_conv_kernel(width, dtype_name, channels=1, fastmath=False):
-    """The CUDA conv kernel for one (width, dtype, channels per thread) specialization
-    (a numba-cuda dispatcher; types are taken from the first launch)."""
+def _fast_silu_ops():
+    """(exp, division) of the opt-in fast silu (JITCONV_FAST_EXP=1): the GPU's
+    approximate exp and division (libdevice's __expf and __fdividef, as vLLM's Triton
+    kernels use), without fastmath's no-NaN / no-inf assumptions. The simulator runs
+    Python, which has neither: there they are math.exp and the plain division."""
+    if _simulating():
+        return math.exp, _fdiv_for(False)
+    from numba.cuda import libdevice
+    return libdevice.fast_expf, cuda.jit(device=True)(
+        lambda a, b: libdevice.fast_fdividef(a, b))
+
+
+def make_conv_kernel(width, dtype_name, channels=1, fastmath=False, lookahead=1,
+                     fast_exp=False):
+    """The CUDA conv kernel for one (width, dtype, channels per thread, lookahead)
+    specialization (a numba-cuda dispatcher; types are taken from the first launch).
+    ``fastmath``: numba's fastmath for the whole kernel; ``fast_exp``: only silu's exp
+    and division approximate (``_fast_silu_ops``)."""
     if width not in SUPPORTED_WIDTHS:
         raise ValueError(f"width must be one of {SUPPORTED_WIDTHS}, got {width}")
-    name = f"jitconv_conv_w{width}_{dtype_name}_c{channels}{'_fast' if fastmath else ''}"
-    source = kernel_source(width, name, CUDA, channels)
+    name = (f"jitconv_conv_w{width}_{dtype_name}_c{channels}_l{lookahead}"
+            f"{'_fast' if fastmath else ''}{'_fastexp' if fast_exp else ''}")
+    source = kernel_source(width, name, CUDA, channels, lookahead)
     filename = f"<jitconv cuda kernel {name}>"
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
     load, store = _converters(dtype_name)
@@ -100,6 +117,9 @@ def make_conv_kernel(width, dtype_name, channels=1, fastmath=False):
         "_window_value": cuda.jit(device=True)(window_value),
         "ZERO": STORAGE[dtype_name](0), "F32_ZERO": np.float32(0.0), "ONE": np.float32(1.0),
         "FLAG_INITIAL_STATE": FLAG_INITIAL_STATE, "FLAG_SPEC": FLAG_SPEC,
+        "FLAG_BLOCK_ROWS": FLAG_BLOCK_ROWS, "FLAG_SEQ_ROWS": FLAG_SEQ_ROWS,
     }
+    if fast_exp:
+        namespace["exp"], namespace["fdiv"] = _fast_silu_ops()
     exec(compile(source, filename, "exec"), namespace)
     return cuda.jit(fastmath=fastmath)(namespace[name])

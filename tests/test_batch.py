@@ -39,3 +39,35 @@ def test_empty_sequences_get_a_block_and_flags_match_their_rows():
     assert b.blk_len.tolist() == [0, 5, 0, 3, 2]
     assert b.rows[b.blk_tok[4]:b.blk_tok[4] + 2].tolist() == [5, 6]
     assert b.blk_contig.tolist() == [1, 1, 1, 0, 1]
+
+
+def test_block_records_carry_their_sequence_and_row_flags():
+    # Sequence rows: consecutive (0-39), out of order (45, 44, 43), consecutive across
+    # blocks (60-94); a wrong "consecutive sequence" bit makes the kernel compute the rows
+    # of the window and of the new state instead of loading them: wrong rows read.
+    from jitconv.kernel_abi import (BLOCK_FIELDS, FLAG_BLOCK_ROWS, FLAG_INITIAL_STATE,
+                                    FLAG_SEQ_ROWS)
+    rows = list(range(40)) + [45, 44, 43] + list(range(60, 95))
+    p = part([40, 3, 35], rows)
+    b = build_batch([p], num_tokens=100, block_tokens=16)
+    rec = {f: b.block_records()[:, i] for i, f in enumerate(BLOCK_FIELDS)}
+    s = b.blk_seq
+    assert np.array_equal(rec["tok"], b.blk_tok) and np.array_equal(rec["len"], b.blk_len)
+    assert np.array_equal(rec["pos"], b.blk_tok - b.seq_tok[s])
+    assert np.array_equal(rec["seq_len"], b.seq_len[s])
+    assert np.array_equal(rec["line"], b.seq_line[s])
+    assert np.array_equal(rec["off"], b.seq_off[s])
+    for k, (t, n) in enumerate(zip(b.blk_tok, b.blk_len)):
+        if n:
+            assert rec["row0"][k] == b.rows[t]
+        seq_rows = b.rows[b.seq_tok[s[k]]:b.seq_tok[s[k]] + b.seq_len[s[k]]]
+        assert bool(rec["flags"][k] & FLAG_SEQ_ROWS) == bool(np.all(np.diff(seq_rows) == 1))
+        assert bool(rec["flags"][k] & FLAG_BLOCK_ROWS) == bool(b.blk_contig[k])
+        assert bool(rec["flags"][k] & FLAG_INITIAL_STATE) == bool(b.seq_flags[s[k]] & 1)
+    # 40 consecutive, 3 reversed, 35 consecutive, then the unused rows (not consecutive)
+    assert [bool(f & FLAG_SEQ_ROWS) for f in rec["flags"]] == [1, 1, 1, 0, 1, 1, 1, 0, 0]
+    # The tables: rows padded to whole records, then the records (aligned).
+    rows_table, blocks_table = b.tables()
+    assert len(rows_table) % len(BLOCK_FIELDS) == 0
+    assert np.array_equal(rows_table[:len(b.rows)], b.rows)
+    assert np.array_equal(blocks_table, b.block_records().reshape(-1))

@@ -76,14 +76,37 @@ def test_channels_per_thread(cuda_device, monkeypatch, channels, dim, dtype_name
     run_and_check(case, dtype=dtype, out=poisoned(tuple(case["x"].shape), dtype, usm=True))
 
 
-def test_channels_setting_is_checked(monkeypatch):
-    monkeypatch.delenv("JITCONV_CUDA_CHANNELS", raising=False)
-    assert cuda_backend.channels_for(8192, "bfloat16") == 4
-    assert cuda_backend.channels_for(8192, "float32") == 2
-    assert cuda_backend.channels_for(10, "bfloat16") == 2
-    monkeypatch.setenv("JITCONV_CUDA_CHANNELS", "3")
-    with pytest.raises(ValueError, match="JITCONV_CUDA_CHANNELS"):
-        cuda_backend.channels_for(12)
+@pytest.mark.parametrize("lookahead", [1, 2, 16])
+def test_lookahead(cuda_device, monkeypatch, lookahead):
+    """L tokens loaded before their stores: groups of L, then single tokens (prefill
+    blocks of 16 and shorter sequences exercise both)."""
+    monkeypatch.setenv("JITCONV_CUDA_LOOKAHEAD", str(lookahead))
+    for seed, dtype in ((lookahead, torch.float32), (lookahead + 50, torch.bfloat16)):
+        case = build_mixed(seed, dtype=dtype, width=4, dim=12, usm=True, strided=True)
+        run_and_check(case, dtype=dtype, out=poisoned(tuple(case["x"].shape), dtype, usm=True))
+
+
+def test_settings_are_checked(monkeypatch):
+    for name in ("JITCONV_CUDA_CHANNELS", "JITCONV_CUDA_LOOKAHEAD", "JITCONV_FAST_EXP"):
+        monkeypatch.delenv(name, raising=False)
+    assert cuda_backend.channels_for(8192, "bfloat16") == cuda_backend.DEFAULT_CHANNELS["bfloat16"]
+    assert cuda_backend.channels_for(8192, "float32") == cuda_backend.DEFAULT_CHANNELS["float32"]
+    assert cuda_backend._lookahead() == cuda_backend.DEFAULT_LOOKAHEAD
+    assert cuda_backend._fast_exp() is cuda_backend.DEFAULT_FAST_EXP
+    monkeypatch.setenv("JITCONV_CUDA_CHANNELS", "4")
+    assert (cuda_backend.channels_for(12), cuda_backend.channels_for(10)) == (4, 2)
+    monkeypatch.setenv("JITCONV_FAST_EXP", "0")
+    assert cuda_backend._fast_exp() is False
+    monkeypatch.setenv("JITCONV_FAST_EXP", "1")
+    assert cuda_backend._fast_exp() is True
+    for name, bad in (("JITCONV_CUDA_CHANNELS", "3"), ("JITCONV_CUDA_LOOKAHEAD", "3"),
+                      ("JITCONV_FAST_EXP", "yes")):
+        monkeypatch.setenv(name, bad)
+        with pytest.raises(ValueError, match=name):
+            cuda_backend.channels_for(12)
+            cuda_backend._lookahead()
+            cuda_backend._fast_exp()
+        monkeypatch.delenv(name)
 
 
 @pytest.mark.parametrize("dtype_name", list(DTYPES))
