@@ -22,6 +22,12 @@ statements below are repeated per channel (names suffixed _0.._{C-1} when C > 1)
 all channels first, so the work-item has C independent chains in flight. With C = 1 the
 text is exactly the one-channel kernel. The host picks C among divisors of dim.
 
+A work-item finds its block's fields, its sequence's included, in one record of the
+"blocks" table (``kernel_abi.BLOCK_FIELDS``: one round of independent loads), and computes
+rows instead of loading them where the block's or the sequence's rows are consecutive.
+With ``lookahead`` L > 1 (the CUDA backend) the loads of L tokens are issued before the
+first of their stores; the SYCL kernel keeps L = 1 (the CPU reorders loads itself).
+
 Per work-item: load the width-1 inputs before the block into registers (from x, or
 from the cache line, or zeros), then slide over the block's tokens. The work-item that owns
 the first block of a sequence (for its channels) is the only one that reads that
