@@ -196,8 +196,9 @@ def _check(step, device, vt):
 
 
 def run(vllm_file, out_dir, dims=(2048, 8192), dtypes=("bfloat16", "float32"), reps=100,
-        channels=(1, 2, 4), workloads=None, lookaheads=None):
+        channels=(1, 2, 4), workloads=None, lookaheads=None, modes=None):
     lookaheads = lookaheads or (cuda_backend.DEFAULT_LOOKAHEAD,)
+    modes = modes or tuple(MODES)
     device = torch.device(jitconv.set_device("cuda:0"))
     vt = load_vllm_triton(vllm_file)
     flush = torch.empty(256 << 20, dtype=torch.uint8, device=device)
@@ -234,7 +235,7 @@ def run(vllm_file, out_dir, dims=(2048, 8192), dtypes=("bfloat16", "float32"), r
                     print(f"{name:22s} {dtype_name:8s} {dim:5d} {variant:28s} {us:8.1f} us "
                           f"{gbps:7.0f} GB/s {100 * gbps / copy['gbps']:5.1f}%", flush=True)
 
-                for mode in MODES:
+                for mode in modes:
                     for c in channels:
                         for la in lookaheads:
                             os.environ.update(MODES[mode], JITCONV_CUDA_CHANNELS=str(c),
@@ -397,6 +398,14 @@ def side_by_side(cpu_json, gpu_json, path):
            f"bytes", cpu["rows"]), panel(gpu)], path)
 
 
+def _modes(text):
+    modes = tuple(m.strip() for m in text.split(","))
+    unknown = [m for m in modes if m not in MODES]
+    if unknown:
+        raise SystemExit(f"--modes: unknown {unknown}; expected among {list(MODES)}")
+    return modes
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["side-by-side"]:  # CPU_JSON GPU_JSON PNG: no GPU needed
@@ -411,6 +420,8 @@ def main(argv=None):
     parser.add_argument("--channels", default="1,2,4", help="C values, comma-separated")
     parser.add_argument("--lookaheads", help="L values, comma-separated (default: "
                         "cuda_backend.DEFAULT_LOOKAHEAD)")
+    parser.add_argument("--modes", default=",".join(MODES),
+                        help=f"silu's math, comma-separated among {', '.join(MODES)}")
     args = parser.parse_args(argv)
     if not cuda_backend.devices():
         sys.exit(f"no CUDA device: {cuda_backend.why_unavailable()}")
@@ -420,7 +431,7 @@ def main(argv=None):
 
     result = run(args.vllm_file, args.out, reps=args.reps, workloads=args.workload,
                  dims=tuple(args.dim or (2048, 8192)), channels=ints(args.channels),
-                 lookaheads=ints(args.lookaheads))
+                 lookaheads=ints(args.lookaheads), modes=_modes(args.modes))
     plot(result, os.path.join(args.out, "h200_pct_copy.png"))
 
 
