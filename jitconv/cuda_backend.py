@@ -156,7 +156,7 @@ def _lookahead():
 
 
 def get_kernel(width, dtype_name, channels, fastmath=False, lookahead=DEFAULT_LOOKAHEAD,
-               fast_exp=False):
+               fast_exp=DEFAULT_FAST_EXP):
     key = (width, dtype_name, channels, fastmath, lookahead, fast_exp)
     kernel = _kernels.get(key)
     if kernel is None:

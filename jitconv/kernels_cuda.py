@@ -9,8 +9,10 @@ blocks, for the guard). Thread layout: x over channel groups (neighbouring threa
 neighbouring channels: coalesced), y over blocks of tokens.
 
 The silu division is a plain fdiv: numba-cuda compiles with numba's "numpy" error model
-(no zero-divisor check), unlike numba-dpex's default. ``fastmath`` (measured on the H200,
-see benchmarks/h200/) also makes exp and the division the GPU's approximate instructions.
+(no zero-divisor check), unlike numba-dpex's default. ``fast_exp`` (the default, see
+``cuda_backend``) makes silu's exp and division the GPU's approximate instructions;
+``fastmath`` compiles the whole kernel with numba's fastmath (measured on the H200, see
+benchmarks/h200/).
 """
 
 import linecache
@@ -85,16 +87,23 @@ def _element(array, index):
     return array[index]
 
 
+_fast_silu = []  # (exp, division), made once
+
+
 def _fast_silu_ops():
-    """(exp, division) of the opt-in fast silu (JITCONV_FAST_EXP=1): the GPU's
-    approximate exp and division (libdevice's __expf and __fdividef, as vLLM's Triton
-    kernels use), without fastmath's no-NaN / no-inf assumptions. The simulator runs
-    Python, which has neither: there they are math.exp and the plain division."""
-    if _simulating():
-        return math.exp, _fdiv_for(False)
-    from numba.cuda import libdevice
-    return libdevice.fast_expf, cuda.jit(device=True)(
-        lambda a, b: libdevice.fast_fdividef(a, b))
+    """(exp, division) of the fast silu (``fast_exp``): the GPU's approximate exp and
+    division (libdevice's __expf and __fdividef, as vLLM's Triton kernels use), without
+    fastmath's no-NaN / no-inf assumptions. The simulator runs Python, which has
+    neither: there they are math.exp and the plain division."""
+    if not _fast_silu:
+        if _simulating():
+            ops = (math.exp, _fdiv_for(False))
+        else:
+            from numba.cuda import libdevice
+            ops = (libdevice.fast_expf,
+                   cuda.jit(device=True)(lambda a, b: libdevice.fast_fdividef(a, b)))
+        _fast_silu.append(ops)
+    return _fast_silu[0]
 
 
 def make_conv_kernel(width, dtype_name, channels=1, fastmath=False, lookahead=1,
