@@ -122,15 +122,18 @@ def build_batch(parts, num_tokens, block_tokens=DEFAULT_BLOCK_TOKENS):
     # A block whose tokens sit in consecutive rows of x (the usual case: a sequence's
     # tokens are contiguous) lets the kernel compute rows instead of loading each one:
     # an indexed row per token kept the loads from vectorizing well (~2x slower here).
-    breaks = np.concatenate([[0], np.cumsum(np.diff(rows) != 1)])
-    last = np.maximum(blk_tok + blk_len - 1, blk_tok)
-    blk_contig = breaks[np.minimum(last, len(rows) - 1)] == breaks[
-        np.minimum(blk_tok, len(rows) - 1)] if len(rows) else np.ones(len(blk_tok), bool)
     # The same for a whole sequence: then the kernel computes the rows of the window and
     # of the new state from the block's first row instead of loading them.
-    seq_last = np.maximum(seq_tok + seq_len - 1, seq_tok)
-    seq_contig = breaks[np.minimum(seq_last, len(rows) - 1)] == breaks[
-        np.minimum(seq_tok, len(rows) - 1)] if len(rows) else np.ones(len(seq_tok), bool)
+    breaks = np.concatenate([[0], np.cumsum(np.diff(rows) != 1)])
+
+    def consecutive(first, count):
+        """Per span of slots [first, first + count): its rows are consecutive."""
+        if not len(rows):
+            return np.ones(len(first), bool)
+        last = np.maximum(first + count - 1, first)
+        return breaks[np.minimum(last, len(rows) - 1)] == breaks[np.minimum(first, len(rows) - 1)]
+
+    blk_contig, seq_contig = consecutive(blk_tok, blk_len), consecutive(seq_tok, seq_len)
     i32 = lambda a: a.astype(np.int32)  # noqa: E731
     return Batch(i32(rows), i32(seq_tok), i32(seq_len), i32(seq_line), i32(seq_off),
                  i32(seq_flags), i32(blk_seq), i32(blk_tok), i32(blk_len),

@@ -152,12 +152,7 @@ def _planned_runs(steps, queue):
     """Submit the steps (each a kwargs dict of causal_conv1d_mixed) as plan runs on the
     profiling ``queue`` and return their kernels' events. Plans are built once: only the
     kernels are timed."""
-    runs = []
-    for step in steps:
-        lines, _dim, state_len = step["conv_state"].shape
-        plan = jitconv.plan(step["x"].shape[0], lines, state_len, step["weight"].shape[-1],
-                            queue=queue, **_metadata(step))
-        runs.append((plan, {k: step[k] for k in DATA_KEYS}))
+    runs = [(plan_of(step, queue), {k: step[k] for k in DATA_KEYS}) for step in steps]
 
     def submit():
         with launching.recording() as events:
@@ -235,6 +230,13 @@ def _metadata(step):
     return {k: v for k, v in step.items() if k not in DATA_KEYS}
 
 
+def plan_of(step, queue=None):
+    """The step's plan (``jitconv.plan`` from its tensors' shapes and its metadata)."""
+    lines, _dim, state_len = step["conv_state"].shape
+    return jitconv.plan(step["x"].shape[0], lines, state_len, step["weight"].shape[-1],
+                        queue=queue, **_metadata(step))
+
+
 def _layers(step, count, seed=1):
     """``count`` layers of the step's shape: their own x, weight, bias, conv_state and
     out, all in USM memory (distinct tensors, as a model's layers have)."""
@@ -261,19 +263,13 @@ def layer_loop(name, dim, dtype, layers=48, distinct=4, reps=3):
     engine has new metadata each step; the layers' tensors are those of the step before,
     so their checked launches are reused (``run_cache``), and a second figure empties
     that cache before every run (every layer's tensors new)."""
-    import dpctl
     step = make_step(name, dim, dtype)
     meta = _metadata(step)
     sets = _layers(step, distinct)
-    base = jitconv.get_queue()
-    queue = dpctl.SyclQueue(base.sycl_context, base.sycl_device,
-                            property=["enable_profiling", "in_order"])
-    lines, _dim, state_len = step["conv_state"].shape
-    width = step["weight"].shape[-1]
+    queue = profiling_queue()
 
     def planned(checked=False):
-        plan = jitconv.plan(step["x"].shape[0], lines, state_len, width, queue=queue,
-                            **meta)
+        plan = plan_of(step, queue)
         for i in range(layers):
             if checked:  # as if every layer's tensors were new this step
                 run_cache.clear()

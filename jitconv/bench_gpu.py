@@ -13,11 +13,12 @@ copies, ``torch.full``) are not counted on either side: an engine makes them onc
 step, not per layer. GB/s = bytes that must move (``bench.bytes_moved``) / time; % of
 copy = that over the device-to-device copy bandwidth measured in the same run.
 
-Rows per workload: jitconv one launch for C = 1, 2, 4 channels per thread, L tokens of
-lookahead (``cuda_backend.DEFAULT_LOOKAHEAD`` unless ``--lookaheads`` names others), with
-and without fastmath, jitconv as two calls (mixed steps), vLLM Triton as vLLM calls it (one call for
-one kind of sequences; for mixed steps its two calls on pre-gathered inputs), and for
-mixed steps vLLM's two calls plus the two ``index_select`` gathers its GDN layer makes.
+Rows per workload: jitconv one launch for C = 1, 2, 4 channels per thread (``--channels``),
+L tokens of lookahead (``cuda_backend.DEFAULT_LOOKAHEAD`` unless ``--lookaheads`` names
+others) and each math of silu in ``MODES`` (``--modes``); jitconv as two calls (mixed
+steps, with the defaults); vLLM Triton as vLLM calls it (one call for one kind of
+sequences; for mixed steps its two calls on pre-gathered inputs), and for mixed steps
+vLLM's two calls plus the two ``index_select`` gathers its GDN layer makes.
 """
 
 import argparse
@@ -32,7 +33,7 @@ import torch
 
 import jitconv
 from jitconv import cuda_backend
-from jitconv.bench import WORKLOADS, bytes_moved, make_step
+from jitconv.bench import WORKLOADS, bytes_moved, make_step, plan_of
 from jitconv.reference import TOLERANCE, causal_conv1d_reference
 from jitconv.steps import DATA_KEYS, split_step, token_rows
 
@@ -126,9 +127,7 @@ def _on(device, step):
 
 
 def _plan(step):
-    meta = {k: v for k, v in step.items() if k not in DATA_KEYS}
-    lines, _, state_len = step["conv_state"].shape
-    plan = jitconv.plan(step["x"].shape[0], lines, state_len, step["weight"].shape[1], **meta)
+    plan = plan_of(step)
     return lambda: plan.run(step["x"], step["weight"], step["bias"], step["conv_state"])
 
 
@@ -279,8 +278,9 @@ def _save(out_dir, copy, reps, rows):
     return result
 
 
-# The math of silu: exact (the default), the opt-in approximate exp and division
-# (JITCONV_FAST_EXP=1), and numba's fastmath for the whole kernel (JITCONV_CUDA_FASTMATH=1).
+# The math of silu: exact (JITCONV_FAST_EXP=0), the approximate exp and division (the
+# CUDA default, cuda_backend.DEFAULT_FAST_EXP) and numba's fastmath for the whole kernel
+# (JITCONV_CUDA_FASTMATH=1).
 MODES = {"exact": {"JITCONV_FAST_EXP": "0", "JITCONV_CUDA_FASTMATH": "0"},
          "fast exp": {"JITCONV_FAST_EXP": "1", "JITCONV_CUDA_FASTMATH": "0"},
          "fastmath": {"JITCONV_FAST_EXP": "0", "JITCONV_CUDA_FASTMATH": "1"}}
@@ -324,7 +324,7 @@ def table(result):
     return "\n".join(lines)
 
 
-PANEL_SERIES = (("best", "jitconv, one launch (best C)", "tab:blue"),
+PANEL_SERIES = (("best", "jitconv, one launch (best variant)", "tab:blue"),
                 ("two", "jitconv, two calls", "tab:cyan"),
                 ("triton", "vLLM Triton", "tab:green"),
                 ("gathers", "vLLM Triton + gathers", "tab:olive"))
@@ -348,42 +348,6 @@ def panel(result):
                          pct_gathers=pct.get("vllm triton + gathers")))
     title = f"{result['device']} (copy {result['copy']['gbps']:.0f} GB/s), kernel time"
     return title, rows, PANEL_SERIES
-
-
-def plot(result, path):
-    """% of copy bandwidth per workload: jitconv (best C), vLLM Triton, and vLLM Triton
-    with its gathers (mixed steps)."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    rows = result["rows"]
-    keys = sorted({(r["dim"], r["dtype"]) for r in rows})
-    fig, axes = plt.subplots(len(keys), 1, figsize=(11, 3.2 * len(keys)), squeeze=False)
-    for ax, (dim, dtype) in zip(axes[:, 0], keys):
-        sel = [r for r in rows if r["dim"] == dim and r["dtype"] == dtype]
-        names = list(dict.fromkeys(r["workload"] for r in sel))
-        series = {"jitconv (one launch, best C)": [], "vLLM Triton": [],
-                  "vLLM Triton + gathers": []}
-        for n in names:
-            mine = [r for r in sel if r["workload"] == n]
-            best = max((r for r in mine if r["variant"].startswith("jitconv C=")
-                        and "pct_copy" in r), key=lambda r: r["pct_copy"])
-            series["jitconv (one launch, best C)"].append(best["pct_copy"])
-            mine = [r for r in mine if "pct_copy" in r]
-            tri = [r for r in mine if r["variant"] == "vllm triton"]
-            series["vLLM Triton"].append(tri[0]["pct_copy"] if tri else 0)
-            gat = [r for r in mine if r["variant"] == "vllm triton + gathers"]
-            series["vLLM Triton + gathers"].append(gat[0]["pct_copy"] if gat else 0)
-        width = 0.27
-        for i, (label, values) in enumerate(series.items()):
-            ax.bar([k + (i - 1) * width for k in range(len(names))], values, width, label=label)
-        ax.set_xticks(range(len(names)), names, fontsize=8)
-        ax.set_ylabel("% of copy bandwidth")
-        ax.set_title(f"{result['device']}: {dtype}, conv dim {dim}, width 4 "
-                     f"(copy {result['copy']['gbps']:.0f} GB/s)", fontsize=9)
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
 
 
 def side_by_side(cpu_json, gpu_json, path):
@@ -432,7 +396,8 @@ def main(argv=None):
     result = run(args.vllm_file, args.out, reps=args.reps, workloads=args.workload,
                  dims=tuple(args.dim or (2048, 8192)), channels=ints(args.channels),
                  lookaheads=ints(args.lookaheads), modes=_modes(args.modes))
-    plot(result, os.path.join(args.out, "h200_pct_copy.png"))
+    from .bench import plot
+    plot([panel(result)], os.path.join(args.out, "h200_pct_copy.png"))
 
 
 if __name__ == "__main__":

@@ -350,6 +350,12 @@ def _host_numpy(t):
     return t.contiguous().numpy()
 
 
+def is_copy(view):
+    """Whether ``to_device`` made ``view`` by copying its argument (``_copy_in``: such a
+    view owns its own new memory; a zero-copy view is owned by its source)."""
+    return view.owner is view.memory
+
+
 def _copy_in(t, name, writable, queue, written=None):
     """Copy a plain CPU tensor into USM device memory with SyclQueue.memcpy (dpctl.memory
     only: dpctl.tensor's asarray/asnumpy abort or deadlock from several threads in
@@ -492,12 +498,6 @@ def byte_extent(t):
 def extents_meet(ea, eb):
     """Whether two byte extents (from ``byte_extent``) share a byte."""
     return ea is not None and eb is not None and ea[0] < eb[1] and eb[0] < ea[1]
-
-
-def overlaps(a, b):
-    """Whether two arguments' views touch common bytes (then the kernel must not write
-    one while reading the other)."""
-    return extents_meet(byte_extent(a), byte_extent(b))
 
 
 def normalize_all(x, weight, bias, conv_state, out):

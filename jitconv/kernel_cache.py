@@ -129,9 +129,9 @@ def load(width, dtype_name):
                 problem = "format or argument layout differs"
             elif hashlib.sha256(spirv).hexdigest() != meta.get("sha256"):
                 problem = "checksum mismatch (corrupt SPIR-V)"
-            elif any(meta.get(k) != v for k, v in installed.items()):
-                k = next(k for k, v in installed.items() if meta.get(k) != v)
-                problem = f"built by {k} {meta.get(k)}, {installed[k]} is installed"
+            elif any(meta.get(tool) != v for tool, v in installed.items()):
+                tool = next(t for t, v in installed.items() if meta.get(t) != v)
+                problem = f"built by {tool} {meta.get(tool)}, {installed[tool]} is installed"
         except (OSError, ValueError, AttributeError) as exc:
             problem = f"unreadable ({exc})"
         if problem:

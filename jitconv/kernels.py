@@ -5,8 +5,8 @@ decorator, and the numba intrinsics the SPIR-V kernel uses: the fp16/bf16 bit
 conversions (``bit_conversions``), a plain fdiv, OpenCL's native_exp (opt-in) and the
 32-bit-word read of 16-bit elements.
 
-No host logic lives here. The public ops (``ops.py``) validate inputs and build the
-per-sequence and per-block tables; ``launching.py`` compiles and submits.
+No host logic lives here. The public ops (``ops.py``) validate inputs, ``batch.py`` builds
+the tables (token rows, one record per block); ``launching.py`` compiles and submits.
 """
 
 import linecache

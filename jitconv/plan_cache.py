@@ -44,7 +44,7 @@ def key(op, geometry, metadata):
     """The key of a call: ``op`` (a name), its Geometry and its metadata arguments (a
     tuple of values, in the op's order); None when one of them cannot be keyed."""
     parts = tuple(_content(v) for v in metadata)
-    if False in parts:
+    if any(p is False for p in parts):  # (not `False in parts`: 0 == False)
         return None
     return (op, geometry, parts)
 

@@ -4,7 +4,7 @@ then run on every layer.
 Every GDN / Mamba layer of one engine step uses the same metadata (query_start_loc, cache
 lines, token maps, accepted counts); only x, weight, bias and conv_state change per layer.
 ``jitconv.plan(...)`` checks the metadata against the step's geometry (rows of x, cache
-lines, state_len, width), builds the per-sequence and per-block tables and copies them into
+lines, state_len, width), builds the tables (token rows, block records) and copies them into
 USM memory that the plan owns. ``StepPlan.run(x, weight, bias, conv_state)`` then checks
 only what can differ per layer (shapes, dtypes, strides, devices against the plan) and
 submits one kernel. The one-shot ops (``causal_conv1d_fn`` / ``_update`` / ``_mixed``) are
@@ -146,8 +146,9 @@ class StepPlan:
             self.num_blocks, dim, has_bias=bias is not None, silu=silu, wait=wait)
         for wb in write_backs:
             wb()
-        if key is not None and not write_backs and x is x_given and \
-                (target is out or out is None):
+        # Only zero-copy launches are remembered: a copy is new memory on every run.
+        if key is not None and x is x_given and (target is out or out is None) and \
+                not any(bridge.is_copy(v) for v in views.values()):
             run_cache.remember(key, tensors, views, extents, self, kernel, queue, values,
                                wait, dtype)
         return _finish(out, target)

@@ -19,6 +19,7 @@ them as they were. jitconv writes them so that no stale or uninitialised value f
 import numpy as np
 
 from . import ops
+from .validation import host_ints
 from . import vllm_conventions as conventions
 from .vllm_conventions import NULL_BLOCK_ID, PAD_SLOT_ID
 
@@ -59,7 +60,7 @@ def causal_conv1d_fn(x, weight, bias, conv_states, query_start_loc, cache_indice
     if cache_indices is None:
         lines, skipped = np.arange(batch), ()
     else:
-        lines, skipped = conventions.ints(cache_indices, "cache_indices"), \
+        lines, skipped = host_ints(cache_indices, "cache_indices"), \
             (null_block_id, pad_slot_id)
     lines = conventions.skip_sequences(lines, qsl, "cache_indices", num_lines, skipped)
     rows = conventions.leading_rows(int(qsl[-1]), int(tokens.shape[0]), "query_start_loc")
@@ -96,9 +97,7 @@ def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None,
             raise TypeError(f"out: dtype must match x ({x.dtype}), got {out.dtype}")
     x, weight, bias = _to_state_dtype(conv_state, x, weight, bias)
     num_lines = int(conv_state.shape[0])
-
-    def restore(y):  # token-major result -> x's form
-        return y
+    batch_form = None  # (batch, seqlen, dim) when x is (batch, dim, seqlen)
     if query_start_loc is not None:
         if x.dim() != 2:
             raise ValueError(f"x: expected shape (num_tokens, dim) with query_start_loc, "
@@ -110,20 +109,18 @@ def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None,
         lines = conventions.column_zero(conv_state_indices, "conv_state_indices")
         qsl = conventions.query_start_loc(query_start_loc, len(lines), "query_start_loc")
     else:
+        size = int(x.shape[0])
         if x.dim() == 2:
             tokens, seqlen = x, 1
         elif x.dim() == 3:
-            size, dim, seqlen = (int(s) for s in x.shape)
+            _, dim, seqlen = (int(s) for s in x.shape)
             # (batch, dim, seqlen) -> token-major (batch * seqlen, dim); reshape copies
             # only when the strides do not allow a view.
             tokens = x.transpose(1, 2).reshape(size * seqlen, dim)
-
-            def restore(y):
-                return y.reshape(size, seqlen, dim).transpose(1, 2)
+            batch_form = (size, seqlen, dim)
         else:
             raise ValueError(f"x: expected (batch, dim), (batch, dim, seqlen) or, with "
                              f"query_start_loc, (num_tokens, dim); got {tuple(x.shape)}")
-        size = int(x.shape[0])
         if conv_state_indices is None:  # sequence i on line i: no index marks a pad
             lines, skipped = np.arange(size), ()
         else:
@@ -147,7 +144,8 @@ def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None,
         pad_slot_id=conventions.CORE_PAD, token_indx=rows,
         out=target if direct else None)
     if not direct:  # another dtype or a (batch, dim, seqlen) form: copy into place
-        target.copy_(restore(result))
+        target.copy_(result if batch_form is None
+                     else result.reshape(batch_form).transpose(1, 2))
     return target
 
 

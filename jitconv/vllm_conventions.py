@@ -26,15 +26,10 @@ PAD_SLOT_ID = -1    # vLLM's PAD_SLOT_ID: causal_conv1d_fn skips it too
 CORE_PAD = -1       # what the core ops are given for a skipped sequence
 
 
-def ints(values, name, ndim=1, allow_bool=False):
-    """Metadata as an int64 numpy array (int32 or int64 tensors, lists, numpy arrays)."""
-    return validation.host_ints(values, name, ndim=ndim, allow_bool=allow_bool)
-
-
 def query_start_loc(values, batch, name):
     """query_start_loc cut to ``batch`` sequences (vLLM may pass a longer one whose tail
     repeats its last value). ``batch`` None keeps every sequence."""
-    qsl = ints(values, name)
+    qsl = validation.host_ints(values, name)
     validation.check_query_start_loc(qsl, name)
     if batch is None:
         return qsl
@@ -47,7 +42,7 @@ def query_start_loc(values, batch, name):
 def first_entries(values, batch, name):
     """The first ``batch`` entries of a per-sequence array (vLLM may pass a longer,
     padded one; its kernels read only the first ``batch``)."""
-    arr = ints(values, name)
+    arr = validation.host_ints(values, name)
     if len(arr) < batch:
         raise ValueError(f"{name}: expected at least {batch} entries (one per sequence), "
                          f"got {len(arr)}")
@@ -56,7 +51,7 @@ def first_entries(values, batch, name):
 
 def column_zero(values, name):
     """Cache lines from (Q,) or vLLM's (Q, K) block table: the conv uses column 0."""
-    lines = ints(values, name, ndim=(1, 2))
+    lines = validation.host_ints(values, name, ndim=(1, 2))
     if lines.ndim == 2:
         if lines.shape[1] == 0:
             raise ValueError(f"{name}: expected shape (batch,) or (batch, K) with K >= 1, "
@@ -94,14 +89,6 @@ def leading_rows(count, num_rows, name):
     return None if count == num_rows else np.arange(count)
 
 
-def mapped_rows(token_indx, count, name):
-    """The first ``count`` entries of a token map (vLLM's maps may be longer: padded
-    buffers, or aranges sized for the padded batch)."""
-    if token_indx is None:
-        raise ValueError(f"{name}: required (the rows of this part's tokens)")
-    return first_entries(token_indx, count, name)
-
-
 def check_skipped_id(value, name):
     if value is not None and (isinstance(value, bool)
                               or not isinstance(value, (int, np.integer))):
@@ -110,9 +97,11 @@ def check_skipped_id(value, name):
 
 
 def _rows(token_indx, count, num_rows, name):
-    """Rows of a part's tokens: its map when one is given, else the first rows of x."""
+    """Rows of a part's tokens: the first ``count`` entries of its map when one is given
+    (vLLM's maps may be longer: padded buffers, or aranges sized for the padded batch),
+    else the first rows of x."""
     if token_indx is not None:
-        return mapped_rows(token_indx, count, name)
+        return first_entries(token_indx, count, name)
     if count > num_rows:
         raise ValueError(f"{name}: None, so the {count} tokens are the first rows of "
                          f"mixed_qkv, but it has only {num_rows} rows")
@@ -153,11 +142,12 @@ def gdn_step_arguments(m, num_rows, num_lines, null_block_id,
                                               "num_accepted_tokens"))
     if m.num_prefills > 0:
         qsl = query_start_loc(m.non_spec_query_start_loc, None, "non_spec_query_start_loc")
-        lines = ints(m.non_spec_state_indices_tensor, "non_spec_state_indices_tensor")
+        lines = validation.host_ints(m.non_spec_state_indices_tensor,
+                                     "non_spec_state_indices_tensor")
         initial = m.has_initial_state
     elif m.num_decodes > 0:
-        lines = ints(m.non_spec_state_indices_tensor,
-                     "non_spec_state_indices_tensor")[:int(m.num_actual_tokens)]
+        lines = validation.host_ints(m.non_spec_state_indices_tensor,
+                                     "non_spec_state_indices_tensor")[:int(m.num_actual_tokens)]
         qsl = np.arange(len(lines) + 1)
         initial = None  # decodes continue from their state
     else:

@@ -43,12 +43,20 @@ def test_bytes_moved_counts_what_must_move():
     assert bench.bytes_moved(step) == 2 * 64 * 128 * 4 + 128 * 5 * 4 + 64 * 2 * 3 * 128 * 4
 
 
-def test_kernel_only_figures_add_up(sycl_device):
+def test_kernel_only_figures_add_up(sycl_device, monkeypatch):
     """--kernel-only: kernel and copy times from profiling events, same consistency."""
+    timed = []  # the submits whose events were timed: the copy, one call, two calls
+    original = bench.median_kernel_times
+
+    def recorded(submits, *args, **kwargs):
+        timed.append(len(submits))
+        return original(submits, *args, **kwargs)
+    monkeypatch.setattr(bench, "median_kernel_times", recorded)
     result = bench.run(dims=(128,), dtypes=("bfloat16",), workloads=["mixed step"],
                        plot_path=None, cold=False, out=io.StringIO(), layers=0,
                        kernel_only=True)
     assert result["timing"] == "kernel"
+    assert 3 in timed, f"the workload's kernels were not timed from events: {timed}"
     assert bench.inconsistencies(result) == []
     assert result["rows"][0]["two_us"] > 0 and result["rows"][0]["pct_two_us"] > 0
 
@@ -73,7 +81,7 @@ def test_inconsistencies_are_found(small_run, tamper):
     if tamper == "copy":
         bad["copy_gbps"] *= 1.01
     elif tamper in ("row copy", "copy bytes"):
-        rows[3]["copy_gbps" if tamper == "row copy" else "copy_bytes"] *= 1.01
+        rows[3]["copy_us" if tamper == "row copy" else "copy_bytes"] *= 1.01
     elif tamper == "two % copy":
         rows[3]["pct_two_us"] *= 1.01  # decode-heavy mixed: has two calls
     elif tamper == "row missing":

@@ -3,6 +3,7 @@ numba-dpex; corrupt or stale entries are detected and rebuilt, never trusted."""
 
 import hashlib
 import json
+import shutil
 import os
 import subprocess
 import sys
@@ -192,3 +193,21 @@ def test_unwritable_cache_compiles_once_and_warns_once(sycl_device, tmp_path):
     warnings = [line for line in done.stderr.splitlines() if "RuntimeWarning" in line]
     assert len(warnings) == 1, done.stderr
     assert str(blocker / "cache") in warnings[0] and "JITCONV_CACHE_DIR" in warnings[0]
+
+
+def test_a_rejected_entry_does_not_hide_a_good_one_further_on(tmp_path, monkeypatch):
+    """An entry rejected for its compiler version in the user cache: the same key is
+    still looked up in the next place (the shipped kernels), and found there."""
+    first, second = tmp_path / "cache", tmp_path / "shipped"
+    monkeypatch.setenv("JITCONV_CACHE_DIR", str(first))
+    monkeypatch.setattr(kernel_cache, "rejected", [])
+    kernel_cache.store(4, "float32", b"spirv-bytes", "kernel_name")
+    shutil.copytree(first, second)
+    meta, _ = _entry(first)
+    data = json.loads(meta.read_text())
+    data["numba-dpex"] = "0.0.1"
+    meta.write_text(json.dumps(data))
+    monkeypatch.setattr(kernel_cache, "search_dirs", lambda: [first, second])
+    found = kernel_cache.load(4, "float32")
+    assert "built by numba-dpex 0.0.1" in kernel_cache.rejected[-1][1]
+    assert found is not None and found[2].parent == second

@@ -90,9 +90,9 @@ def test_another_geometry_is_validated_again(sycl_device):
         jitconv.causal_conv1d_fn(longer, weight, None, state, qsl, lines)
 
 
-def test_update_with_and_without_query_start_loc(sycl_device, plans_built):
-    """The ops key their own arguments: update's implied query_start_loc (None) is not
-    confused with fn's, and the same indices twice reuse one plan."""
+def test_update_reuses_its_plan(sycl_device, plans_built):
+    """causal_conv1d_update without query_start_loc (one token per sequence): the same
+    indices twice reuse one plan, and both calls stay right."""
     gen = torch.Generator().manual_seed(4)
     dim, width = 16, 3
     lines = torch.tensor([2, 0, 1], dtype=torch.int32)

@@ -253,6 +253,21 @@ def test_read_only_targets_are_rejected(sycl_device, target):
     assert not torch.equal(bits(state), before)
 
 
+def test_read_only_out_that_is_x_is_rejected_as_read_only(sycl_device):
+    """out=x on a read-only array: the error names the read-only target (not the copy
+    path that an out overlapping x takes), and nothing is written."""
+    gen = torch.Generator().manual_seed(7)
+    x = randn(gen, (2, DIM), torch.float32, usm=True)
+    w, b = randn(gen, (DIM, WIDTH), torch.float32, True), randn(gen, (DIM,), torch.float32, True)
+    state = randn(gen, (3, DIM, 3), torch.float32, usm=True)
+    before, x_before = bits(state), bits(x)
+    x_ro = _Usm(x, True)
+    with pytest.raises(ValueError, match="out: the array is read-only"):
+        jitconv.causal_conv1d_update(x_ro, _Usm(w), _Usm(b), _Usm(state), i32(0, 1),
+                                     out=x_ro)
+    assert torch.equal(bits(state), before) and torch.equal(bits(x), x_before)
+
+
 @pytest.mark.parametrize("target", ["conv_state", "out"])
 def test_inference_tensors_outside_inference_mode_are_rejected(sycl_device, target):
     gen = torch.Generator().manual_seed(6)

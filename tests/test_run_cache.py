@@ -8,6 +8,7 @@ input (whose aliasing check depends on the plan's cache lines).
 """
 
 import gc
+import types
 
 import pytest
 import torch
@@ -161,3 +162,20 @@ def test_written_tensors_sharing_memory_are_never_remembered(sycl_device):
     with pytest.raises(ValueError, match="conv_state and x overlap"):
         jitconv.plan(3, lines, state_len, width, **real).run(**data, out=out)
     assert torch.equal(bits(storage), before)
+
+
+def test_launches_that_copied_an_argument_are_never_remembered(sycl_device, monkeypatch):
+    """A plain CPU weight (not USM) is copied to the device on every run: new memory each
+    time, so its launch must not be remembered, even where that memory could be weakly
+    referenced (as pooled memory can: simulated here)."""
+    _gen, data, meta = _step(6)
+    data["weight"] = data["weight"].clone()  # plain CPU memory
+    monkeypatch.setattr(run_cache, "weakref", types.SimpleNamespace(ref=lambda o: lambda: o))
+    plan = _plan(data, meta)
+    checks = _CountChecks(monkeypatch)
+    for _ in range(2):
+        ref_out, ref_state = causal_conv1d_reference(**data, **meta)
+        got = plan.run(**data)
+        assert_outputs_close(got, ref_out, torch.float32)
+        assert_state_exact(data["conv_state"], ref_state)
+    assert checks.calls == 2 and not run_cache._entries

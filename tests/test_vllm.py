@@ -439,6 +439,9 @@ class Request(types.SimpleNamespace):
     step, and whether it has computed tokens before (has_initial_state)."""
 
 
+STALE = 2  # stale entries after the batch in build_gdn_metadata's persistent buffers
+
+
 def build_gdn_metadata(requests, *, full_graph_pad=0, meta_dtype=torch.int32):
     """GDNAttentionMetadata as vLLM 0.33's builder lays it out (our own code, from its
     conventions), for requests in vLLM's order. Returns (metadata, rows of x, per-part
@@ -485,6 +488,11 @@ def build_gdn_metadata(requests, *, full_graph_pad=0, meta_dtype=torch.int32):
             order = torch.argsort(torch.tensor(np.repeat(spec_mask, lengths)), stable=True)
             m.non_spec_token_indx = order[:len(ns_rows)].to(meta_dtype)
             m.spec_token_indx = order[len(ns_rows):].to(meta_dtype)
+        # Persistent buffers are longer than the batch: stale rows (real lines) after
+        # num_spec_decodes must be cut, never run.
+        table = np.concatenate([table, table[:1].repeat(STALE, 0)])
+        qsl = np.concatenate([qsl, qsl[-1] + np.arange(1, STALE + 1)])
+        accepted = np.concatenate([accepted, np.ones(STALE, np.int64)])
         m.spec_state_indices_tensor = ints(table, meta_dtype)
         m.spec_query_start_loc = ints(qsl, meta_dtype)
         m.num_accepted_tokens = ints(accepted, meta_dtype)
@@ -501,6 +509,8 @@ def build_gdn_metadata(requests, *, full_graph_pad=0, meta_dtype=torch.int32):
             lines = np.concatenate([lines, np.full(full_graph_pad, NULL)])
             qsl = np.concatenate([qsl, np.repeat(qsl[-1:], full_graph_pad)])
             m.num_actual_tokens = num_tokens + full_graph_pad
+        if not num_prefills:  # stale lines past num_actual_tokens: cut, never run
+            lines = np.concatenate([lines, lines[:STALE]])
         m.non_spec_state_indices_tensor = ints(lines, meta_dtype)
         m.non_spec_query_start_loc = ints(qsl, meta_dtype)
     return m, ref

@@ -206,7 +206,7 @@ def test_register_does_nothing_on_another_platform(standin, monkeypatch, caplog)
 NUM_SPEC, DIM, WIDTH = 3, 64, 4
 
 
-def mixed_step_metadata(gen):
+def mixed_step_metadata():
     """A mixed step as vLLM's builder lays it out (decodes counted as prefills beside
     spec decodes; maps from a stable argsort, int64), with a null-block spec row."""
     lengths = [4, 5, 1, 2, 4, 1]          # requests in order
@@ -246,7 +246,7 @@ def test_gdn_layer_runs_on_jitconv(sycl_device, standin, whole_step, dim_first):
     import vllm.model_executor.layers.mamba.mamba_utils as utils
     utils.DIM_FIRST = dim_first
     gen = torch.Generator().manual_seed(5)
-    meta, reference = mixed_step_metadata(gen)
+    meta, reference = mixed_step_metadata()
     storage = (16, DIM, WIDTH - 1 + NUM_SPEC) if dim_first else (16, WIDTH - 1 + NUM_SPEC, DIM)
     cache = randn(gen, storage, torch.float32)
     conv_state = cache if dim_first else cache.transpose(-1, -2)
