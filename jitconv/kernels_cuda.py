@@ -12,7 +12,9 @@ The silu division is a plain fdiv: numba-cuda compiles with numba's "numpy" erro
 (no zero-divisor check), unlike numba-dpex's default. ``fast_exp`` (the default, see
 ``cuda_backend``) makes silu's exp and division the GPU's approximate instructions;
 ``fastmath`` compiles the whole kernel with numba's fastmath (measured on the H200, see
-benchmarks/h200/).
+benchmarks/h200/). bfloat16 results are rounded by the GPU's own conversion instruction
+(``_bf16_store``), and the kernel is compiled for at most ``max_registers`` registers
+per thread (``cuda_backend.DEFAULT_MAX_REGISTERS``).
 """
 
 import linecache
@@ -62,7 +64,37 @@ def _converters(dtype_name):
             _conversions.update(bit_conversions.intrinsics(intrinsic))
             _conversions["identity"] = cuda.jit(device=True)(lambda v: v)
     load, store = bit_conversions.CONVERSIONS[dtype_name]
+    if store == "f32_to_bf16" and not _simulating():
+        return _conversions[load], _bf16_store()
     return _conversions[load or "identity"], _conversions[store or "identity"]
+
+
+_cvt = []  # the PTX bf16 rounding, made once
+
+
+def _bf16_store():
+    """float32 -> bfloat16 bits as the GPU's own conversion (PTX ``cvt.rn.bf16.f32``,
+    sm_80 and later): one instruction where the portable rounding of ``bit_conversions``
+    is about eight integer ops per element (4-5% of bf16 prefill time on the H200,
+    benchmarks/h200/). The same round-to-nearest-even bits; a NaN becomes the canonical
+    quiet NaN 0x7FFF instead of keeping its sign and payload's upper bits."""
+    if not _cvt:
+        from llvmlite import ir
+        from numba import types
+        try:
+            from numba.cuda.extending import intrinsic
+        except ImportError:
+            from numba.core.extending import intrinsic
+
+        @intrinsic
+        def f32_to_bf16_ptx(typingctx, value):
+            def codegen(context, builder, signature, args):
+                cvt = ir.InlineAsm(ir.FunctionType(ir.IntType(16), [ir.FloatType()]),
+                                   "cvt.rn.bf16.f32 $0, $1;", "=h,f")
+                return builder.call(cvt, [args[0]])
+            return types.int16(value), codegen
+        _cvt.append(f32_to_bf16_ptx)
+    return _cvt[0]
 
 
 def _divide(a, b):
@@ -107,15 +139,17 @@ def _fast_silu_ops():
 
 
 def make_conv_kernel(width, dtype_name, channels=1, fastmath=False, lookahead=1,
-                     fast_exp=False):
+                     fast_exp=False, max_registers=None):
     """The CUDA conv kernel for one (width, dtype, channels per thread, lookahead)
     specialization (a numba-cuda dispatcher; types are taken from the first launch).
     ``fastmath``: numba's fastmath for the whole kernel; ``fast_exp``: only silu's exp
-    and division approximate (``_fast_silu_ops``)."""
+    and division approximate (``_fast_silu_ops``); ``max_registers``: the registers per
+    thread the compiler may use (None: its own choice)."""
     if width not in SUPPORTED_WIDTHS:
         raise ValueError(f"width must be one of {SUPPORTED_WIDTHS}, got {width}")
     name = (f"jitconv_conv_w{width}_{dtype_name}_c{channels}_l{lookahead}"
-            f"{'_fast' if fastmath else ''}{'_fastexp' if fast_exp else ''}")
+            f"{'_fast' if fastmath else ''}{'_fastexp' if fast_exp else ''}"
+            f"{f'_r{max_registers}' if max_registers else ''}")
     source = kernel_source(width, name, CUDA, channels, lookahead)
     filename = f"<jitconv cuda kernel {name}>"
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
@@ -131,4 +165,6 @@ def make_conv_kernel(width, dtype_name, channels=1, fastmath=False, lookahead=1,
     if fast_exp:
         namespace["exp"], namespace["fdiv"] = _fast_silu_ops()
     exec(compile(source, filename, "exec"), namespace)
-    return cuda.jit(fastmath=fastmath)(namespace[name])
+    # The simulator's jit takes no register limit (it runs Python).
+    limit = {"max_registers": max_registers} if max_registers and not _simulating() else {}
+    return cuda.jit(fastmath=fastmath, **limit)(namespace[name])

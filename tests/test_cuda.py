@@ -24,6 +24,7 @@ import torch
 import jitconv
 from jitconv import cuda_backend
 from jitconv.reference import causal_conv1d_reference
+from jitconv.steps import mixed_step
 
 from helpers import (DTYPES, assert_outputs_close, assert_state_exact, bits, cumulative,
                      poisoned, randn)
@@ -86,13 +87,38 @@ def test_lookahead(cuda_device, monkeypatch, lookahead):
         run_and_check(case, dtype=dtype, out=poisoned(tuple(case["x"].shape), dtype, usm=True))
 
 
+@pytest.mark.parametrize("lookahead", [1, 2, 8, 16])
+@pytest.mark.parametrize("rows", ["vllm", "shuffled"])
+def test_group_edges(cuda_device, monkeypatch, lookahead, rows):
+    """Around the edges of the token loops (groups of L tokens loaded before their
+    stores, then single tokens; blocks of 16): sequences of 0 tokens (the state rule
+    only), 1, L - 1, L, L + 1, 16, 17 and longer; spec sequences of up to 9 tokens (more
+    than one round of new-state reads from x)."""
+    monkeypatch.setenv("JITCONV_CUDA_LOOKAHEAD", str(lookahead))
+    L = lookahead
+    ns = [0, 1, max(L - 1, 1), L, L + 1, 0, 16, 17, 2 * L + 3, 35]
+    for seed, dtype in ((L, torch.float32), (L + 50, torch.bfloat16)):
+        gen = torch.Generator().manual_seed(seed)
+        case = mixed_step(gen, dim=DIM, width=4, dtype=dtype, ns_lengths=ns,
+                          sp_lengths=[1, 2, 4, 7, 9], rows=rows,
+                          initial=[True, True, False, True, False, False, True, True,
+                                   False, True], extra_lines=2, usm=True, strided=True)
+        run_and_check(case, dtype=dtype, out=poisoned(tuple(case["x"].shape), dtype, usm=True))
+
+
 def test_settings_are_checked(monkeypatch):
-    for name in ("JITCONV_CUDA_CHANNELS", "JITCONV_CUDA_LOOKAHEAD", "JITCONV_FAST_EXP"):
+    for name in ("JITCONV_CUDA_CHANNELS", "JITCONV_CUDA_LOOKAHEAD", "JITCONV_FAST_EXP",
+                 "JITCONV_CUDA_MAX_REGISTERS"):
         monkeypatch.delenv(name, raising=False)
     assert cuda_backend.channels_for(8192, "bfloat16") == cuda_backend.DEFAULT_CHANNELS["bfloat16"]
     assert cuda_backend.channels_for(8192, "float32") == cuda_backend.DEFAULT_CHANNELS["float32"]
     assert cuda_backend._lookahead() == cuda_backend.DEFAULT_LOOKAHEAD
     assert cuda_backend._fast_exp() is cuda_backend.DEFAULT_FAST_EXP
+    assert cuda_backend._max_registers() == (cuda_backend.DEFAULT_MAX_REGISTERS or None)
+    monkeypatch.setenv("JITCONV_CUDA_MAX_REGISTERS", "64")
+    assert cuda_backend._max_registers() == 64
+    monkeypatch.setenv("JITCONV_CUDA_MAX_REGISTERS", "0")
+    assert cuda_backend._max_registers() is None
     monkeypatch.setenv("JITCONV_CUDA_CHANNELS", "4")
     assert (cuda_backend.channels_for(12), cuda_backend.channels_for(10)) == (4, 2)
     monkeypatch.setenv("JITCONV_FAST_EXP", "0")
@@ -100,12 +126,14 @@ def test_settings_are_checked(monkeypatch):
     monkeypatch.setenv("JITCONV_FAST_EXP", "1")
     assert cuda_backend._fast_exp() is True
     for name, bad in (("JITCONV_CUDA_CHANNELS", "3"), ("JITCONV_CUDA_LOOKAHEAD", "3"),
-                      ("JITCONV_FAST_EXP", "yes")):
+                      ("JITCONV_FAST_EXP", "yes"), ("JITCONV_CUDA_MAX_REGISTERS", "60"),
+                      ("JITCONV_CUDA_MAX_REGISTERS", "many")):
         monkeypatch.setenv(name, bad)
         with pytest.raises(ValueError, match=name):
             cuda_backend.channels_for(12)
             cuda_backend._lookahead()
             cuda_backend._fast_exp()
+            cuda_backend._max_registers()
         monkeypatch.delenv(name)
 
 
