@@ -205,6 +205,10 @@ def build_kernels(args):
     if not launching.have_compiler():
         print("build-kernels needs numba-dpex (pip install jitconv's pinned stack)")
         return 2
+    if args.ship and os.environ.get("JITCONV_FAST_EXP"):
+        # The package carries the kernels the default picks (kernel_abi.fast_silu).
+        print("build-kernels --ship builds the default kernels: unset JITCONV_FAST_EXP")
+        return 2
     target = kernel_cache.PREBUILT_DIR if args.ship else (
         args.dir or kernel_cache.cache_dir())
     queue = jitconv.get_queue()

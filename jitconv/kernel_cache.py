@@ -20,7 +20,8 @@ Where entries are looked up, in order:
 An entry is ``<key>.spv`` (the SPIR-V) plus ``<key>.json`` (kernel name, argument
 layout, SHA-256 of the SPIR-V, and the versions that produced it). The key hashes
 everything that changes the code: the kernel source files, jitconv's version, the ABI,
-the width, the dtype and the exp variant (``kernel_abi.FAST_EXP``). An entry whose metadata does not parse, whose checksum or ABI
+the width, the dtype and silu's variant (``kernel_abi.fast_silu``: exact or fast, by
+dtype or JITCONV_FAST_EXP). An entry whose metadata does not parse, whose checksum or ABI
 does not match, or (when numba-dpex is installed) that another numba-dpex or numba
 version produced, is stale: it is ignored and rebuilt, never trusted.
 """
@@ -32,7 +33,7 @@ import tempfile
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-from .kernel_abi import CONV_ARGS, FAST_EXP
+from .kernel_abi import CONV_ARGS, fast_silu
 
 _PACKAGE_DIR = Path(__file__).resolve().parent
 PREBUILT_DIR = _PACKAGE_DIR / "prebuilt"
@@ -71,7 +72,8 @@ def origin(path):
 
 def shipped_files():
     """The entry files the package should carry: one .spv and .json per supported width
-    and dtype, named by the current key."""
+    and dtype, named by the current key (silu's variant: the default of each dtype when
+    JITCONV_FAST_EXP is unset)."""
     from .kernel_abi import STORAGE, SUPPORTED_WIDTHS
     return sorted(f"{key(w, d)}{suffix}" for w in SUPPORTED_WIDTHS for d in STORAGE
                   for suffix in (".json", ".spv"))
@@ -99,7 +101,8 @@ def key(width, dtype_name):
     h = hashlib.sha256()
     for name in SOURCE_FILES:
         h.update((_PACKAGE_DIR / name).read_bytes())
-    h.update(json.dumps([FORMAT, __version__, _abi(), width, dtype_name, FAST_EXP]).encode())
+    h.update(json.dumps([FORMAT, __version__, _abi(), width, dtype_name,
+                         fast_silu(dtype_name)]).encode())
     return f"conv_w{width}_{dtype_name}_{h.hexdigest()[:20]}"
 
 

@@ -2,8 +2,9 @@
 compiled for SYCL devices. Only what is SYCL's lives here: the work-item's index
 (``item.get_id``: the range is exact, so no bounds guard), numba-dpex's device-function
 decorator, and the numba intrinsics the SPIR-V kernel uses: the fp16/bf16 bit
-conversions (``bit_conversions``), a plain fdiv, OpenCL's native_exp (opt-in) and the
-32-bit-word read of 16-bit elements.
+conversions (``bit_conversions``), a plain fdiv, OpenCL's native_exp (the fast silu: the
+default for fp16/bf16, ``kernel_abi.fast_silu``) and the 32-bit-word read of 16-bit
+elements.
 
 No host logic lives here. The public ops (``ops.py``) validate inputs, ``batch.py`` builds
 the tables (token rows, one record per block); ``launching.py`` compiles and submits.
@@ -21,8 +22,8 @@ from numba.core.extending import intrinsic
 import numba_dpex as dpex
 
 from . import bit_conversions
-from .kernel_abi import (FAST_EXP, FLAG_BLOCK_ROWS, FLAG_INITIAL_STATE, FLAG_SEQ_ROWS, FLAG_SPEC,
-                         STORAGE, SUPPORTED_WIDTHS)
+from .kernel_abi import (FLAG_BLOCK_ROWS, FLAG_INITIAL_STATE, FLAG_SEQ_ROWS, FLAG_SPEC, STORAGE,
+                         SUPPORTED_WIDTHS, fast_silu)
 from .kernel_template import Backend, kernel_source as _template_source, window_value
 
 SYCL = Backend(
@@ -48,7 +49,8 @@ def _fdiv(typingctx, a, b):
 @intrinsic
 def _native_exp(typingctx, value):
     """OpenCL's native_exp (float32), called as the SPIR builtin it is: the device's
-    fastest exp, accuracy implementation-defined (opt-in: kernel_abi.FAST_EXP)."""
+    fastest exp, accuracy implementation-defined (the fast silu: kernel_abi.fast_silu).
+    On opencl:cpu it is SVML's ``expf16_native``, within 1e-5 of exp (relative)."""
     def codegen(context, builder, signature, args):
         fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_F32, [_F32]),
                                             "_Z10native_expf")
@@ -90,9 +92,12 @@ def _element(array, index):
     return array[index]
 
 
-def _converters(dtype_name):
-    """(load, store, strided element read) for the dtype."""
+def _converters(dtype_name, fast=False):
+    """(load, store, strided element read) for the dtype; ``fast``: the fast silu's store
+    (bfloat16: the rounding without its NaN check, ``bit_conversions.FAST_STORE``)."""
     load, store = bit_conversions.CONVERSIONS[dtype_name]
+    if fast:
+        store = bit_conversions.FAST_STORE.get(dtype_name, store)
     strided = _element if STORAGE[dtype_name] == np.float32 else _load16_by_word
     return ((_INTRINSICS[load] if load else _identity),
             (_INTRINSICS[store] if store else _identity), strided)
@@ -107,9 +112,11 @@ def kernel_source(width, name):
     return _template_source(width, name, SYCL)
 
 
-def make_conv_kernel(width, dtype_name, fast_exp=FAST_EXP):
+def make_conv_kernel(width, dtype_name, fast=None):
     """Build the mixed-batch causal-conv1d kernel for one (width, dtype) specialization;
-    ``fast_exp``: silu's exp is OpenCL's native_exp instead of math.exp.
+    ``fast``: the fast silu (silu's exp is OpenCL's native_exp instead of math.exp and
+    bfloat16's rounding skips its NaN check); None: ``kernel_abi.fast_silu(dtype_name)``
+    (the default of the dtype, or JITCONV_FAST_EXP).
 
     The width shapes the source (scalar registers for the window and the taps); the
     storage conversions are globals of the generated function, so numba treats them as
@@ -118,13 +125,15 @@ def make_conv_kernel(width, dtype_name, fast_exp=FAST_EXP):
     """
     if width not in SUPPORTED_WIDTHS:
         raise ValueError(f"width must be one of {SUPPORTED_WIDTHS}, got {width}")
-    name = f"jitconv_conv_w{width}_{dtype_name}" + ("_fastexp" if fast_exp else "")
+    if fast is None:
+        fast = fast_silu(dtype_name)
+    name = f"jitconv_conv_w{width}_{dtype_name}" + ("_fast" if fast else "")
     source = kernel_source(width, name)
     filename = f"<jitconv kernel {name}>"
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
-    load, store, strided = _converters(dtype_name)
+    load, store, strided = _converters(dtype_name, fast)
     namespace = {
-        "U": np.uint64, "fdiv": _fdiv, "exp": _native_exp if fast_exp else math.exp,
+        "U": np.uint64, "fdiv": _fdiv, "exp": _native_exp if fast else math.exp,
         "load": load, "store": store, "strided": strided, "_window_value": _window_value,
         "ZERO": STORAGE[dtype_name](0), "F32_ZERO": np.float32(0.0), "ONE": np.float32(1.0),
         "FLAG_INITIAL_STATE": FLAG_INITIAL_STATE, "FLAG_SPEC": FLAG_SPEC,
