@@ -43,7 +43,8 @@ DEFAULT_THREADS = 128  # threads per thread block (JITCONV_CUDA_THREADS)
 DEFAULT_MAX_REGISTERS = 64
 
 _lock = threading.Lock()
-_kernels = {}  # (width, dtype, channels, fastmath, lookahead, fast exp, max registers)
+_kernels = {}  # (width, dtype, channels, fastmath, lookahead, fast exp, max registers,
+#                 native bf16 rounding) -> dispatcher
 _streams = {}  # (device index, cudaStream_t) -> numba external stream
 
 
@@ -168,9 +169,25 @@ def _max_registers():
     return int(value) or None
 
 
+_capability = {}  # device index -> compute capability
+
+
+def native_bf16(device):
+    """Whether the GPU rounds to bfloat16 itself (PTX cvt.rn.bf16.f32: compute capability
+    8.0 and later); never under the simulator."""
+    if simulating():
+        return False
+    found = _capability.get(device.index)
+    if found is None:
+        found = _capability.setdefault(device.index, torch.cuda.get_device_capability(device))
+    return found >= (8, 0)
+
+
 def get_kernel(width, dtype_name, channels, fastmath=False, lookahead=DEFAULT_LOOKAHEAD,
-               fast_exp=DEFAULT_FAST_EXP, max_registers=DEFAULT_MAX_REGISTERS or None):
-    key = (width, dtype_name, channels, fastmath, lookahead, fast_exp, max_registers)
+               fast_exp=DEFAULT_FAST_EXP, max_registers=DEFAULT_MAX_REGISTERS or None,
+               native_bf16=True):
+    key = (width, dtype_name, channels, fastmath, lookahead, fast_exp, max_registers,
+           native_bf16)
     kernel = _kernels.get(key)
     if kernel is None:
         with _lock:
@@ -179,7 +196,7 @@ def get_kernel(width, dtype_name, channels, fastmath=False, lookahead=DEFAULT_LO
                 from .kernels_cuda import make_conv_kernel
                 kernel = _kernels[key] = make_conv_kernel(width, dtype_name, channels,
                                                           fastmath, lookahead, fast_exp,
-                                                          max_registers)
+                                                          max_registers, native_bf16)
     return kernel
 
 
@@ -244,7 +261,7 @@ def launch(plan, x, weight, bias, conv_state, target, silu, dtype):
         weight = weight[:, 0, :]
     channels = channels_for(dim, dtype)
     kernel = get_kernel(plan.geometry.width, dtype, channels, _fastmath(), _lookahead(),
-                        _fast_exp(), _max_registers())
+                        _fast_exp(), _max_registers(), native_bf16(x.device))
     tables, offsets = _tables(plan, x.device, sim)
     xa, oa, wa, sa = (_flat(t, sim) for t in (x, target, weight, conv_state))
     ba = _flat(bias, sim) if bias is not None else wa  # not read without bias

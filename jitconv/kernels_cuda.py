@@ -49,7 +49,7 @@ def _simulating():
 _conversions = {}
 
 
-def _converters(dtype_name):
+def _converters(dtype_name, native_bf16=False):
     """(load, store) for the dtype: the intrinsics on a GPU, the Python twins in the
     simulator (where intrinsics cannot run)."""
     if not _conversions:
@@ -64,7 +64,7 @@ def _converters(dtype_name):
             _conversions.update(bit_conversions.intrinsics(intrinsic))
             _conversions["identity"] = cuda.jit(device=True)(lambda v: v)
     load, store = bit_conversions.CONVERSIONS[dtype_name]
-    if store == "f32_to_bf16" and not _simulating():
+    if store == "f32_to_bf16" and native_bf16 and not _simulating():
         return _conversions[load], _bf16_store()
     return _conversions[load or "identity"], _conversions[store or "identity"]
 
@@ -74,10 +74,11 @@ _cvt = []  # the PTX bf16 rounding, made once
 
 def _bf16_store():
     """float32 -> bfloat16 bits as the GPU's own conversion (PTX ``cvt.rn.bf16.f32``,
-    sm_80 and later): one instruction where the portable rounding of ``bit_conversions``
-    is about eight integer ops per element (4-5% of bf16 prefill time on the H200,
-    benchmarks/h200/). The same round-to-nearest-even bits; a NaN becomes the canonical
-    quiet NaN 0x7FFF instead of keeping its sign and payload's upper bits."""
+    sm_80 and later; ``native_bf16``): one instruction where the portable rounding of
+    ``bit_conversions`` is about eight integer ops per element (1.03-1.05x on bf16
+    prefill and mixed steps on the H200, benchmarks/h200/). Round to nearest even as
+    well; a NaN becomes the canonical quiet NaN 0x7FFF instead of keeping its sign and
+    payload's upper bits."""
     if not _cvt:
         from llvmlite import ir
         from numba import types
@@ -139,21 +140,23 @@ def _fast_silu_ops():
 
 
 def make_conv_kernel(width, dtype_name, channels=1, fastmath=False, lookahead=1,
-                     fast_exp=False, max_registers=None):
+                     fast_exp=False, max_registers=None, native_bf16=False):
     """The CUDA conv kernel for one (width, dtype, channels per thread, lookahead)
     specialization (a numba-cuda dispatcher; types are taken from the first launch).
     ``fastmath``: numba's fastmath for the whole kernel; ``fast_exp``: only silu's exp
     and division approximate (``_fast_silu_ops``); ``max_registers``: the registers per
-    thread the compiler may use (None: its own choice)."""
+    thread the compiler may use (None: its own choice); ``native_bf16``: bfloat16 rounded
+    by the GPU's instruction (``_bf16_store``; compute capability 8.0 and later)."""
     if width not in SUPPORTED_WIDTHS:
         raise ValueError(f"width must be one of {SUPPORTED_WIDTHS}, got {width}")
     name = (f"jitconv_conv_w{width}_{dtype_name}_c{channels}_l{lookahead}"
             f"{'_fast' if fastmath else ''}{'_fastexp' if fast_exp else ''}"
-            f"{f'_r{max_registers}' if max_registers else ''}")
+            f"{f'_r{max_registers}' if max_registers else ''}"
+            f"{'_cvt' if native_bf16 and dtype_name == 'bfloat16' else ''}")
     source = kernel_source(width, name, CUDA, channels, lookahead)
     filename = f"<jitconv cuda kernel {name}>"
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
-    load, store = _converters(dtype_name)
+    load, store = _converters(dtype_name, native_bf16)
     namespace = {
         "cuda": cuda, "U": np.uint64, "load": load, "store": store,
         "fdiv": _fdiv_for(fastmath), "exp": math.exp, "strided": _element,

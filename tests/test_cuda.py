@@ -137,6 +137,16 @@ def test_settings_are_checked(monkeypatch):
         monkeypatch.delenv(name)
 
 
+def test_bf16_rounding_instruction_only_where_the_gpu_has_it(monkeypatch):
+    """PTX cvt.rn.bf16.f32 needs compute capability 8.0: older GPUs get the portable
+    rounding (the simulator always does: it runs Python)."""
+    monkeypatch.setattr(cuda_backend, "simulating", lambda: False)
+    for capability, expected in (((7, 5), False), ((8, 0), True), ((9, 0), True)):
+        monkeypatch.setattr(cuda_backend, "_capability", {})
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d, c=capability: c)
+        assert cuda_backend.native_bf16(torch.device("cuda:0")) is expected, capability
+
+
 @pytest.mark.parametrize("dtype_name", list(DTYPES))
 def test_out_none_and_out_aliasing_x(cuda_device, dtype_name):
     dtype = DTYPES[dtype_name]
