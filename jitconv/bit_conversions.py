@@ -44,21 +44,6 @@ def _emit_f32_to_bf16(b, v):
     return b.trunc(b.select(is_nan, b.or_(upper, c(0x40)), rounded), _I16)
 
 
-def _emit_f32_to_bf16_arith(b, v):
-    """float32 -> bfloat16 bits, round to nearest even, WITHOUT the NaN check of
-    ``_emit_f32_to_bf16``: equal to it for every value but NaNs whose low 16 bits are not
-    zero (those may become inf, -0 or another NaN) and signaling NaNs (kept signaling).
-    For results of float32 arithmetic on 16-bit inputs, which is all the conv kernel
-    rounds, that never happens: a NaN produced by arithmetic is quiet and carries either
-    an input's payload (low 16 bits zero when the inputs were bfloat16 / float16 values)
-    or the default NaN (0xFFC00000). Saves a compare and a masked select per vector
-    (about 8% of the bfloat16 kernel on opencl:cpu); used by the fast silu only."""
-    c = lambda n: ir.Constant(_I32, n)  # noqa: E731
-    bits = b.bitcast(v, _I32)
-    rounded = b.lshr(b.add(bits, b.add(c(0x7FFF), b.and_(b.lshr(bits, c(16)), c(1)))), c(16))
-    return b.trunc(rounded, _I16)
-
-
 def intrinsics(intrinsic):
     """{name: numba intrinsic} for the four conversions, made with ``intrinsic``."""
     from numba import types
@@ -75,8 +60,7 @@ def intrinsics(intrinsic):
     return {"bf16_to_f32": unary(types.float32, _emit_bf16_to_f32),
             "f16_to_f32": unary(types.float32, _emit_f16_to_f32),
             "f32_to_f16": unary(types.int16, _emit_f32_to_f16),
-            "f32_to_bf16": unary(types.int16, _emit_f32_to_bf16),
-            "f32_to_bf16_arith": unary(types.int16, _emit_f32_to_bf16_arith)}
+            "f32_to_bf16": unary(types.int16, _emit_f32_to_bf16)}
 
 
 # ------------------------------------------------------ the same, in Python (simulator)
@@ -109,21 +93,11 @@ def py_f32_to_bf16(v):
     return np.uint16(rounded & 0xFFFF).view(np.int16)
 
 
-def py_f32_to_bf16_arith(v):
-    """Bit for bit what _emit_f32_to_bf16_arith computes (no NaN check)."""
-    bits = int(np.float32(v).view(np.uint32))
-    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFFFFFF) >> 16
-    return np.uint16(rounded & 0xFFFF).view(np.int16)
-
-
 def python_converters():
     return {"bf16_to_f32": py_bf16_to_f32, "f16_to_f32": py_f16_to_f32,
-            "f32_to_f16": py_f32_to_f16, "f32_to_bf16": py_f32_to_bf16,
-            "f32_to_bf16_arith": py_f32_to_bf16_arith}
+            "f32_to_f16": py_f32_to_f16, "f32_to_bf16": py_f32_to_bf16}
 
 
 # storage -> (load: raw -> float32, store: float32 -> raw), by conversion name
 CONVERSIONS = {"float32": (None, None), "float16": ("f16_to_f32", "f32_to_f16"),
                "bfloat16": ("bf16_to_f32", "f32_to_bf16")}
-# The store of the fast silu (kernel_abi.fast_silu), where it differs.
-FAST_STORE = {"bfloat16": "f32_to_bf16_arith"}

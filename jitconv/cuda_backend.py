@@ -19,6 +19,7 @@ updates); it cannot check code generation, the LLVM conversion intrinsics (it ru
 Python twins, see ``bit_conversions``), fastmath, streams or speed.
 """
 
+import functools
 import importlib.util
 import os
 import threading
@@ -48,7 +49,9 @@ _kernels = {}  # (width, dtype, channels, fastmath, lookahead, fast exp, max reg
 _streams = {}  # (device index, cudaStream_t) -> numba external stream
 
 
+@functools.lru_cache(maxsize=None)
 def have_numba_cuda():
+    # Looked up once: find_spec searches sys.path (tens of µs), and launches ask often.
     return importlib.util.find_spec("numba_cuda") is not None
 
 
@@ -135,9 +138,10 @@ def _fastmath():
 def _fast_exp():
     """Whether silu's exp and division are the GPU's approximate instructions (as in
     vLLM's Triton kernels; within the contract's tolerances, NaN and inf kept): the
-    default here, unlike the SYCL backend's, where the approximate exp (OpenCL's
-    native_exp) is opt-in. JITCONV_FAST_EXP=0 selects the exact path, =1 the fast one,
-    on both backends (read per launch here, once per process by the SYCL backend)."""
+    default here for every dtype; the SYCL backend makes OpenCL's native_exp the default
+    for float16 / bfloat16 only (``kernel_abi.fast_silu``). JITCONV_FAST_EXP=0 selects
+    the exact path, =1 the fast one, on both backends (read per launch here, once per
+    process by the SYCL backend)."""
     value = os.environ.get("JITCONV_FAST_EXP")
     if value is None or value == "":
         return DEFAULT_FAST_EXP
@@ -161,9 +165,12 @@ def _lookahead():
     return int(value)
 
 
+_REGISTER_LIMITS = (0,) + tuple(range(32, 256, 8))
+
+
 def _max_registers():
     value = os.environ.get("JITCONV_CUDA_MAX_REGISTERS", str(DEFAULT_MAX_REGISTERS))
-    if not value.isdigit() or int(value) not in (0,) + tuple(range(32, 256, 8)):
+    if not value.isdigit() or int(value) not in _REGISTER_LIMITS:
         raise ValueError(f"JITCONV_CUDA_MAX_REGISTERS: expected 0 (the compiler's choice) "
                          f"or a multiple of 8 in [32, 248], got {value!r}")
     return int(value) or None
@@ -185,9 +192,12 @@ def native_bf16(device):
 
 def get_kernel(width, dtype_name, channels, fastmath=False, lookahead=DEFAULT_LOOKAHEAD,
                fast_exp=DEFAULT_FAST_EXP, max_registers=DEFAULT_MAX_REGISTERS or None,
-               native_bf16=True):
+               bf16_instruction=False):
+    """The dispatcher of one specialization, made once per process. ``bf16_instruction``:
+    bfloat16 rounded by the GPU's instruction (``native_bf16`` of the device)."""
+    bf16_instruction = bf16_instruction and dtype_name == "bfloat16"  # others: one kernel
     key = (width, dtype_name, channels, fastmath, lookahead, fast_exp, max_registers,
-           native_bf16)
+           bf16_instruction)
     kernel = _kernels.get(key)
     if kernel is None:
         with _lock:
@@ -196,7 +206,7 @@ def get_kernel(width, dtype_name, channels, fastmath=False, lookahead=DEFAULT_LO
                 from .kernels_cuda import make_conv_kernel
                 kernel = _kernels[key] = make_conv_kernel(width, dtype_name, channels,
                                                           fastmath, lookahead, fast_exp,
-                                                          max_registers, native_bf16)
+                                                          max_registers, bf16_instruction)
     return kernel
 
 

@@ -92,12 +92,9 @@ def _element(array, index):
     return array[index]
 
 
-def _converters(dtype_name, fast=False):
-    """(load, store, strided element read) for the dtype; ``fast``: the fast silu's store
-    (bfloat16: the rounding without its NaN check, ``bit_conversions.FAST_STORE``)."""
+def _converters(dtype_name):
+    """(load, store, strided element read) for the dtype."""
     load, store = bit_conversions.CONVERSIONS[dtype_name]
-    if fast:
-        store = bit_conversions.FAST_STORE.get(dtype_name, store)
     strided = _element if STORAGE[dtype_name] == np.float32 else _load16_by_word
     return ((_INTRINSICS[load] if load else _identity),
             (_INTRINSICS[store] if store else _identity), strided)
@@ -114,8 +111,8 @@ def kernel_source(width, name):
 
 def make_conv_kernel(width, dtype_name, fast=None):
     """Build the mixed-batch causal-conv1d kernel for one (width, dtype) specialization;
-    ``fast``: the fast silu (silu's exp is OpenCL's native_exp instead of math.exp and
-    bfloat16's rounding skips its NaN check); None: ``kernel_abi.fast_silu(dtype_name)``
+    ``fast``: the fast silu (silu's exp is OpenCL's native_exp instead of math.exp);
+    None: ``kernel_abi.fast_silu(dtype_name)``
     (the default of the dtype, or JITCONV_FAST_EXP).
 
     The width shapes the source (scalar registers for the window and the taps); the
@@ -131,7 +128,7 @@ def make_conv_kernel(width, dtype_name, fast=None):
     source = kernel_source(width, name)
     filename = f"<jitconv kernel {name}>"
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
-    load, store, strided = _converters(dtype_name, fast)
+    load, store, strided = _converters(dtype_name)
     namespace = {
         "U": np.uint64, "fdiv": _fdiv, "exp": _native_exp if fast else math.exp,
         "load": load, "store": store, "strided": strided, "_window_value": _window_value,

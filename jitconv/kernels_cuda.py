@@ -13,7 +13,7 @@ The silu division is a plain fdiv: numba-cuda compiles with numba's "numpy" erro
 ``cuda_backend``) makes silu's exp and division the GPU's approximate instructions;
 ``fastmath`` compiles the whole kernel with numba's fastmath (measured on the H200, see
 benchmarks/h200/). bfloat16 results are rounded by the GPU's own conversion instruction
-(``_bf16_store``), and the kernel is compiled for at most ``max_registers`` registers
+on compute capability 8.0 and later (``_bf16_store``), and the kernel is compiled for at most ``max_registers`` registers
 per thread (``cuda_backend.DEFAULT_MAX_REGISTERS``).
 """
 
@@ -75,10 +75,10 @@ _cvt = []  # the PTX bf16 rounding, made once
 def _bf16_store():
     """float32 -> bfloat16 bits as the GPU's own conversion (PTX ``cvt.rn.bf16.f32``,
     sm_80 and later; ``native_bf16``): one instruction where the portable rounding of
-    ``bit_conversions`` is about eight integer ops per element (1.03-1.05x on bf16
-    prefill and mixed steps on the H200, benchmarks/h200/). Round to nearest even as
-    well; a NaN becomes the canonical quiet NaN 0x7FFF instead of keeping its sign and
-    payload's upper bits."""
+    ``bit_conversions`` is about eight integer ops per element (on the H200, added to a
+    kernel variant that was not kept: 1.03-1.05x on bf16 prefill and mixed steps,
+    benchmarks/h200/). Round to nearest even as well; a NaN becomes the canonical quiet
+    NaN 0x7FFF instead of keeping its sign and payload's upper bits."""
     if not _cvt:
         from llvmlite import ir
         from numba import types

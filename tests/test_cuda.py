@@ -87,7 +87,7 @@ def test_lookahead(cuda_device, monkeypatch, lookahead):
         run_and_check(case, dtype=dtype, out=poisoned(tuple(case["x"].shape), dtype, usm=True))
 
 
-@pytest.mark.parametrize("lookahead", [1, 2, 8, 16])
+@pytest.mark.parametrize("lookahead", [1, 2, 4, 8, 16])
 @pytest.mark.parametrize("rows", ["vllm", "shuffled"])
 def test_group_edges(cuda_device, monkeypatch, lookahead, rows):
     """Around the edges of the token loops (groups of L tokens loaded before their

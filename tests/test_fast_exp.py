@@ -1,5 +1,5 @@
 """silu's two variants on SYCL (kernel_abi.fast_silu): the exact math, and the fast one
-(OpenCL's native_exp; for bfloat16 also the rounding without its NaN check). The fast one
+(OpenCL's native_exp). The fast one
 is the default for float16 / bfloat16, the exact one for float32; JITCONV_FAST_EXP=0 / 1
 selects one for every dtype. Each variant is its own kernel (own cache key). Checked
 here: both stay within the contract's tolerances against the float64 reference with
@@ -15,6 +15,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 import torch
 
 import jitconv
@@ -97,9 +98,12 @@ def test_silu_variants_are_their_own_kernels_and_the_exact_one_is_unchanged(
         share = (got != want).mean()
         assert share < (0.01 if name == "bfloat16" else 0.05), (name, share)
         assert fast["bits"][name] == default["bits"][name], name
-    # float32 keeps the exact math by default; JITCONV_FAST_EXP=1 is its opt-in.
+    # float32 keeps the exact math by default; JITCONV_FAST_EXP=1 is its opt-in (whose
+    # native_exp differs from exp in some outputs on opencl:cpu; another device's
+    # native_exp may round exactly, so the difference is only required there).
     assert default["bits"]["float32"] == exact["bits"]["float32"]
-    assert fast["bits"]["float32"] != default["bits"]["float32"]
+    if sycl_device.startswith("opencl:cpu"):
+        assert fast["bits"]["float32"] != default["bits"]["float32"]
 
 
 # NaN bit patterns of each 16-bit dtype: signaling and quiet, smallest and largest
@@ -109,8 +113,11 @@ NANS = {"bfloat16": [0x7F81, 0x7FBF, 0x7FC0, 0x7FC1, 0x7FFF, 0xFF81, 0xFFC0, 0xF
 
 
 def test_nan_of_any_payload_and_inf_come_out_as_the_reference(sycl_device):
-    """The default (fast) 16-bit kernels: the bfloat16 rounding without its NaN check
-    must still give NaN for every NaN input payload, and infinities their float result."""
+    """The default (fast silu) 16-bit kernels give NaN for every NaN input payload and
+    infinities their float result."""
+    from jitconv import kernel_abi
+    if any(kernel_abi.fast_silu(d) != kernel_abi.DEFAULT_FAST_SILU[d] for d in NANS):
+        pytest.skip("JITCONV_FAST_EXP overrides the default kernels in this process")
     gen = torch.Generator().manual_seed(21)
     dim, width, tokens = 64, 4, 40
     for name, patterns in NANS.items():
