@@ -142,12 +142,9 @@ def _fast_exp():
     for float16 / bfloat16 only (``kernel_abi.fast_silu``). JITCONV_FAST_EXP=0 selects
     the exact path, =1 the fast one, on both backends (read per launch here, once per
     process by the SYCL backend)."""
-    value = os.environ.get("JITCONV_FAST_EXP")
-    if value is None or value == "":
-        return DEFAULT_FAST_EXP
-    if value not in ("0", "1"):
-        raise ValueError(f"JITCONV_FAST_EXP: expected 0 or 1, got {value!r}")
-    return value == "1"
+    from .kernel_abi import fast_exp_setting
+    chosen = fast_exp_setting(os.environ.get("JITCONV_FAST_EXP"))
+    return DEFAULT_FAST_EXP if chosen is None else chosen
 
 
 def _threads():

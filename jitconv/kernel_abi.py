@@ -26,13 +26,21 @@ DEFAULT_FAST_SILU = {"float32": False, "float16": True, "bfloat16": True}
 FAST_EXP = os.environ.get("JITCONV_FAST_EXP")  # None or "": the per-dtype default
 
 
+def fast_exp_setting(value):
+    """A value of JITCONV_FAST_EXP as None (unset or empty: the backend's default), True
+    ("1") or False ("0"); anything else is an error naming the variable. Both backends
+    read the variable through this (the CUDA one per launch, with its own default)."""
+    if value in (None, ""):
+        return None
+    if value not in ("0", "1"):
+        raise ValueError(f"JITCONV_FAST_EXP: expected 0 or 1, got {value!r}")
+    return value == "1"
+
+
 def fast_silu(dtype_name):
     """Whether the kernel for ``dtype_name`` uses the fast silu (see above)."""
-    if FAST_EXP in (None, ""):
-        return DEFAULT_FAST_SILU[dtype_name]
-    if FAST_EXP not in ("0", "1"):
-        raise ValueError(f"JITCONV_FAST_EXP: expected 0 or 1, got {FAST_EXP!r}")
-    return FAST_EXP == "1"
+    chosen = fast_exp_setting(FAST_EXP)
+    return DEFAULT_FAST_SILU[dtype_name] if chosen is None else chosen
 
 
 # How a tensor of each dtype is passed to the kernel: fp16/bf16 have no numba-dpex array

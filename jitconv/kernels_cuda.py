@@ -49,6 +49,16 @@ def _simulating():
 _conversions = {}
 
 
+def _intrinsic():
+    """numba's ``intrinsic`` decorator for CUDA code: numba-cuda's own extension API
+    (newer releases), else numba's."""
+    try:
+        from numba.cuda.extending import intrinsic
+    except ImportError:
+        from numba.core.extending import intrinsic
+    return intrinsic
+
+
 def _converters(dtype_name, native_bf16=False):
     """(load, store) for the dtype: the intrinsics on a GPU, the Python twins in the
     simulator (where intrinsics cannot run)."""
@@ -57,11 +67,7 @@ def _converters(dtype_name, native_bf16=False):
             _conversions.update(bit_conversions.python_converters())
             _conversions["identity"] = lambda v: v
         else:
-            try:  # numba-cuda's own extension API (newer releases), else numba's
-                from numba.cuda.extending import intrinsic
-            except ImportError:
-                from numba.core.extending import intrinsic
-            _conversions.update(bit_conversions.intrinsics(intrinsic))
+            _conversions.update(bit_conversions.intrinsics(_intrinsic()))
             _conversions["identity"] = cuda.jit(device=True)(lambda v: v)
     load, store = bit_conversions.CONVERSIONS[dtype_name]
     if store == "f32_to_bf16" and native_bf16 and not _simulating():
@@ -82,12 +88,8 @@ def _bf16_store():
     if not _cvt:
         from llvmlite import ir
         from numba import types
-        try:
-            from numba.cuda.extending import intrinsic
-        except ImportError:
-            from numba.core.extending import intrinsic
 
-        @intrinsic
+        @_intrinsic()
         def f32_to_bf16_ptx(typingctx, value):
             def codegen(context, builder, signature, args):
                 cvt = ir.InlineAsm(ir.FunctionType(ir.IntType(16), [ir.FloatType()]),
