@@ -41,7 +41,14 @@ fp16/bf16 arrive as int16 arrays (bit patterns) and are converted by ``load``/``
 dtype. Loads whose addresses are not consecutive across work-items (weights, bias, the
 state window) go through the backend's ``strided(array, index)``: a plain element read,
 or on SYCL for 16-bit data the aligned 32-bit word holding the element (a 32-bit gather
-instead of 16 scalar loads on the OpenCL CPU device).
+instead of 16 scalar loads on the OpenCL CPU device). A backend with
+``unit_stride_reads`` (SYCL) adds paths chosen by uniform branches on the strides: the
+state window and bias read with the channel as the unit-stride index when their channel
+stride is 1 (vLLM's conv state, any contiguous bias), and a width-4 16-bit weight in
+(dim, 4) layout with aligned rows read as one 64-bit word per channel (``word_taps``):
+vector loads / one 64-bit gather instead of 32-bit gathers on the OpenCL CPU device
+(bfloat16 1.11-1.30x there, docs/perf-notes.md). A GPU gains nothing from them (each
+work-item reads scalars), so the CUDA kernel keeps the general reads only.
 """
 
 import numpy as np
@@ -59,6 +66,7 @@ class Backend(NamedTuple):
     index_arg: str
     index: str
     extra_args: str
+    unit_stride_reads: bool = False  # see the module docstring
 
 
 def window_value(x, x_at, x_row_stride, state, state_at, tables, rows, st0, base, p,
@@ -121,7 +129,22 @@ def {name}({index_arg}x, x_offset, x_row_stride, out, out_offset, out_row_stride
     base = -1  # the row of position 0 when the sequence's rows are consecutive
     if flags & FLAG_SEQ_ROWS:
         base = r0 - p0
-{state_offsets}
+{state_part}
+{load_weights}
+{bias_zero}
+    if has_bias:
+{bias_load}
+{window_to_float}
+    if flags & FLAG_BLOCK_ROWS:
+{contiguous_tokens}
+    else:
+{indexed_tokens}
+"""
+
+
+# The state window and the state update; in its own template because a backend with
+# ``unit_stride_reads`` emits it twice (see kernel_source).
+_STATE_PART = """{state_offsets}
     sc = state_stride_col
     # u = concat(window, x_seq); u0..u{S1} hold u[p0 .. p0+S-1] as raw values.
 {load_window}
@@ -142,22 +165,14 @@ def {name}({index_arg}x, x_offset, x_row_stride, out, out_offset, out_row_stride
                 first = False
 {state_chunk_stores}
             q += {S}
-
-{load_weights}
-{bias_zero}
-    if has_bias:
-{bias_load}
-{window_to_float}
-    if flags & FLAG_BLOCK_ROWS:
-{contiguous_tokens}
-    else:
-{indexed_tokens}
 """
 
 
-def kernel_source(width, name, backend, channels=1, lookahead=1):
+def kernel_source(width, name, backend, channels=1, lookahead=1, word_taps=False):
     """The Python source of the conv kernel for one width, backend, channel count and
-    lookahead (tokens whose loads are issued before the first of their stores)."""
+    lookahead (tokens whose loads are issued before the first of their stores).
+    ``word_taps`` (width 4, 16-bit storage, a backend with ``unit_stride_reads`` that
+    supplies ``load_taps16`` / ``taps16_aligned`` / ``tap16``): the 64-bit taps path."""
     S = width - 1
     ind = " " * 4
     suffixes = [""] if channels == 1 else [f"_{j}" for j in range(channels)]
@@ -230,27 +245,61 @@ def kernel_source(width, name, backend, channels=1, lookahead=1):
         chunk_stores += [ind * 4 + f"state[U(st{J} + (q + {k} - q0) * sc)] = v{k}{J}"
                          for J in suffixes]
 
+    def state_part(unit):
+        """The state window and update; ``unit``: the channel's state stride is 1 (read
+        as a plain element, the channel's offset without a multiply)."""
+        stride_c = "" if unit else " * state_stride_c"
+        return _STATE_PART.format(
+            S=S, S1=S - 1,
+            state_offsets=each("st{J} = state_offset + line * state_stride_line + {CH}"
+                               + stride_c + "  # line, channel"),
+            load_window=per_k(f"u{{k}}{{J}} = _window_value(x, xc{{J}}, x_row_stride, state, "
+                              f"st{{J}} + (off + p0 + {{k}}) * sc, tables, rows, st0, base, "
+                              f"p0 - {S} + {{k}}, initial, ZERO, "
+                              f"{'element' if unit else 'strided'})", S),
+            state_chunk_loads="\n".join(chunk_loads),
+            store_window="\n".join(
+                ind * 4 + f"if q0 <= {k}:\n"
+                + each(f"state[U(st{{J}} + ({k} - q0) * sc)] = u{k}{{J}}", 5)
+                for k in range(S)),
+            state_chunk_stores="\n".join(chunk_stores))
+
+    def indented(text, depth):
+        return "\n".join((ind * depth + line) if line else line for line in text.splitlines())
+
+    weights = per_k("w{k}{J} = load(strided(weight, U(weight_offset + {CH} * "
+                    "weight_stride_c + {k} * weight_stride_k)))", width)
+    bias = each("bias_c{J} = load(strided(bias, U(bias_offset + {CH} * bias_stride)))", 2)
+    state = state_part(False)
+    if backend.unit_stride_reads:
+        # Uniform branches on the strides (kernel arguments): where the channel is the
+        # unit-stride index, neighbouring work-items read neighbouring elements, which a
+        # compiler vectorizing across work-items turns into one vector load instead of a
+        # gather (vLLM's conv state and every contiguous bias are laid out so).
+        state = (ind + "if state_stride_c == 1:\n" + indented(state_part(True), 1)
+                 + "\n" + ind + "else:\n" + indented(state, 1))
+        if word_taps:
+            # vLLM's (dim, width) weight: a channel's 4 taps of 16 bits are one aligned
+            # 64-bit word (one 64-bit gather instead of four 32-bit ones).
+            weights = (ind + "if weight_stride_k == 1 and weight_stride_c == 4 and "
+                       "taps16_aligned(weight, U(weight_offset)):\n"
+                       + each("wq{J} = load_taps16(weight, U(weight_offset + {CH} * 4))", 2)
+                       + "\n" + per_k("w{k}{J} = load(tap16(wq{J}, {k}))", width, 2)
+                       + "\n" + ind + "else:\n" + indented(weights, 1))
+        bias = (ind * 2 + "if bias_stride == 1:\n"
+                + each("bias_c{J} = load(element(bias, U(bias_offset + {CH})))", 3)
+                + "\n" + ind * 2 + "else:\n" + indented(bias, 1))
+
     return _TEMPLATE.format(
-        name=name, S=S, S1=S - 1, NF=len(BLOCK_FIELDS), index_arg=backend.index_arg,
+        name=name, NF=len(BLOCK_FIELDS), index_arg=backend.index_arg,
         extra_args=backend.extra_args, index=backend.index.format(C=channels),
         channel_offsets=each("xc{J} = x_offset + {CH}      # this channel in x and out\n"
                              "oc{J} = out_offset + {CH}"),
         pad_zeros=each("out[U(oc{J} + r * out_row_stride)] = ZERO", 3),
-        state_offsets=each("st{J} = state_offset + line * state_stride_line + {CH} * "
-                           "state_stride_c  # line, channel"),
-        load_window=per_k(f"u{{k}}{{J}} = _window_value(x, xc{{J}}, x_row_stride, state, "
-                          f"st{{J}} + (off + p0 + {{k}}) * sc, tables, rows, st0, base, "
-                          f"p0 - {S} + {{k}}, initial, ZERO, strided)", S),
-        state_chunk_loads="\n".join(chunk_loads),
-        store_window="\n".join(
-            ind * 4 + f"if q0 <= {k}:\n"
-            + each(f"state[U(st{{J}} + ({k} - q0) * sc)] = u{k}{{J}}", 5) for k in range(S)),
-        state_chunk_stores="\n".join(chunk_stores),
-        load_weights=per_k("w{k}{J} = load(strided(weight, U(weight_offset + {CH} * "
-                           "weight_stride_c + {k} * weight_stride_k)))", width),
+        state_part=state,
+        load_weights=weights,
         bias_zero=each("bias_c{J} = F32_ZERO"),
-        bias_load=each("bias_c{J} = load(strided(bias, U(bias_offset + {CH} * "
-                       "bias_stride)))", 2),
+        bias_load=bias,
         window_to_float=per_k("f{k}{J} = load(u{k}{J})", S),
         contiguous_tokens=token_loops(lambda i: f"r0 + {i}"),
         indexed_tokens=token_loops(lambda i: f"tables[rows + t0 + {i}]"),

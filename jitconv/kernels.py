@@ -3,8 +3,10 @@ compiled for SYCL devices. Only what is SYCL's lives here: the work-item's index
 (``item.get_id``: the range is exact, so no bounds guard), numba-dpex's device-function
 decorator, and the numba intrinsics the SPIR-V kernel uses: the fp16/bf16 bit
 conversions (``bit_conversions``), a plain fdiv, OpenCL's native_exp (the fast silu: the
-default for fp16/bf16, ``kernel_abi.fast_silu``) and the 32-bit-word read of 16-bit
-elements.
+default for fp16/bf16, ``kernel_abi.fast_silu``), the 32-bit-word read of 16-bit
+elements and the 64-bit read of a width-4 16-bit weight's taps. The SYCL backend takes
+the template's ``unit_stride_reads`` (stride-specific read paths that the OpenCL CPU
+compiler turns into vector loads instead of gathers).
 
 No host logic lives here. The public ops (``ops.py``) validate inputs, ``batch.py`` builds
 the tables (token rows, one record per block); ``launching.py`` compiles and submits.
@@ -27,7 +29,7 @@ from .kernel_abi import (FLAG_BLOCK_ROWS, FLAG_INITIAL_STATE, FLAG_SEQ_ROWS, FLA
 from .kernel_template import Backend, kernel_source as _template_source, window_value
 
 SYCL = Backend(
-    name="sycl", index_arg="item, ", extra_args="",
+    name="sycl", index_arg="item, ", extra_args="", unit_stride_reads=True,
     index="    c = item.get_id(0)  # channel: the fastest index (contiguous memory)\n"
           "    b = item.get_id(1)  # block")
 
@@ -82,6 +84,48 @@ def _load16_by_word(typingctx, array, index):
     return types.int16(array, types.uint64), codegen
 
 
+@intrinsic
+def _load_taps16(typingctx, array, index):
+    """The four 16-bit elements array[index .. index + 3] as one int64 (little-endian:
+    element k in bits 16k .. 16k + 15), read as one 64-bit word; &array[index] must be
+    8-byte aligned (``_taps16_aligned``). For the taps of a width-4 weight in vLLM's
+    (dim, width) layout: one 64-bit gather per channel instead of four 32-bit ones.
+    Addressed by GEP on the data pointer: the same load through ptrtoint/inttoptr
+    arithmetic was miscompiled by the OpenCL CPU compiler (channels past the first 16
+    read wrong taps)."""
+    def codegen(context, builder, signature, args):
+        model = context.data_model_manager[signature.args[0]]
+        data = builder.extract_value(args[0], model.get_field_position("data"))
+        words = builder.bitcast(data, _I64.as_pointer(data.type.addrspace))
+        at = builder.gep(words, [builder.lshr(args[1], ir.Constant(_I64, 2))], inbounds=True)
+        return builder.load(at, align=8)
+    return types.int64(array, types.uint64), codegen
+
+
+@intrinsic
+def _taps16_aligned(typingctx, array, index):
+    """Whether &array[index] (16-bit elements) is 8-byte aligned: the condition of
+    ``_load_taps16``. Checked on the address, not the offset: memory jitconv did not
+    allocate can start anywhere (a view's own address)."""
+    def codegen(context, builder, signature, args):
+        model = context.data_model_manager[signature.args[0]]
+        data = builder.extract_value(args[0], model.get_field_position("data"))
+        addr = builder.add(builder.ptrtoint(data, _I64),
+                           builder.shl(args[1], ir.Constant(_I64, 1)))
+        return builder.icmp_unsigned("==", builder.and_(addr, ir.Constant(_I64, 7)),
+                                     ir.Constant(_I64, 0))
+    return types.boolean(array, types.uint64), codegen
+
+
+@intrinsic
+def _tap16(typingctx, word, k):
+    """Element k (0..3) of a ``_load_taps16`` word, as int16."""
+    def codegen(context, builder, signature, args):
+        shift = builder.mul(args[1], ir.Constant(_I64, 16))
+        return builder.trunc(builder.lshr(args[0], shift), _I16)
+    return types.int16(types.int64, types.int64), codegen
+
+
 @dpex.device_func
 def _identity(v):
     return v
@@ -103,17 +147,22 @@ def _converters(dtype_name):
 _window_value = dpex.device_func(window_value)
 
 
-def kernel_source(width, name):
-    """The Python source of the SYCL conv kernel for one width (one channel per
-    work-item)."""
-    return _template_source(width, name, SYCL)
+def kernel_source(width, name, dtype_name="float32", unit_stride_reads=True):
+    """The Python source of the SYCL conv kernel for one width and dtype (one channel per
+    work-item). ``unit_stride_reads=False``: without the stride-specific read paths (the
+    kernel before them, for same-run comparisons)."""
+    return _template_source(
+        width, name, SYCL._replace(unit_stride_reads=unit_stride_reads),
+        word_taps=unit_stride_reads and width == 4 and STORAGE[dtype_name] == np.int16)
 
 
-def make_conv_kernel(width, dtype_name, fast=None):
+def make_conv_kernel(width, dtype_name, fast=None, unit_stride_reads=True):
     """Build the mixed-batch causal-conv1d kernel for one (width, dtype) specialization;
     ``fast``: the fast silu (silu's exp is OpenCL's native_exp instead of math.exp);
     None: ``kernel_abi.fast_silu(dtype_name)``
-    (the default of the dtype, or JITCONV_FAST_EXP).
+    (the default of the dtype, or JITCONV_FAST_EXP); ``unit_stride_reads=False``: the
+    kernel without its stride-specific reads (only for same-run comparisons: jitconv
+    always builds the default, the only one cached and shipped).
 
     The width shapes the source (scalar registers for the window and the taps); the
     storage conversions are globals of the generated function, so numba treats them as
@@ -125,13 +174,15 @@ def make_conv_kernel(width, dtype_name, fast=None):
     if fast is None:
         fast = fast_silu(dtype_name)
     name = f"jitconv_conv_w{width}_{dtype_name}" + ("_fast" if fast else "")
-    source = kernel_source(width, name)
+    source = kernel_source(width, name, dtype_name, unit_stride_reads)
     filename = f"<jitconv kernel {name}>"
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
     load, store, strided = _converters(dtype_name)
     namespace = {
         "U": np.uint64, "fdiv": _fdiv, "exp": _native_exp if fast else math.exp,
-        "load": load, "store": store, "strided": strided, "_window_value": _window_value,
+        "load": load, "store": store, "strided": strided, "element": _element,
+        "load_taps16": _load_taps16, "taps16_aligned": _taps16_aligned, "tap16": _tap16,
+        "_window_value": _window_value,
         "ZERO": STORAGE[dtype_name](0), "F32_ZERO": np.float32(0.0), "ONE": np.float32(1.0),
         "FLAG_INITIAL_STATE": FLAG_INITIAL_STATE, "FLAG_SPEC": FLAG_SPEC,
         "FLAG_BLOCK_ROWS": FLAG_BLOCK_ROWS, "FLAG_SEQ_ROWS": FLAG_SEQ_ROWS,

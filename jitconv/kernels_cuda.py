@@ -161,7 +161,7 @@ def make_conv_kernel(width, dtype_name, channels=1, fastmath=False, lookahead=1,
     load, store = _converters(dtype_name, native_bf16)
     namespace = {
         "cuda": cuda, "U": np.uint64, "load": load, "store": store,
-        "fdiv": _fdiv_for(fastmath), "exp": math.exp, "strided": _element,
+        "fdiv": _fdiv_for(fastmath), "exp": math.exp, "strided": _element, "element": _element,
         "_window_value": cuda.jit(device=True)(window_value),
         "ZERO": STORAGE[dtype_name](0), "F32_ZERO": np.float32(0.0), "ONE": np.float32(1.0),
         "FLAG_INITIAL_STATE": FLAG_INITIAL_STATE, "FLAG_SPEC": FLAG_SPEC,

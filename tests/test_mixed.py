@@ -81,7 +81,9 @@ def check_grid_case(params, dim, usm=False, on_device=None):
 
 @pytest.mark.parametrize("params", GRID, ids=grid_ids(GRID))
 def test_mixed_grid(sycl_device, params):
-    check_grid_case(params, dim=136)
+    # In USM memory, zero-copy: the kernel sees the layouts as built (a plain CPU tensor
+    # would reach it as a contiguous copy); other tests cover that copy path.
+    check_grid_case(params, dim=136, usm=True)
 
 
 @pytest.mark.parametrize("dtype_name", list(DTYPES))
@@ -91,6 +93,49 @@ def test_mixed_other_dims_usm_zero_copy(sycl_device, dtype_name, dim):
     case = build_mixed(dim, dtype=dtype, width=4, dim=dim, usm=True)
     jitconv.reset_copy_counts()
     run_and_check(case, dtype=dtype)
+    assert jitconv.copy_counts() == {"to_device": 0, "from_device": 0}
+
+
+def _relaid(t, layout, gen):
+    """``t`` (a (dim, width) weight or a (dim,) bias) with the same values in another
+    memory layout, in jitconv USM memory (zero-copy: the element offset reaches the
+    kernel). "offset<k>": stored k elements into a larger buffer (k = 1, 2: not 8-byte
+    aligned for 16-bit data; 4: aligned), "transposed": the channel is the unit-stride
+    index, "padded": channels further apart than the row's length."""
+    if layout == "contiguous":
+        return t
+    n = t.numel()
+    if layout.startswith("offset"):
+        k = int(layout[len("offset"):])
+        buf = randn(gen, (n + k,), t.dtype, True)
+        view = buf[k:].view(t.shape)
+    elif layout == "transposed":
+        view = randn(gen, tuple(reversed(t.shape)), t.dtype, True).t()
+    else:
+        assert layout == "padded", layout
+        wide = randn(gen, (t.shape[0], (t.shape[1] if t.dim() == 2 else 1) + 3), t.dtype, True)
+        view = wide[:, :t.shape[1]] if t.dim() == 2 else wide[:, 1]
+    view.copy_(t)
+    return view
+
+
+@pytest.mark.parametrize("dtype_name", list(DTYPES))
+@pytest.mark.parametrize("width", [3, 4])
+@pytest.mark.parametrize("weight_layout",
+                         ["contiguous", "offset1", "offset2", "offset4", "transposed", "padded"])
+@pytest.mark.parametrize("bias_layout", ["contiguous", "offset1", "padded"])
+def test_weight_and_bias_layouts(sycl_device, dtype_name, width, weight_layout, bias_layout):
+    """Every weight and bias layout gives the reference's result: the SYCL kernel reads
+    them by stride-specific paths (a channel's four 16-bit taps as one 64-bit word when
+    the weight is (dim, 4) with aligned rows, unit-stride bias reads), each with its
+    general fallback."""
+    dtype = DTYPES[dtype_name]
+    gen = torch.Generator().manual_seed(width)
+    case = build_mixed(width, dtype=dtype, width=width, dim=136, usm=True)
+    case["weight"] = _relaid(case["weight"], weight_layout, gen)
+    case["bias"] = _relaid(case["bias"], bias_layout, gen)
+    jitconv.reset_copy_counts()
+    run_and_check(case, dtype=dtype, out=poisoned(tuple(case["x"].shape), dtype, usm=True))
     assert jitconv.copy_counts() == {"to_device": 0, "from_device": 0}
 
 
