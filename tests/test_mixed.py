@@ -140,6 +140,25 @@ def test_weight_and_bias_layouts(sycl_device, dtype_name, width, weight_layout, 
 
 
 @pytest.mark.parametrize("dtype_name", list(DTYPES))
+@pytest.mark.parametrize("width", [3, 4])
+@pytest.mark.parametrize("weight_layout,bias_layout,state_layout", [
+    ("contiguous", "contiguous", "SD"), ("offset1", "offset1", "SD"),
+    ("padded", "padded", "DS"), ("transposed", "contiguous", "DS")])
+def test_layouts_at_a_wide_dim(sycl_device, dtype_name, width, weight_layout, bias_layout,
+                               state_layout):
+    """The same read paths at dim 2048, where the OpenCL CPU compiler runs many 16-channel
+    vectors per work-group: a miscompiled 64-bit taps read (ptrtoint/inttoptr addressing)
+    was right at dim 64 and 136 and wrong for channels 16 and up at dim 2048."""
+    dtype = DTYPES[dtype_name]
+    gen = torch.Generator().manual_seed(width)
+    case = build_mixed(width, dtype=dtype, width=width, dim=2048, usm=True,
+                       layout=state_layout)
+    case["weight"] = _relaid(case["weight"], weight_layout, gen)
+    case["bias"] = _relaid(case["bias"], bias_layout, gen)
+    run_and_check(case, dtype=dtype, out=poisoned(tuple(case["x"].shape), dtype, usm=True))
+
+
+@pytest.mark.parametrize("dtype_name", list(DTYPES))
 def test_one_launch_for_the_whole_step(sycl_device, dtype_name):
     case = build_mixed(3, dtype=DTYPES[dtype_name], width=4, dim=64)
     jitconv.causal_conv1d_mixed(**case)  # compile outside the count
