@@ -43,12 +43,17 @@ state window) go through the backend's ``strided(array, index)``: a plain elemen
 or on SYCL for 16-bit data the aligned 32-bit word holding the element (a 32-bit gather
 instead of 16 scalar loads on the OpenCL CPU device). A backend with
 ``unit_stride_reads`` (SYCL) adds paths chosen by uniform branches on the strides: the
-state window and bias read with the channel as the unit-stride index when their channel
-stride is 1 (vLLM's conv state, any contiguous bias), and a width-4 16-bit weight in
-(dim, 4) layout with aligned rows read as one 64-bit word per channel (``word_taps``):
-vector loads / one 64-bit gather instead of 32-bit gathers on the OpenCL CPU device
-(bfloat16 1.11-1.30x there, docs/perf-notes.md). A GPU gains nothing from them (each
-work-item reads scalars), so the CUDA kernel keeps the general reads only.
+state window, its update's stores and the bias addressed with the channel as the
+unit-stride index when their channel stride is 1 (vLLM's conv state, any contiguous
+bias), and a width-4 16-bit weight in (dim, 4) layout with an 8-byte-aligned first
+element read as one 64-bit word per channel (``word_taps``): vector loads / one 64-bit
+gather instead of gathers on the OpenCL CPU device (same-run comparisons: bfloat16 mixed
+step 1.23-1.28x, prefill 1.07-1.14x; docs/perf-notes.md). The CUDA kernel keeps the general reads
+(each GPU thread reads scalars; the paths were not measured there).
+
+``state_chunk``: how many new-state values of x the state update loads per round before
+storing them (default width - 1; the CUDA backend reads one more, so that a 1 + 3-token
+spec sequence at width 4 loads its 4 in one round).
 """
 
 import numpy as np
@@ -152,7 +157,7 @@ _STATE_PART = """{state_offsets}
         # Sole reader of this line's old window (per channel): write the new state.
         # New state = u[q0:] from column 0: spec keeps all but the oldest column
         # (S-1+n values), non-spec the last S. Columns from S - q0 on are rows of x
-        # (positions q - S), read {S} at a time before they are stored.
+        # (positions q - S), read {K} at a time before they are stored.
         q0 = n
         if flags & FLAG_SPEC:
             q0 = 1
@@ -164,11 +169,12 @@ _STATE_PART = """{state_offsets}
 {store_window}
                 first = False
 {state_chunk_stores}
-            q += {S}
+            q += {K}
 """
 
 
-def kernel_source(width, name, backend, channels=1, lookahead=1, word_taps=False):
+def kernel_source(width, name, backend, channels=1, lookahead=1, word_taps=False,
+                  state_chunk=None):
     """The Python source of the conv kernel for one width, backend, channel count and
     lookahead (tokens whose loads are issued before the first of their stores).
     ``word_taps`` (width 4, 16-bit storage, a backend with ``unit_stride_reads`` that
@@ -230,8 +236,9 @@ def kernel_source(width, name, backend, channels=1, lookahead=1, word_taps=False
             lines += ["for i in range(i, nb):"] + [ind + line for line in single]
         return "\n".join(ind * 2 + line for line in lines)
 
+    K = state_chunk or S
     chunk_loads = []
-    for k in range(S):
+    for k in range(K):
         chunk_loads += [ind * 3 + f"v{k}{J} = ZERO" for J in suffixes]
         chunk_loads += [ind * 3 + f"if q + {k} < {S} + n:",
                         ind * 4 + f"rq = base + q + {k - S}",
@@ -240,7 +247,7 @@ def kernel_source(width, name, backend, channels=1, lookahead=1, word_taps=False
         chunk_loads += [ind * 4 + f"v{k}{J} = x[U(xc{J} + rq * x_row_stride)]"
                         for J in suffixes]
     chunk_stores = []
-    for k in range(S):
+    for k in range(K):
         chunk_stores += [ind * 3 + f"if q + {k} < {S} + n:"]
         chunk_stores += [ind * 4 + f"state[U(st{J} + (q + {k} - q0) * sc)] = v{k}{J}"
                          for J in suffixes]
@@ -250,7 +257,7 @@ def kernel_source(width, name, backend, channels=1, lookahead=1, word_taps=False
         as a plain element, the channel's offset without a multiply)."""
         stride_c = "" if unit else " * state_stride_c"
         return _STATE_PART.format(
-            S=S, S1=S - 1,
+            S=S, S1=S - 1, K=K,
             state_offsets=each("st{J} = state_offset + line * state_stride_line + {CH}"
                                + stride_c + "  # line, channel"),
             load_window=per_k(f"u{{k}}{{J}} = _window_value(x, xc{{J}}, x_row_stride, state, "

@@ -90,15 +90,15 @@ def _load_taps16(typingctx, array, index):
     element k in bits 16k .. 16k + 15), read as one 64-bit word; &array[index] must be
     8-byte aligned (``_taps16_aligned``). For the taps of a width-4 weight in vLLM's
     (dim, width) layout: one 64-bit gather per channel instead of four 32-bit ones.
-    Addressed by GEP on the data pointer: the same load through ptrtoint/inttoptr
+    Addressed by a GEP from the data pointer: the same load through ptrtoint/inttoptr
     arithmetic was miscompiled by the OpenCL CPU compiler (channels past the first 16
-    read wrong taps)."""
+    read wrong taps at dim 2048)."""
     def codegen(context, builder, signature, args):
         model = context.data_model_manager[signature.args[0]]
         data = builder.extract_value(args[0], model.get_field_position("data"))
-        words = builder.bitcast(data, _I64.as_pointer(data.type.addrspace))
-        at = builder.gep(words, [builder.lshr(args[1], ir.Constant(_I64, 2))], inbounds=True)
-        return builder.load(at, align=8)
+        element = builder.gep(data, [args[1]], inbounds=True)  # &array[index]
+        word = builder.bitcast(element, _I64.as_pointer(data.type.addrspace))
+        return builder.load(word, align=8)
     return types.int64(array, types.uint64), codegen
 
 
@@ -147,7 +147,7 @@ def _converters(dtype_name):
 _window_value = dpex.device_func(window_value)
 
 
-def kernel_source(width, name, dtype_name="float32", unit_stride_reads=True):
+def kernel_source(width, name, dtype_name, unit_stride_reads=True):
     """The Python source of the SYCL conv kernel for one width and dtype (one channel per
     work-item). ``unit_stride_reads=False``: without the stride-specific read paths (the
     kernel before them, for same-run comparisons)."""
@@ -175,7 +175,7 @@ def make_conv_kernel(width, dtype_name, fast=None, unit_stride_reads=True):
         fast = fast_silu(dtype_name)
     name = f"jitconv_conv_w{width}_{dtype_name}" + ("_fast" if fast else "")
     source = kernel_source(width, name, dtype_name, unit_stride_reads)
-    filename = f"<jitconv kernel {name}>"
+    filename = f"<jitconv kernel {name}{'' if unit_stride_reads else ' strided reads'}>"
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
     load, store, strided = _converters(dtype_name)
     namespace = {

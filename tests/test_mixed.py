@@ -143,7 +143,8 @@ def test_weight_and_bias_layouts(sycl_device, dtype_name, width, weight_layout, 
 @pytest.mark.parametrize("width", [3, 4])
 @pytest.mark.parametrize("weight_layout,bias_layout,state_layout", [
     ("contiguous", "contiguous", "SD"), ("offset1", "offset1", "SD"),
-    ("padded", "padded", "DS"), ("transposed", "contiguous", "DS")])
+    ("offset4", "offset1", "SD"), ("padded", "padded", "DS"),
+    ("transposed", "contiguous", "DS")])
 def test_layouts_at_a_wide_dim(sycl_device, dtype_name, width, weight_layout, bias_layout,
                                state_layout):
     """The same read paths at dim 2048, where the OpenCL CPU compiler runs many 16-channel
@@ -155,7 +156,9 @@ def test_layouts_at_a_wide_dim(sycl_device, dtype_name, width, weight_layout, bi
                        layout=state_layout)
     case["weight"] = _relaid(case["weight"], weight_layout, gen)
     case["bias"] = _relaid(case["bias"], bias_layout, gen)
+    jitconv.reset_copy_counts()
     run_and_check(case, dtype=dtype, out=poisoned(tuple(case["x"].shape), dtype, usm=True))
+    assert jitconv.copy_counts() == {"to_device": 0, "from_device": 0}
 
 
 @pytest.mark.parametrize("dtype_name", list(DTYPES))
