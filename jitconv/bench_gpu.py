@@ -14,8 +14,8 @@ step, not per layer. GB/s = bytes that must move (``bench.bytes_moved``) / time;
 copy = that over the device-to-device copy bandwidth measured in the same run.
 
 Rows per workload: jitconv one launch for C = 1, 2, 4 channels per thread (``--channels``),
-L tokens of lookahead (``cuda_backend.DEFAULT_LOOKAHEAD`` unless ``--lookaheads`` names
-others) and each math of silu in ``MODES`` (``--modes``); jitconv as two calls (mixed
+L tokens of lookahead ("auto", cuda_backend's own choice per launch, unless
+``--lookaheads`` names others; "auto" among them keeps it) and each math of silu in ``MODES`` (``--modes``); jitconv as two calls (mixed
 steps, with the defaults); vLLM Triton as vLLM calls it (one call for one kind of
 sequences; for mixed steps its two calls on pre-gathered inputs), and for mixed steps
 vLLM's two calls plus the two ``index_select`` gathers its GDN layer makes.
@@ -196,7 +196,7 @@ def _check(step, device, vt):
 
 def run(vllm_file, out_dir, dims=(2048, 8192), dtypes=("bfloat16", "float32"), reps=100,
         channels=(1, 2, 4), workloads=None, lookaheads=None, modes=None):
-    lookaheads = lookaheads or (cuda_backend.DEFAULT_LOOKAHEAD,)
+    lookaheads = lookaheads or (AUTO,)
     modes = modes or tuple(MODES)
     device = torch.device(jitconv.set_device("cuda:0"))
     vt = load_vllm_triton(vllm_file)
@@ -238,7 +238,8 @@ def run(vllm_file, out_dir, dims=(2048, 8192), dtypes=("bfloat16", "float32"), r
                     for c in channels:
                         for la in lookaheads:
                             os.environ.update(MODES[mode], JITCONV_CUDA_CHANNELS=str(c),
-                                              JITCONV_CUDA_LOOKAHEAD=str(la))
+                                              JITCONV_CUDA_LOOKAHEAD="" if la == AUTO
+                                              else str(la))
                             record(variant_name(c, la, mode), _plan(step))
                 for variable in ("JITCONV_CUDA_CHANNELS", "JITCONV_CUDA_LOOKAHEAD",
                                  *MODES["fastmath"]):
@@ -286,6 +287,9 @@ MODES = {"exact": {"JITCONV_FAST_EXP": "0", "JITCONV_CUDA_FASTMATH": "0"},
          "fastmath": {"JITCONV_FAST_EXP": "0", "JITCONV_CUDA_FASTMATH": "1"}}
 
 
+AUTO = "auto"  # the lookahead cuda_backend picks per launch (JITCONV_CUDA_LOOKAHEAD unset)
+
+
 def variant_name(channels, lookahead, mode="exact"):
     return f"jitconv C={channels} L={lookahead}{'' if mode == 'exact' else ' ' + mode}"
 
@@ -293,7 +297,8 @@ def variant_name(channels, lookahead, mode="exact"):
 def table(result):
     """The markdown results table of benchmarks/h200/README.md, from a run's result:
     per (dim, dtype, workload) the default variant (cuda_backend's DEFAULT_CHANNELS,
-    DEFAULT_LOOKAHEAD and DEFAULT_FAST_EXP), the fastest jitconv variant, vLLM's calls, and the
+    automatic lookahead and DEFAULT_FAST_EXP; in results from before the automatic
+    lookahead, DEFAULT_LOOKAHEAD), the fastest jitconv variant, vLLM's calls, and the
     ratios."""
     from .cuda_backend import DEFAULT_CHANNELS, DEFAULT_FAST_EXP, DEFAULT_LOOKAHEAD
     by = {}
@@ -313,8 +318,10 @@ def table(result):
         ours = {k: r for k, r in v.items() if k.startswith("jitconv C=")}
         best_name = min(ours, key=lambda k: ours[k]["us"])
         best = ours[best_name]
-        default = ours.get(variant_name(DEFAULT_CHANNELS[dtype], DEFAULT_LOOKAHEAD,
-                                        "fast exp" if DEFAULT_FAST_EXP else "exact"))
+        mode = "fast exp" if DEFAULT_FAST_EXP else "exact"
+        default = ours.get(variant_name(DEFAULT_CHANNELS[dtype], AUTO, mode),
+                           ours.get(variant_name(DEFAULT_CHANNELS[dtype], DEFAULT_LOOKAHEAD,
+                                                 mode)))
         triton, gathers = v.get("vllm triton"), v.get("vllm triton + gathers")
         vs = f"{triton['us'] / best['us']:.2f}x" if triton else "-"
         vs_g = f"{gathers['us'] / best['us']:.2f}x" if gathers else "-"
@@ -362,6 +369,16 @@ def side_by_side(cpu_json, gpu_json, path):
            f"bytes", cpu["rows"]), panel(gpu)], path)
 
 
+def _lookaheads(text):
+    if not text:
+        return None
+    values = tuple(v.strip() for v in text.split(","))
+    bad = [v for v in values if v != AUTO and v not in ("1", "2", "4", "8", "16")]
+    if bad:
+        raise SystemExit(f"--lookaheads: unknown {bad}; expected auto, 1, 2, 4, 8 or 16")
+    return tuple(v if v == AUTO else int(v) for v in values)
+
+
 def _modes(text):
     modes = tuple(m.strip() for m in text.split(","))
     unknown = [m for m in modes if m not in MODES]
@@ -382,8 +399,8 @@ def main(argv=None):
     parser.add_argument("--workload", action="append", help="only these (repeatable)")
     parser.add_argument("--dim", type=int, action="append")
     parser.add_argument("--channels", default="1,2,4", help="C values, comma-separated")
-    parser.add_argument("--lookaheads", help="L values, comma-separated (default: "
-                        "cuda_backend.DEFAULT_LOOKAHEAD)")
+    parser.add_argument("--lookaheads", help="L values, comma-separated, 'auto' among them "
+                        "(default: auto, cuda_backend's choice per launch)")
     parser.add_argument("--modes", default=",".join(MODES),
                         help=f"silu's math, comma-separated among {', '.join(MODES)}")
     args = parser.parse_args(argv)
@@ -395,7 +412,7 @@ def main(argv=None):
 
     result = run(args.vllm_file, args.out, reps=args.reps, workloads=args.workload,
                  dims=tuple(args.dim or (2048, 8192)), channels=ints(args.channels),
-                 lookaheads=ints(args.lookaheads), modes=_modes(args.modes))
+                 lookaheads=_lookaheads(args.lookaheads), modes=_modes(args.modes))
     from .bench import plot
     plot([panel(result)], os.path.join(args.out, "h200_pct_copy.png"))
 

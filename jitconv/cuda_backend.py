@@ -35,6 +35,11 @@ _SIXTEEN_BIT = (torch.float16, torch.bfloat16)
 # on prefill, see _fast_exp).
 DEFAULT_CHANNELS = {"bfloat16": 2, "float16": 2, "float32": 2}
 DEFAULT_LOOKAHEAD = 8
+# Launches whose blocks all hold at most this many tokens (decode and spec steps of up to
+# 1 + 3 tokens) use it as their lookahead instead: bfloat16 small launches 1.03-1.08x
+# faster on the H200, float32 unchanged; prefill keeps DEFAULT_LOOKAHEAD (1.14x faster
+# than 4 there). JITCONV_CUDA_LOOKAHEAD, when set, applies to every launch.
+SHORT_LOOKAHEAD = 4
 DEFAULT_FAST_EXP = True
 DEFAULT_THREADS = 128  # threads per thread block (JITCONV_CUDA_THREADS)
 # Registers per thread the compiler may use (JITCONV_CUDA_MAX_REGISTERS; 0: its own
@@ -155,8 +160,13 @@ def _threads():
     return int(value)
 
 
-def _lookahead():
-    value = os.environ.get("JITCONV_CUDA_LOOKAHEAD", str(DEFAULT_LOOKAHEAD))
+def _lookahead(longest_block=None):
+    """L for a launch whose longest block holds ``longest_block`` tokens (None: not
+    known, the default L)."""
+    value = os.environ.get("JITCONV_CUDA_LOOKAHEAD", "")
+    if value == "":
+        short = longest_block is not None and longest_block <= SHORT_LOOKAHEAD
+        return SHORT_LOOKAHEAD if short else DEFAULT_LOOKAHEAD
     if value not in ("1", "2", "4", "8", "16"):
         raise ValueError(f"JITCONV_CUDA_LOOKAHEAD: expected 1, 2, 4, 8 or 16, got {value!r}")
     return int(value)
@@ -267,7 +277,8 @@ def launch(plan, x, weight, bias, conv_state, target, silu, dtype):
     if weight.dim() == 3:  # (dim, 1, width)
         weight = weight[:, 0, :]
     channels = channels_for(dim, dtype)
-    kernel = get_kernel(plan.geometry.width, dtype, channels, _fastmath(), _lookahead(),
+    kernel = get_kernel(plan.geometry.width, dtype, channels, _fastmath(),
+                        _lookahead(plan.longest_block),
                         _fast_exp(), _max_registers(), native_bf16(x.device))
     tables, offsets = _tables(plan, x.device, sim)
     xa, oa, wa, sa = (_flat(t, sim) for t in (x, target, weight, conv_state))

@@ -53,6 +53,8 @@ class StepPlan:
         self._written = self.lines.tolist()  # the lines a copy-back of conv_state writes
         batch = build_batch(parts, geo.num_tokens)
         self.num_blocks = batch.num_blocks
+        # tokens of the longest block (a backend may pick its code by it)
+        self.longest_block = int(batch.blk_len.max(initial=0))
         self.queue = queue  # None: chosen per run (torch's stream, or the current device)
         self._tables = {}   # queue's context (and queue) -> packed table parameters
         self._host_tables = batch.tables()

@@ -106,6 +106,31 @@ def test_group_edges(cuda_device, monkeypatch, lookahead, rows):
         run_and_check(case, dtype=dtype, out=poisoned(tuple(case["x"].shape), dtype, usm=True))
 
 
+def test_automatic_lookahead(cuda_device, monkeypatch):
+    """Without JITCONV_CUDA_LOOKAHEAD a launch whose blocks hold at most SHORT_LOOKAHEAD
+    tokens (decode and short spec steps) gets that lookahead, any other the default;
+    both give the reference's result."""
+    monkeypatch.delenv("JITCONV_CUDA_LOOKAHEAD", raising=False)
+    chosen = []
+    real = cuda_backend.get_kernel
+
+    def spy(width, dtype_name, channels, fastmath=False, lookahead=None, *args, **kwargs):
+        chosen.append(lookahead)
+        return real(width, dtype_name, channels, fastmath, lookahead, *args, **kwargs)
+
+    monkeypatch.setattr(cuda_backend, "get_kernel", spy)
+    short = cuda_backend.SHORT_LOOKAHEAD
+    for ns, sp, expected in (([1, 1, 1], [short, 2, 1], short),
+                             ([1, short + 1], [1], cuda_backend.DEFAULT_LOOKAHEAD)):
+        for dtype in (torch.float32, torch.bfloat16):
+            chosen.clear()
+            case = mixed_step(torch.Generator().manual_seed(len(ns)), dim=DIM, width=4,
+                              dtype=dtype, ns_lengths=ns, sp_lengths=sp, usm=True)
+            run_and_check(case, dtype=dtype,
+                          out=poisoned(tuple(case["x"].shape), dtype, usm=True))
+            assert chosen == [expected]
+
+
 def test_settings_are_checked(monkeypatch):
     for name in ("JITCONV_CUDA_CHANNELS", "JITCONV_CUDA_LOOKAHEAD", "JITCONV_FAST_EXP",
                  "JITCONV_CUDA_MAX_REGISTERS"):
@@ -113,6 +138,12 @@ def test_settings_are_checked(monkeypatch):
     assert cuda_backend.channels_for(8192, "bfloat16") == cuda_backend.DEFAULT_CHANNELS["bfloat16"]
     assert cuda_backend.channels_for(8192, "float32") == cuda_backend.DEFAULT_CHANNELS["float32"]
     assert cuda_backend._lookahead() == cuda_backend.DEFAULT_LOOKAHEAD
+    short = cuda_backend.SHORT_LOOKAHEAD
+    assert [cuda_backend._lookahead(n) for n in (0, 1, short, short + 1, 16)] == \
+        [short] * 3 + [cuda_backend.DEFAULT_LOOKAHEAD] * 2
+    monkeypatch.setenv("JITCONV_CUDA_LOOKAHEAD", "16")
+    assert cuda_backend._lookahead(1) == 16  # a setting applies to every launch
+    monkeypatch.delenv("JITCONV_CUDA_LOOKAHEAD")
     assert cuda_backend._fast_exp() is cuda_backend.DEFAULT_FAST_EXP
     assert cuda_backend._max_registers() == (cuda_backend.DEFAULT_MAX_REGISTERS or None)
     monkeypatch.setenv("JITCONV_CUDA_MAX_REGISTERS", "64")
