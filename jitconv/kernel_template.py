@@ -48,8 +48,8 @@ unit-stride index when their channel stride is 1 (vLLM's conv state, any contigu
 bias), and a width-4 16-bit weight in (dim, 4) layout with an 8-byte-aligned first
 element read as one 64-bit word per channel (``word_taps``): vector loads / one 64-bit
 gather instead of gathers on the OpenCL CPU device (same-run comparisons: bfloat16 mixed
-step 1.23-1.28x, prefill 1.07-1.14x; docs/perf-notes.md). The CUDA kernel keeps the general reads
-(each GPU thread reads scalars; the paths were not measured there).
+step 1.23-1.28x, prefill 1.07-1.14x; docs/perf-notes.md). The CUDA kernel keeps the
+general reads (each GPU thread reads scalars; the paths were not measured there).
 
 ``state_chunk``: how many new-state values of x the state update loads per round before
 storing them (default width - 1; the CUDA backend reads one more, so that a 1 + 3-token
@@ -271,8 +271,14 @@ def kernel_source(width, name, backend, channels=1, lookahead=1, word_taps=False
                 for k in range(S)),
             state_chunk_stores="\n".join(chunk_stores))
 
-    def indented(text, depth):
-        return "\n".join((ind * depth + line) if line else line for line in text.splitlines())
+    def deeper(text):
+        return "\n".join(ind + line if line else line for line in text.splitlines())
+
+    def branch(depth, condition, special, general):
+        """``if condition: special else: general`` at ``depth``; ``general`` was written
+        one level shallower (as the only path)."""
+        at = ind * depth
+        return f"{at}if {condition}:\n{special}\n{at}else:\n{deeper(general)}"
 
     weights = per_k("w{k}{J} = load(strided(weight, U(weight_offset + {CH} * "
                     "weight_stride_c + {k} * weight_stride_k)))", width)
@@ -283,19 +289,17 @@ def kernel_source(width, name, backend, channels=1, lookahead=1, word_taps=False
         # unit-stride index, neighbouring work-items read neighbouring elements, which a
         # compiler vectorizing across work-items turns into one vector load instead of a
         # gather (vLLM's conv state and every contiguous bias are laid out so).
-        state = (ind + "if state_stride_c == 1:\n" + indented(state_part(True), 1)
-                 + "\n" + ind + "else:\n" + indented(state, 1))
+        state = branch(1, "state_stride_c == 1", deeper(state_part(True)), state)
         if word_taps:
             # vLLM's (dim, width) weight: a channel's 4 taps of 16 bits are one aligned
             # 64-bit word (one 64-bit gather instead of four 32-bit ones).
-            weights = (ind + "if weight_stride_k == 1 and weight_stride_c == 4 and "
-                       "taps16_aligned(weight, U(weight_offset)):\n"
-                       + each("wq{J} = load_taps16(weight, U(weight_offset + {CH} * 4))", 2)
-                       + "\n" + per_k("w{k}{J} = load(tap16(wq{J}, {k}))", width, 2)
-                       + "\n" + ind + "else:\n" + indented(weights, 1))
-        bias = (ind * 2 + "if bias_stride == 1:\n"
-                + each("bias_c{J} = load(element(bias, U(bias_offset + {CH})))", 3)
-                + "\n" + ind * 2 + "else:\n" + indented(bias, 1))
+            weights = branch(
+                1, "weight_stride_k == 1 and weight_stride_c == 4 and "
+                   "taps16_aligned(weight, U(weight_offset))",
+                each("wq{J} = load_taps16(weight, U(weight_offset + {CH} * 4))", 2)
+                + "\n" + per_k("w{k}{J} = load(tap16(wq{J}, {k}))", width, 2), weights)
+        bias = branch(2, "bias_stride == 1",
+                      each("bias_c{J} = load(element(bias, U(bias_offset + {CH})))", 3), bias)
 
     return _TEMPLATE.format(
         name=name, NF=len(BLOCK_FIELDS), index_arg=backend.index_arg,

@@ -61,6 +61,12 @@ def _native_exp(typingctx, value):
     return types.float32(types.float32), codegen
 
 
+def _data_pointer(context, builder, signature, args):
+    """The data pointer of an intrinsic's first argument (a numba-dpex array)."""
+    model = context.data_model_manager[signature.args[0]]
+    return builder.extract_value(args[0], model.get_field_position("data"))
+
+
 @intrinsic
 def _load16_by_word(typingctx, array, index):
     """array[index] of a 16-bit array, read as the aligned 32-bit word that holds it.
@@ -71,8 +77,7 @@ def _load16_by_word(typingctx, array, index):
     4-byte aligned), so it reads no other page or allocation granule; the other half is
     discarded."""
     def codegen(context, builder, signature, args):
-        model = context.data_model_manager[signature.args[0]]
-        data = builder.extract_value(args[0], model.get_field_position("data"))
+        data = _data_pointer(context, builder, signature, args)
         addr = builder.add(builder.ptrtoint(data, _I64),
                            builder.shl(args[1], ir.Constant(_I64, 1)))
         word_ptr = builder.inttoptr(builder.and_(addr, ir.Constant(_I64, ~3)),
@@ -94,8 +99,7 @@ def _load_taps16(typingctx, array, index):
     arithmetic was miscompiled by the OpenCL CPU compiler (channels past the first 16
     read wrong taps at dim 2048)."""
     def codegen(context, builder, signature, args):
-        model = context.data_model_manager[signature.args[0]]
-        data = builder.extract_value(args[0], model.get_field_position("data"))
+        data = _data_pointer(context, builder, signature, args)
         element = builder.gep(data, [args[1]], inbounds=True)  # &array[index]
         word = builder.bitcast(element, _I64.as_pointer(data.type.addrspace))
         return builder.load(word, align=8)
@@ -108,8 +112,7 @@ def _taps16_aligned(typingctx, array, index):
     ``_load_taps16``. Checked on the address, not the offset: memory jitconv did not
     allocate can start anywhere (a view's own address)."""
     def codegen(context, builder, signature, args):
-        model = context.data_model_manager[signature.args[0]]
-        data = builder.extract_value(args[0], model.get_field_position("data"))
+        data = _data_pointer(context, builder, signature, args)
         addr = builder.add(builder.ptrtoint(data, _I64),
                            builder.shl(args[1], ir.Constant(_I64, 1)))
         return builder.icmp_unsigned("==", builder.and_(addr, ir.Constant(_I64, 7)),

@@ -111,3 +111,28 @@ def test_bench_workloads_compute_the_same_thing_both_ways(sycl_device):
         theirs = causal_conv1d_mixed_torch(**tstep)
         torch.testing.assert_close(ours, theirs, rtol=rtol, atol=atol)
         assert torch.equal(bits(step["conv_state"]), bits(tstep["conv_state"]))
+
+
+def test_gpu_table_default_variant_and_lookaheads():
+    """bench_gpu: --lookaheads takes "auto" (cuda_backend's choice per launch) and L values;
+    the table's default column is the automatic variant, or L = DEFAULT_LOOKAHEAD in
+    results from before it."""
+    from jitconv import bench_gpu, cuda_backend
+    assert bench_gpu._lookaheads("auto, 8") == ("auto", 8)
+    assert bench_gpu._lookaheads(None) is None
+    with pytest.raises(SystemExit, match="--lookaheads"):
+        bench_gpu._lookaheads("3")
+    mode = "fast exp" if cuda_backend.DEFAULT_FAST_EXP else "exact"
+    C = cuda_backend.DEFAULT_CHANNELS["bfloat16"]
+    row = dict(dim=2048, dtype="bfloat16", workload="decode-only 64", pct_copy=10.0)
+    fixed = dict(row, variant=bench_gpu.variant_name(C, cuda_backend.DEFAULT_LOOKAHEAD, mode),
+                 us=3.0)
+    auto = dict(row, variant=bench_gpu.variant_name(C, bench_gpu.AUTO, mode), us=5.0)
+    triton = dict(row, variant="vllm triton", us=4.0)
+
+    def default_cell(rows):
+        line = bench_gpu.table({"rows": rows}).splitlines()[-1]
+        return line.split(" | ")[3]
+
+    assert default_cell([fixed, auto, triton]).startswith("5.0 us")
+    assert default_cell([fixed, triton]).startswith("3.0 us")

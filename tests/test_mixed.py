@@ -119,6 +119,20 @@ def _relaid(t, layout, gen):
     return view
 
 
+def check_relaid(dtype_name, width, dim, weight_layout, bias_layout, state_layout="SD"):
+    """A mixed step with its weight and bias relaid (``_relaid``) in USM memory, run
+    zero-copy into a poisoned out and compared with the reference."""
+    dtype = DTYPES[dtype_name]
+    gen = torch.Generator().manual_seed(width)
+    case = build_mixed(width, dtype=dtype, width=width, dim=dim, usm=True,
+                       layout=state_layout)
+    case["weight"] = _relaid(case["weight"], weight_layout, gen)
+    case["bias"] = _relaid(case["bias"], bias_layout, gen)
+    jitconv.reset_copy_counts()
+    run_and_check(case, dtype=dtype, out=poisoned(tuple(case["x"].shape), dtype, usm=True))
+    assert jitconv.copy_counts() == {"to_device": 0, "from_device": 0}
+
+
 @pytest.mark.parametrize("dtype_name", list(DTYPES))
 @pytest.mark.parametrize("width", [3, 4])
 @pytest.mark.parametrize("weight_layout",
@@ -129,14 +143,7 @@ def test_weight_and_bias_layouts(sycl_device, dtype_name, width, weight_layout, 
     them by stride-specific paths (a channel's four 16-bit taps as one 64-bit word when
     the weight is (dim, 4) with aligned rows, unit-stride bias reads), each with its
     general fallback."""
-    dtype = DTYPES[dtype_name]
-    gen = torch.Generator().manual_seed(width)
-    case = build_mixed(width, dtype=dtype, width=width, dim=136, usm=True)
-    case["weight"] = _relaid(case["weight"], weight_layout, gen)
-    case["bias"] = _relaid(case["bias"], bias_layout, gen)
-    jitconv.reset_copy_counts()
-    run_and_check(case, dtype=dtype, out=poisoned(tuple(case["x"].shape), dtype, usm=True))
-    assert jitconv.copy_counts() == {"to_device": 0, "from_device": 0}
+    check_relaid(dtype_name, width, 136, weight_layout, bias_layout)
 
 
 @pytest.mark.parametrize("dtype_name", list(DTYPES))
@@ -150,15 +157,7 @@ def test_layouts_at_a_wide_dim(sycl_device, dtype_name, width, weight_layout, bi
     """The same read paths at dim 2048, where the OpenCL CPU compiler runs many 16-channel
     vectors per work-group: a miscompiled 64-bit taps read (ptrtoint/inttoptr addressing)
     was right at dim 64 and 136 and wrong for channels 16 and up at dim 2048."""
-    dtype = DTYPES[dtype_name]
-    gen = torch.Generator().manual_seed(width)
-    case = build_mixed(width, dtype=dtype, width=width, dim=2048, usm=True,
-                       layout=state_layout)
-    case["weight"] = _relaid(case["weight"], weight_layout, gen)
-    case["bias"] = _relaid(case["bias"], bias_layout, gen)
-    jitconv.reset_copy_counts()
-    run_and_check(case, dtype=dtype, out=poisoned(tuple(case["x"].shape), dtype, usm=True))
-    assert jitconv.copy_counts() == {"to_device": 0, "from_device": 0}
+    check_relaid(dtype_name, width, 2048, weight_layout, bias_layout, state_layout)
 
 
 @pytest.mark.parametrize("dtype_name", list(DTYPES))

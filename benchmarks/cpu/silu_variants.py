@@ -9,63 +9,13 @@ reference. Needs numba-dpex (the other variant is compiled in this process).
 """
 
 import argparse
-import statistics
 
 import numpy as np
 import torch
 
-import jitconv
-from jitconv import bench, launching, reference
+from jitconv import bench, launching
 from jitconv.kernel_abi import fast_silu
-from jitconv.steps import DATA_KEYS, mixed_step
-
-
-def compile_variant(width, dtype_name, fast, queue):
-    """The SYCL kernel of one silu variant, compiled by numba-dpex in this process."""
-    import dpctl.program as dpp
-    from numba.core.target_extension import target_override
-    from jitconv.kernels import make_conv_kernel
-    launching._prepare_numba_dpex()
-    dispatcher = make_conv_kernel(width, dtype_name, fast=fast)
-    with target_override("dpex"):
-        module = dispatcher.get_compile_result(
-            launching._signature(width, dtype_name, queue)).kernel_device_ir_module
-    program = dpp.create_program_from_spirv(queue, module.kernel_bitcode)
-    return program.get_sycl_kernel(module.kernel_name)
-
-
-def packed_launch(step, queue):
-    """(values, grid, out) of the step's launch, packed by a plan but not submitted."""
-    plan = bench.plan_of(step, queue)
-    with bench._submits_recorded() as submitted:
-        out = plan.run(**{k: step[k] for k in DATA_KEYS})
-    _kernel, _queue, values, grid, _wait = submitted[-1]
-    return values, grid, out
-
-
-def submitter(kernel, queue, values, grid):
-    def submit():
-        with launching.recording() as events:
-            launching.submit_packed(kernel, queue, values, grid, False)
-        return events
-    return submit
-
-
-def accuracy(kernel, dtype, queue, seed=5):
-    """Output of ``kernel`` on a random mixed step against the float64 reference:
-    (output, max |error|, max of |error| / (atol + rtol |ref|): below 1 passes)."""
-    step = mixed_step(torch.Generator().manual_seed(seed), dim=2048, width=4, dtype=dtype,
-                      ns_lengths=[700, 33, 1, 1, 5], sp_lengths=[4, 4, 2], usm=True)
-    ref, _ = reference.causal_conv1d_reference(
-        **{**step, "conv_state": step["conv_state"].clone()})
-    values, grid, out = packed_launch(step, queue)
-    for event in submitter(kernel, queue, values, grid)():
-        event.wait()
-    got = out.to(torch.float64).numpy()
-    rtol, atol = reference.TOLERANCE[str(dtype).replace("torch.", "")]
-    err = np.abs(got - ref)
-    raw = out.contiguous().view(torch.int16 if out.element_size() == 2 else torch.int32)
-    return raw.numpy().astype(np.int64), err.max(), (err / (atol + rtol * np.abs(ref))).max()
+from same_run import accuracy, compile_variant, packed_launch, submitter, time_in_turn
 
 
 def main():
@@ -82,7 +32,7 @@ def main():
     for dtype_name in args.dtypes.split(","):
         dtype = getattr(torch, dtype_name)
         default = launching.get_conv_kernel(width, dtype_name, queue)
-        other = compile_variant(width, dtype_name, not fast_silu(dtype_name), queue)
+        other = compile_variant(width, dtype_name, queue, fast=not fast_silu(dtype_name))
         names = ["fast" if fast_silu(dtype_name) else "exact",
                  "exact" if fast_silu(dtype_name) else "fast"]
         a_bits, a_err, a_use = accuracy(default, dtype, queue)
@@ -95,19 +45,11 @@ def main():
             for dim in (int(d) for d in args.dims.split(",")):
                 step = bench.make_step(workload, dim, dtype)
                 moved = bench.bytes_moved(step)
-                values, grid, _out = packed_launch(step, queue)
+                values, grid, _out, _plan = packed_launch(step, queue)
                 copy_submit = bench.copy_submit(moved // 2, queue)
                 kernels = [submitter(default, queue, values, grid),
                            submitter(other, queue, values, grid)]
-                # The kernel right after the copy runs up to ~10% slower (the copy's
-                # dirty lines): every other round swaps the two kernels' order.
-                rounds = []
-                for r in range(2 * args.rounds):
-                    order = kernels if r % 2 == 0 else kernels[::-1]
-                    times = bench.median_kernel_times([copy_submit] + order, min_time=0.5)
-                    rounds.append(times if r % 2 == 0 else [times[0]] + times[:0:-1])
-                copy, t_default, t_other = (statistics.median(r[i] for r in rounds)
-                                            for i in range(3))
+                copy, t_default, t_other = time_in_turn(copy_submit, kernels, args.rounds)
                 print(f"  {workload:22s} {dtype_name:9s} {dim:5d}  copy {moved / copy / 1e9:5.1f}"
                       f" GB/s | {names[0]} (default) {t_default * 1e6:7.0f}us "
                       f"{100 * copy / t_default:5.1f}% copy | {names[1]} {t_other * 1e6:7.0f}us "

@@ -8,26 +8,12 @@ order rotated every round. Outputs of both are compared bit for bit. Needs numba
 """
 
 import argparse
-import statistics
 
 import numpy as np
 import torch
 
-from jitconv import bench, launching
-from silu_variants import accuracy, packed_launch, submitter
-
-
-def compile_variant(width, dtype_name, unit_stride_reads, queue):
-    import dpctl.program as dpp
-    from numba.core.target_extension import target_override
-    from jitconv.kernels import make_conv_kernel
-    launching._prepare_numba_dpex()
-    dispatcher = make_conv_kernel(width, dtype_name, unit_stride_reads=unit_stride_reads)
-    with target_override("dpex"):
-        module = dispatcher.get_compile_result(
-            launching._signature(width, dtype_name, queue)).kernel_device_ir_module
-    program = dpp.create_program_from_spirv(queue, module.kernel_bitcode)
-    return program.get_sycl_kernel(module.kernel_name)
+from jitconv import bench
+from same_run import accuracy, compile_variant, packed_launch, submitter, time_in_turn
 
 
 def main():
@@ -43,7 +29,8 @@ def main():
           f"before = general (strided) reads only, after = with the stride-specific reads")
     for dtype_name in args.dtypes.split(","):
         dtype = getattr(torch, dtype_name)
-        kernels = [compile_variant(width, dtype_name, unit, queue) for unit in (False, True)]
+        kernels = [compile_variant(width, dtype_name, queue, unit_stride_reads=unit)
+                   for unit in (False, True)]
         (a_bits, a_err, _), (b_bits, b_err, _) = (accuracy(k, dtype, queue) for k in kernels)
         print(f"{dtype_name}: max err vs float64 reference before {a_err:.3g}, after "
               f"{b_err:.3g}; outputs bit-identical: {bool(np.array_equal(a_bits, b_bits))}")
@@ -51,16 +38,11 @@ def main():
             for dim in (int(d) for d in args.dims.split(",")):
                 step = bench.make_step(workload, dim, dtype)
                 moved = bench.bytes_moved(step)
-                values, grid, _out = packed_launch(step, queue)
+                values, grid, _out, _plan = packed_launch(step, queue)
                 copy_submit = bench.copy_submit(moved // 2, queue)
                 subs = [submitter(k, queue, values, grid) for k in kernels]
-                rounds = []
-                for r in range(2 * args.rounds):
-                    order = subs if r % 2 == 0 else subs[::-1]
-                    times = bench.median_kernel_times([copy_submit] + order, min_time=0.4)
-                    rounds.append(times if r % 2 == 0 else [times[0]] + times[:0:-1])
-                copy, before, after = (statistics.median(r[i] for r in rounds)
-                                       for i in range(3))
+                copy, before, after = time_in_turn(copy_submit, subs, args.rounds,
+                                                   min_time=0.4)
                 print(f"  {workload:22s} {dtype_name:9s} {dim:5d}  copy "
                       f"{moved / copy / 1e9:5.1f} GB/s | before {before * 1e6:7.0f}us "
                       f"{100 * copy / before:5.1f}% copy | after {after * 1e6:7.0f}us "

@@ -1,0 +1,77 @@
+"""Helpers of the same-run comparisons in this folder: kernel variants compiled in this
+process, one step's launch packed once, and kernels timed in turn with the device copy
+of the same bytes (profiling events, kernel time only). Needs numba-dpex."""
+
+import statistics
+
+import numpy as np
+import torch
+
+from jitconv import bench, launching, reference
+from jitconv.steps import DATA_KEYS, mixed_step
+
+
+def compile_variant(width, dtype_name, queue, **options):
+    """The SYCL kernel ``kernels.make_conv_kernel(width, dtype_name, **options)``,
+    compiled by numba-dpex in this process and built for ``queue``."""
+    import dpctl.program as dpp
+    from numba.core.target_extension import target_override
+    from jitconv.kernels import make_conv_kernel
+    launching._prepare_numba_dpex()
+    dispatcher = make_conv_kernel(width, dtype_name, **options)
+    with target_override("dpex"):
+        module = dispatcher.get_compile_result(
+            launching._signature(width, dtype_name, queue)).kernel_device_ir_module
+    program = dpp.create_program_from_spirv(queue, module.kernel_bitcode)
+    return program.get_sycl_kernel(module.kernel_name)
+
+
+def packed_launch(step, queue):
+    """(values, grid, out, plan) of the step's launch, packed by a plan but not
+    submitted. The values point into the plan's tables and into out: keep both alive
+    while the values are submitted."""
+    plan = bench.plan_of(step, queue)
+    with bench._submits_recorded() as submitted:
+        out = plan.run(**{k: step[k] for k in DATA_KEYS})
+    _kernel, _queue, values, grid, _wait = submitted[-1]
+    return values, grid, out, plan
+
+
+def submitter(kernel, queue, values, grid):
+    def submit():
+        with launching.recording() as events:
+            launching.submit_packed(kernel, queue, values, grid, False)
+        return events
+    return submit
+
+
+def accuracy(kernel, dtype, queue, seed=5):
+    """Output of ``kernel`` on a random mixed step against the float64 reference:
+    (output bits, max |error|, max of |error| / (atol + rtol |ref|): below 1 passes)."""
+    step = mixed_step(torch.Generator().manual_seed(seed), dim=2048, width=4, dtype=dtype,
+                      ns_lengths=[700, 33, 1, 1, 5], sp_lengths=[4, 4, 2], usm=True)
+    ref, _ = reference.causal_conv1d_reference(
+        **{**step, "conv_state": step["conv_state"].clone()})
+    values, grid, out, _plan = packed_launch(step, queue)
+    for event in submitter(kernel, queue, values, grid)():
+        event.wait()
+    got = out.to(torch.float64).numpy()
+    rtol, atol = reference.TOLERANCE[str(dtype).replace("torch.", "")]
+    err = np.abs(got - ref)
+    raw = out.contiguous().view(torch.int16 if out.element_size() == 2 else torch.int32)
+    return raw.numpy().astype(np.int64), err.max(), (err / (atol + rtol * np.abs(ref))).max()
+
+
+def time_in_turn(copy_submit, submits, rounds, min_time=0.5):
+    """[copy, submit 0, submit 1, ...] median times over ``rounds`` x len(submits)
+    rounds, each timing the copy then every submit in turn. The submits' order rotates
+    every round: the kernel right after the copy runs up to ~10% slower (its dirty
+    lines), so each takes that place equally often."""
+    n = len(submits)
+    results = []
+    for r in range(rounds * n):
+        k = r % n
+        times = bench.median_kernel_times([copy_submit] + submits[k:] + submits[:k],
+                                          min_time=min_time)
+        results.append([times[0]] + [times[1 + (i - k) % n] for i in range(n)])
+    return [statistics.median(row[i] for row in results) for i in range(n + 1)]
