@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .kernel_abi import (BLOCK_FIELDS, FLAG_BLOCK_ROWS, FLAG_INITIAL_STATE, FLAG_SEQ_ROWS,
-                         FLAG_SPEC)
+                         FLAG_SPEC, SUPPORTED_WIDTHS)
 
 DEFAULT_BLOCK_TOKENS = 16
 
@@ -80,6 +80,11 @@ class Part:
 
 
 def build_batch(parts, num_tokens, block_tokens=DEFAULT_BLOCK_TOKENS):
+    # A later block finds its whole window in x, and the first block is the sole reader
+    # of the old state (kernel_template): blocks of at least width - 1 tokens.
+    if block_tokens < max(SUPPORTED_WIDTHS) - 1:
+        raise ValueError(f"block_tokens must be >= {max(SUPPORTED_WIDTHS) - 1} (the widest "
+                         f"window), got {block_tokens}")
     rows = [p.rows for p in parts]
     covered = np.zeros(num_tokens, bool)
     for r in rows:

@@ -54,6 +54,22 @@ general reads (each GPU thread reads scalars; the paths were not measured there)
 ``state_chunk``: how many new-state values of x the state update loads per round before
 storing them (default width - 1; the CUDA backend reads one more, so that a 1 + 3-token
 spec sequence at width 4 loads its 4 in one round).
+
+Three backend flags cut a decode or spec work-item's instructions and its chain of
+memory rounds on a GPU (the CUDA backend sets them; H200 profile of a float32 decode
+launch: 545 instructions per warp before, 386 after, against vLLM Triton's 130):
+``one_round_record`` loads the whole block record before the pad test (not the
+sequence's fields after it: a second round); ``reuse_state_loads`` lets a block that
+holds its whole sequence, when the state update's first round loaded every token of it
+(non-spec up to width - 1 tokens, spec up to ``state_chunk``), take its tokens from
+those registers instead of loading them again after the state stores (a load placed
+after a store waits for it, see below); ``split_window`` loads the window by one uniform
+branch (p0 == 0: the cache line's, else the width - 1 rows of x before the block, as
+blocks hold B >= width - 1 tokens) instead of a per-value choice (``window_value``).
+H200, same call, against none of them: 1.02-1.28x on decode, spec and mixed launches,
+1.07-1.09x on bfloat16 prefill (benchmarks/h200/README.md). The SYCL kernel keeps them
+off: on the OpenCL CPU device each, alone or together, made bfloat16 launches slower
+(0.76-0.95x the speed; docs/perf-notes.md).
 """
 
 import numpy as np
@@ -71,7 +87,10 @@ class Backend(NamedTuple):
     index_arg: str
     index: str
     extra_args: str
-    unit_stride_reads: bool = False  # see the module docstring
+    unit_stride_reads: bool = False  # these four: see the module docstring
+    one_round_record: bool = False
+    reuse_state_loads: bool = False
+    split_window: bool = False
 
 
 def window_value(x, x_at, x_row_stride, state, state_at, tables, rows, st0, base, p,
@@ -97,7 +116,8 @@ def window_value(x, x_at, x_row_stride, state, state_at, tables, rows, st0, base
 # with 2-D and 3-D strided numba arrays in a 2-D index space, the OpenCL CPU compiler
 # produced wrong loads here (channels 16..31 read the weights of channels 0..15).
 # Indices are cast to unsigned (U): for a signed index numba adds negative-index
-# wraparound, a per-lane select that turns contiguous loads into gathers (2x slower).
+# wraparound, a per-lane select that turns contiguous loads into gathers (2x slower);
+# for the tables too (about 6 integer instructions per read on a GPU).
 # Loads are grouped before stores wherever the values allow it: for the compiler any
 # store may alias x (it cannot know that out, state and x never overlap), so a load
 # placed after a store waits for it, and on a GPU every such wait is a memory latency.
@@ -111,36 +131,30 @@ def {name}({index_arg}x, x_offset, x_row_stride, out, out_offset, out_row_stride
     # a block's record holds BLOCK_FIELDS, its sequence's fields included.
 {index}
     blk = blocks + b * {NF}
-    t0 = tables[blk]
-    nb = tables[blk + 1]
-    line = tables[blk + 4]
-    flags = tables[blk + 6]
-    r0 = tables[blk + 7]  # the row of the block's first token (consecutive rows)
-{channel_offsets}
+    t0 = tables[U(blk)]
+    nb = tables[U(blk + 1)]
+    line = tables[U(blk + 4)]
+    flags = tables[U(blk + 6)]
+    r0 = tables[U(blk + 7)]  # the row of the block's first token (consecutive rows)
+{early_record}{channel_offsets}
     if line < 0:
         # Padded sequence, or output rows no sequence covers: zeros, no state access.
         for i in range(nb):
             r = r0 + i
             if not flags & FLAG_BLOCK_ROWS:
-                r = tables[rows + t0 + i]
+                r = tables[U(rows + t0 + i)]
 {pad_zeros}
         return
 
-    p0 = tables[blk + 2]  # position of the block's first token in its sequence
-    n = tables[blk + 3]
-    off = tables[blk + 5]
-    st0 = t0 - p0  # the sequence's first token slot
+{late_record}    st0 = t0 - p0  # the sequence's first token slot
     initial = flags & FLAG_INITIAL_STATE
     base = -1  # the row of position 0 when the sequence's rows are consecutive
     if flags & FLAG_SEQ_ROWS:
         base = r0 - p0
 {state_part}
-{load_weights}
-{bias_zero}
-    if has_bias:
-{bias_load}
+{weights_and_bias}
 {window_to_float}
-    if flags & FLAG_BLOCK_ROWS:
+{short_tokens}if flags & FLAG_BLOCK_ROWS:
 {contiguous_tokens}
     else:
 {indexed_tokens}
@@ -153,7 +167,7 @@ _STATE_PART = """{state_offsets}
     sc = state_stride_col
     # u = concat(window, x_seq); u0..u{S1} hold u[p0 .. p0+S-1] as raw values.
 {load_window}
-    if p0 == 0:
+{short_init}    if p0 == 0:
         # Sole reader of this line's old window (per channel): write the new state.
         # New state = u[q0:] from column 0: spec keeps all but the oldest column
         # (S-1+n values), non-spec the last S. Columns from S - q0 on are rows of x
@@ -162,7 +176,7 @@ _STATE_PART = """{state_offsets}
         if flags & FLAG_SPEC:
             q0 = 1
         q = max(q0, {S})
-        first = True
+{short_flag}        first = True
         while first or q < {S} + n:
 {state_chunk_loads}
             if first:
@@ -178,7 +192,9 @@ def kernel_source(width, name, backend, channels=1, lookahead=1, word_taps=False
     """The Python source of the conv kernel for one width, backend, channel count and
     lookahead (tokens whose loads are issued before the first of their stores).
     ``word_taps`` (width 4, 16-bit storage, a backend with ``unit_stride_reads`` that
-    supplies ``load_taps16`` / ``taps16_aligned`` / ``tap16``): the 64-bit taps path."""
+    supplies ``load_taps16`` / ``taps16_aligned`` / ``tap16``): the 64-bit taps path.
+    ``state_chunk``: see the module docstring."""
+    one_round_record, reuse_state_loads = backend.one_round_record, backend.reuse_state_loads
     S = width - 1
     ind = " " * 4
     suffixes = [""] if channels == 1 else [f"_{j}" for j in range(channels)]
@@ -240,11 +256,12 @@ def kernel_source(width, name, backend, channels=1, lookahead=1, word_taps=False
     chunk_loads = []
     for k in range(K):
         chunk_loads += [ind * 3 + f"v{k}{J} = ZERO" for J in suffixes]
+        rq = f"rq{k}" if reuse_state_loads else "rq"
         chunk_loads += [ind * 3 + f"if q + {k} < {S} + n:",
-                        ind * 4 + f"rq = base + q + {k - S}",
+                        ind * 4 + f"{rq} = base + q + {k - S}",
                         ind * 4 + "if base < 0:",
-                        ind * 5 + f"rq = tables[rows + st0 + q + {k - S}]"]
-        chunk_loads += [ind * 4 + f"v{k}{J} = x[U(xc{J} + rq * x_row_stride)]"
+                        ind * 5 + f"{rq} = tables[U(rows + st0 + q + {k - S})]"]
+        chunk_loads += [ind * 4 + f"v{k}{J} = x[U(xc{J} + {rq} * x_row_stride)]"
                         for J in suffixes]
     chunk_stores = []
     for k in range(K):
@@ -252,18 +269,41 @@ def kernel_source(width, name, backend, channels=1, lookahead=1, word_taps=False
         chunk_stores += [ind * 4 + f"state[U(st{J} + (q + {k} - q0) * sc)] = v{k}{J}"
                          for J in suffixes]
 
+    def split_window(unit):
+        """The window by one uniform branch on p0 (``Backend.split_window``)."""
+        read = "element" if unit else "strided"
+        lines = ["if p0 == 0:",
+                 ind + "# The cache line's window (zeros without initial state)."]
+        lines += [ind + f"u{k}{J} = ZERO" for k in range(S) for J in suffixes]
+        lines += [ind + "if initial:"]
+        lines += [ind * 2 + f"u{k}{J} = {read}(state, U(st{J} + (off + {k}) * sc))"
+                  for k in range(S) for J in suffixes]
+        lines += ["else:",
+                  ind + f"# p0 >= B >= {S}: the window is the {S} rows of x before the block."]
+        for k in range(S):
+            lines += [ind + f"rw{k} = base + p0 - {S - k}", ind + "if base < 0:",
+                      ind * 2 + f"rw{k} = tables[U(rows + t0 - {S - k})]"]
+        lines += [ind + f"u{k}{J} = x[U(xc{J} + rw{k} * x_row_stride)]"
+                  for k in range(S) for J in suffixes]
+        return "\n".join(ind + line for line in lines)
+
     def state_part(unit):
         """The state window and update; ``unit``: the channel's state stride is 1 (read
         as a plain element, the channel's offset without a multiply)."""
         stride_c = "" if unit else " * state_stride_c"
+        # short: the block's tokens are v0.. at rows rq0.. (defined on every path)
+        short_init = "\n".join([ind + "short = False"] + [ind + f"rq{k} = 0" for k in range(K)]
+                                + [each(f"v{k}{{J}} = ZERO") for k in range(K)]) + "\n"
         return _STATE_PART.format(
+            short_init=short_init if reuse_state_loads else "",
+            short_flag=ind * 2 + f"short = n <= {K} and q == {S}\n" if reuse_state_loads else "",
             S=S, S1=S - 1, K=K,
             state_offsets=each("st{J} = state_offset + line * state_stride_line + {CH}"
                                + stride_c + "  # line, channel"),
-            load_window=per_k(f"u{{k}}{{J}} = _window_value(x, xc{{J}}, x_row_stride, state, "
-                              f"st{{J}} + (off + p0 + {{k}}) * sc, tables, rows, st0, base, "
-                              f"p0 - {S} + {{k}}, initial, ZERO, "
-                              f"{'element' if unit else 'strided'})", S),
+            load_window=split_window(unit) if backend.split_window else per_k(
+                f"u{{k}}{{J}} = _window_value(x, xc{{J}}, x_row_stride, state, "
+                f"st{{J}} + (off + p0 + {{k}}) * sc, tables, rows, st0, base, "
+                f"p0 - {S} + {{k}}, initial, ZERO, {'element' if unit else 'strided'})", S),
             state_chunk_loads="\n".join(chunk_loads),
             store_window="\n".join(
                 ind * 4 + f"if q0 <= {k}:\n"
@@ -283,13 +323,11 @@ def kernel_source(width, name, backend, channels=1, lookahead=1, word_taps=False
     weights = per_k("w{k}{J} = load(strided(weight, U(weight_offset + {CH} * "
                     "weight_stride_c + {k} * weight_stride_k)))", width)
     bias = each("bias_c{J} = load(strided(bias, U(bias_offset + {CH} * bias_stride)))", 2)
-    state = state_part(False)
     if backend.unit_stride_reads:
         # Uniform branches on the strides (kernel arguments): where the channel is the
         # unit-stride index, neighbouring work-items read neighbouring elements, which a
         # compiler vectorizing across work-items turns into one vector load instead of a
         # gather (vLLM's conv state and every contiguous bias are laid out so).
-        state = branch(1, "state_stride_c == 1", deeper(state_part(True)), state)
         if word_taps:
             # vLLM's (dim, width) weight: a channel's 4 taps of 16 bits are one aligned
             # 64-bit word (one 64-bit gather instead of four 32-bit ones).
@@ -300,6 +338,25 @@ def kernel_source(width, name, backend, channels=1, lookahead=1, word_taps=False
                 + "\n" + per_k("w{k}{J} = load(tap16(wq{J}, {k}))", width, 2), weights)
         bias = branch(2, "bias_stride == 1",
                       each("bias_c{J} = load(element(bias, U(bias_offset + {CH})))", 3), bias)
+    weights_and_bias = (weights + "\n" + each("bias_c{J} = F32_ZERO") + "\n"
+                        + ind + "if has_bias:\n" + bias)
+    state = state_part(False)
+    if backend.unit_stride_reads:
+        state = branch(1, "state_stride_c == 1", deeper(state_part(True)), state)
+    record = "\n".join(ind + line for line in (
+        "p0 = tables[U(blk + 2)]  # position of the block's first token in its sequence",
+        "n = tables[U(blk + 3)]", "off = tables[U(blk + 5)]"))
+    short_tokens = ind  # then "if flags & FLAG_BLOCK_ROWS"
+    if reuse_state_loads:  # "if short: ... elif flags & FLAG_BLOCK_ROWS"
+        lines = ["if short:",
+                 ind + "# The state update's first round loaded every token of the block "
+                       "(v0..): no reload after its stores."]
+        for k in range(K):
+            body = ([f"xs{k}{J} = load(v{k}{J})" for J in suffixes]
+                    + token(f"xs{k}{{J}}", f"rq{k}"))
+            lines.append(ind * (k + 1) + f"if nb > {k}:")  # nb = 0: the state rule only
+            lines += [ind * (k + 2) + line for line in body]
+        short_tokens = "\n".join(ind + line for line in lines) + "\n" + ind + "el"
 
     return _TEMPLATE.format(
         name=name, NF=len(BLOCK_FIELDS), index_arg=backend.index_arg,
@@ -308,10 +365,11 @@ def kernel_source(width, name, backend, channels=1, lookahead=1, word_taps=False
                              "oc{J} = out_offset + {CH}"),
         pad_zeros=each("out[U(oc{J} + r * out_row_stride)] = ZERO", 3),
         state_part=state,
-        load_weights=weights,
-        bias_zero=each("bias_c{J} = F32_ZERO"),
-        bias_load=bias,
+        early_record=record + "\n" if one_round_record else "",
+        late_record="" if one_round_record else record + "\n",
+        weights_and_bias=weights_and_bias,
+        short_tokens=short_tokens,
         window_to_float=per_k("f{k}{J} = load(u{k}{J})", S),
         contiguous_tokens=token_loops(lambda i: f"r0 + {i}"),
-        indexed_tokens=token_loops(lambda i: f"tables[rows + t0 + {i}]"),
+        indexed_tokens=token_loops(lambda i: f"tables[U(rows + t0 + {i})]"),
     )

@@ -150,22 +150,24 @@ def _converters(dtype_name):
 _window_value = dpex.device_func(window_value)
 
 
-def kernel_source(width, name, dtype_name, unit_stride_reads=True):
+def kernel_source(width, name, dtype_name, **backend_options):
     """The Python source of the SYCL conv kernel for one width and dtype (one channel per
-    work-item). ``unit_stride_reads=False``: without the stride-specific read paths (the
-    kernel before them, for same-run comparisons)."""
+    work-item). ``backend_options``: other values of ``SYCL``'s flags (e.g.
+    ``unit_stride_reads=False``: the kernel without its stride-specific reads), only for
+    same-run comparisons."""
+    backend = SYCL._replace(**backend_options)
     return _template_source(
-        width, name, SYCL._replace(unit_stride_reads=unit_stride_reads),
-        word_taps=unit_stride_reads and width == 4 and STORAGE[dtype_name] == np.int16)
+        width, name, backend,
+        word_taps=backend.unit_stride_reads and width == 4 and STORAGE[dtype_name] == np.int16)
 
 
-def make_conv_kernel(width, dtype_name, fast=None, unit_stride_reads=True):
+def make_conv_kernel(width, dtype_name, fast=None, **backend_options):
     """Build the mixed-batch causal-conv1d kernel for one (width, dtype) specialization;
     ``fast``: the fast silu (silu's exp is OpenCL's native_exp instead of math.exp);
     None: ``kernel_abi.fast_silu(dtype_name)``
-    (the default of the dtype, or JITCONV_FAST_EXP); ``unit_stride_reads=False``: the
-    kernel without its stride-specific reads (only for same-run comparisons: jitconv
-    always builds the default, the only one cached and shipped).
+    (the default of the dtype, or JITCONV_FAST_EXP); ``backend_options``: as in
+    ``kernel_source`` (only for same-run comparisons: jitconv always builds the default,
+    the only one cached and shipped).
 
     The width shapes the source (scalar registers for the window and the taps); the
     storage conversions are globals of the generated function, so numba treats them as
@@ -177,8 +179,9 @@ def make_conv_kernel(width, dtype_name, fast=None, unit_stride_reads=True):
     if fast is None:
         fast = fast_silu(dtype_name)
     name = f"jitconv_conv_w{width}_{dtype_name}" + ("_fast" if fast else "")
-    source = kernel_source(width, name, dtype_name, unit_stride_reads)
-    filename = f"<jitconv kernel {name}{'' if unit_stride_reads else ' strided reads'}>"
+    source = kernel_source(width, name, dtype_name, **backend_options)
+    variant = "".join(f" {key}={value}" for key, value in sorted(backend_options.items()))
+    filename = f"<jitconv kernel {name}{variant}>"
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
     load, store, strided = _converters(dtype_name)
     namespace = {

@@ -38,7 +38,8 @@ CUDA = Backend(
           "    b = cuda.blockIdx.x * cuda.blockDim.y + cuda.threadIdx.y  # block\n"
           "    c = g * {C}  # first of the work-item's channels\n"
           "    if c >= dim or b >= num_blocks:\n"
-          "        return  # the grid is rounded up to whole thread blocks")
+          "        return  # the grid is rounded up to whole thread blocks",
+    one_round_record=True, reuse_state_loads=True, split_window=True)
 EXTRA_ARGS = (("dim", 0, "int64", None), ("num_blocks", 0, "int64", None))
 # New-state values read from x per round of loads: width - 1 + this (the template's
 # state_chunk). With one more than the window's width - 1, a spec sequence of 1 + 3

@@ -2,6 +2,7 @@
 (a wrong 1 would make the kernel compute rows instead of loading them: wrong rows read)."""
 
 import numpy as np
+import pytest
 
 from jitconv.batch import Part, build_batch
 from jitconv.steps import cumulative
@@ -71,3 +72,13 @@ def test_block_records_carry_their_sequence_and_row_flags():
     assert len(rows_table) % len(BLOCK_FIELDS) == 0
     assert np.array_equal(rows_table[:len(b.rows)], b.rows)
     assert np.array_equal(blocks_table, b.block_records().reshape(-1))
+
+
+def test_blocks_shorter_than_the_widest_window_are_refused():
+    """The kernel takes a later block's whole window from x (positions p0 - width + 1 ..
+    p0 - 1 >= 0): a block must hold at least width - 1 tokens for the widest width."""
+    p = part([20], list(range(20)))
+    with pytest.raises(ValueError, match="block_tokens must be >= 7"):
+        build_batch([p], num_tokens=20, block_tokens=6)
+    b = build_batch([p], num_tokens=20, block_tokens=7)
+    assert b.blk_len.tolist() == [7, 7, 6]
