@@ -1,11 +1,11 @@
 """Same-run comparison of two builds of the SYCL kernel, by default without and with its
 stride-specific reads (kernel_template's ``unit_stride_reads``: unit-stride state window
-and bias, a width-4 16-bit weight's taps as one 64-bit word); ``--before``/``--after``
-set other values of the SYCL backend's flags (``kernels.make_conv_kernel``: ``key=0|1``, comma-separated, e.g.
-``--after one_round_record=1,reuse_state_loads=1``). Both are compiled in this process
-and timed in turn with the device copy of the same bytes on the benchmark's workloads
-(jitconv.bench), the order rotated every round. Outputs of both are compared bit for bit.
-Needs numba-dpex.
+and bias, a width-4 16-bit weight's taps as one 64-bit word). ``--before``/``--after``
+set other values of the SYCL backend's flags (``kernels.make_conv_kernel``; ``key=0|1``,
+comma-separated, e.g. ``--before "" --after one_round_record=1,reuse_state_loads=1``).
+Both are compiled in this process and timed in turn with the device copy of the same
+bytes on the benchmark's workloads (jitconv.bench), the order rotated every round.
+Outputs of both are compared bit for bit. Needs numba-dpex.
 
     python benchmarks/cpu/kernel_variants.py [--before ...] [--after ...] [--dims 2048,8192]
         [--dtypes ...] [--rounds 3]
