@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from jitconv import bench
-from same_run import accuracy, compile_variant, packed_launch, submitter, time_in_turn
+from same_run import accuracy, compile_variant, timed_workloads
 
 
 def _options(text):
@@ -51,21 +51,12 @@ def main():
         (a_bits, a_err, _), (b_bits, b_err, _) = (accuracy(k, dtype, queue) for k in kernels)
         print(f"{dtype_name}: max err vs float64 reference before {a_err:.3g}, after "
               f"{b_err:.3g}; outputs bit-identical: {bool(np.array_equal(a_bits, b_bits))}")
-        for workload in args.workloads.split(";"):
-            for dim in (int(d) for d in args.dims.split(",")):
-                step = bench.make_step(workload, dim, dtype)
-                moved = bench.bytes_moved(step)
-                values, grid, _out, _plan = packed_launch(step, queue)
-                copy_submit = bench.copy_submit(moved // 2, queue)
-                subs = [submitter(k, queue, values, grid) for k in kernels]
-                copy, before, after = time_in_turn(copy_submit, subs, args.rounds,
-                                                   min_time=0.4)
-                print(f"  {workload:22s} {dtype_name:9s} {dim:5d}  copy "
-                      f"{moved / copy / 1e9:5.1f} GB/s | before {before * 1e6:7.0f}us "
-                      f"{100 * copy / before:5.1f}% copy | after {after * 1e6:7.0f}us "
-                      f"{100 * copy / after:5.1f}% copy | before / after {before / after:.2f}",
-                      flush=True)
-
+        for workload, dim, gbps, (copy, before, after) in timed_workloads(
+                kernels, dtype, queue, args.workloads, args.dims, args.rounds, min_time=0.4):
+            print(f"  {workload:22s} {dtype_name:9s} {dim:5d}  copy {gbps:5.1f} GB/s | "
+                  f"before {before * 1e6:7.0f}us {100 * copy / before:5.1f}% copy | after "
+                  f"{after * 1e6:7.0f}us {100 * copy / after:5.1f}% copy | before / after "
+                  f"{before / after:.2f}", flush=True)
 
 if __name__ == "__main__":
     main()

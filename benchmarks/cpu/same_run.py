@@ -75,3 +75,18 @@ def time_in_turn(copy_submit, submits, rounds, min_time=0.5):
                                           min_time=min_time)
         results.append([times[0]] + [times[1 + (i - k) % n] for i in range(n)])
     return [statistics.median(row[i] for row in results) for i in range(n + 1)]
+
+
+def timed_workloads(kernels, dtype, queue, workloads, dims, rounds, min_time=0.5):
+    """For each workload (";"-separated names of jitconv.bench) and dim: (workload, dim,
+    copy GB/s, [copy, kernel 0, kernel 1, ...] times) from ``time_in_turn``, every kernel
+    launched on the same packed step."""
+    for workload in workloads.split(";"):
+        for dim in (int(d) for d in dims.split(",")):
+            step = bench.make_step(workload, dim, dtype)
+            moved = bench.bytes_moved(step)
+            values, grid, _out, _plan = packed_launch(step, queue)
+            copy_submit = bench.copy_submit(moved // 2, queue)
+            subs = [submitter(k, queue, values, grid) for k in kernels]
+            times = time_in_turn(copy_submit, subs, rounds, min_time=min_time)
+            yield workload, dim, moved / times[0] / 1e9, times

@@ -15,7 +15,7 @@ import torch
 
 from jitconv import bench, launching
 from jitconv.kernel_abi import fast_silu
-from same_run import accuracy, compile_variant, packed_launch, submitter, time_in_turn
+from same_run import accuracy, compile_variant, timed_workloads
 
 
 def main():
@@ -41,22 +41,14 @@ def main():
               f"{a_err:.3g} ({a_use:.2f} of tolerance), {names[1]} {b_err:.3g} "
               f"({b_use:.2f}); outputs differing: {100 * (a_bits != b_bits).mean():.2f}%, "
               f"max {np.abs(a_bits - b_bits).max()} ulp")
-        for workload in args.workloads.split(";"):
-            for dim in (int(d) for d in args.dims.split(",")):
-                step = bench.make_step(workload, dim, dtype)
-                moved = bench.bytes_moved(step)
-                values, grid, _out, _plan = packed_launch(step, queue)
-                copy_submit = bench.copy_submit(moved // 2, queue)
-                kernels = [submitter(default, queue, values, grid),
-                           submitter(other, queue, values, grid)]
-                copy, t_default, t_other = time_in_turn(copy_submit, kernels, args.rounds)
-                print(f"  {workload:22s} {dtype_name:9s} {dim:5d}  copy {moved / copy / 1e9:5.1f}"
-                      f" GB/s | {names[0]} (default) {t_default * 1e6:7.0f}us "
-                      f"{100 * copy / t_default:5.1f}% copy | {names[1]} {t_other * 1e6:7.0f}us "
-                      f"{100 * copy / t_other:5.1f}% copy | exact / fast time "
-                      f"{(t_other / t_default if names[0] == 'fast' else t_default / t_other):.2f}",
-                      flush=True)
-
+        for workload, dim, gbps, (copy, t_default, t_other) in timed_workloads(
+                [default, other], dtype, queue, args.workloads, args.dims, args.rounds):
+            print(f"  {workload:22s} {dtype_name:9s} {dim:5d}  copy {gbps:5.1f}"
+                  f" GB/s | {names[0]} (default) {t_default * 1e6:7.0f}us "
+                  f"{100 * copy / t_default:5.1f}% copy | {names[1]} {t_other * 1e6:7.0f}us "
+                  f"{100 * copy / t_other:5.1f}% copy | exact / fast time "
+                  f"{(t_other / t_default if names[0] == 'fast' else t_default / t_other):.2f}",
+                  flush=True)
 
 if __name__ == "__main__":
     main()
