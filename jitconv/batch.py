@@ -60,6 +60,13 @@ class Batch:
         return np.stack([np.asarray(fields[f], np.int64) for f in BLOCK_FIELDS], axis=1) \
             .astype(np.int32)
 
+    def longest_sequences(self):
+        """(non-spec, spec): tokens of the longest sequence of each kind that has a cache
+        line (pads and the rows no sequence covers not counted); 0 when there is none."""
+        real = self.seq_line >= 0
+        spec = (self.seq_flags & FLAG_SPEC) != 0
+        return tuple(int(self.seq_len[real & kind].max(initial=0)) for kind in (~spec, spec))
+
     def tables(self):
         """The int32 arrays in the kernel's argument order (kernel_abi.TABLES): the rows,
         padded to whole records so that the records start aligned, then the records."""

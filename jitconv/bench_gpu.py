@@ -13,7 +13,8 @@ copies, ``torch.full``) are not counted on either side: an engine makes them onc
 step, not per layer. GB/s = bytes that must move (``bench.bytes_moved``) / time; % of
 copy = that over the device-to-device copy bandwidth measured in the same run.
 
-Rows per workload: jitconv one launch for C = 1, 2, 4 channels per thread (``--channels``),
+Rows per workload: jitconv one launch for C channels per thread (``--channels``: "auto",
+cuda_backend's own choice per launch, and 1, 2, 4),
 L tokens of lookahead ("auto", cuda_backend's own choice per launch, unless
 ``--lookaheads`` names others; "auto" among them keeps it) and each math of silu in ``MODES`` (``--modes``); jitconv as two calls (mixed
 steps, with the defaults); vLLM Triton as vLLM calls it (one call for one kind of
@@ -38,6 +39,8 @@ from jitconv.reference import TOLERANCE, causal_conv1d_reference
 from jitconv.steps import DATA_KEYS, split_step, token_rows
 
 _NOT_COUNTED = ("Memcpy HtoD", "Memcpy DtoH", "FillFunctor", "Memset")
+
+AUTO = "auto"  # what cuda_backend picks per launch (JITCONV_CUDA_LOOKAHEAD or _CHANNELS unset)
 
 
 def load_vllm_triton(path):
@@ -195,7 +198,7 @@ def _check(step, device, vt):
 
 
 def run(vllm_file, out_dir, dims=(2048, 8192), dtypes=("bfloat16", "float32"), reps=100,
-        channels=(1, 2, 4), workloads=None, lookaheads=None, modes=None):
+        channels=(AUTO, 1, 2, 4), workloads=None, lookaheads=None, modes=None):
     lookaheads = lookaheads or (AUTO,)
     modes = modes or tuple(MODES)
     device = torch.device(jitconv.set_device("cuda:0"))
@@ -237,13 +240,16 @@ def run(vllm_file, out_dir, dims=(2048, 8192), dtypes=("bfloat16", "float32"), r
                 for mode in modes:
                     for c in channels:
                         for la in lookaheads:
-                            os.environ.update(MODES[mode], JITCONV_CUDA_CHANNELS=str(c),
-                                              JITCONV_CUDA_LOOKAHEAD="" if la == AUTO
+                            os.environ.update(MODES[mode], JITCONV_CUDA_LOOKAHEAD="" if la == AUTO
                                               else str(la))
+                            if c == AUTO:
+                                os.environ.pop("JITCONV_CUDA_CHANNELS", None)
+                            else:
+                                os.environ["JITCONV_CUDA_CHANNELS"] = str(c)
                             record(variant_name(c, la, mode), _plan(step))
                 for variable in ("JITCONV_CUDA_CHANNELS", "JITCONV_CUDA_LOOKAHEAD",
                                  *MODES["fastmath"]):
-                    os.environ.pop(variable)
+                    os.environ.pop(variable, None)
                 first, second = split_step(step)
                 if first is not None and second is not None:
                     p1, p2 = _plan(first), _plan(second)
@@ -287,8 +293,6 @@ MODES = {"exact": {"JITCONV_FAST_EXP": "0", "JITCONV_CUDA_FASTMATH": "0"},
          "fastmath": {"JITCONV_FAST_EXP": "0", "JITCONV_CUDA_FASTMATH": "1"}}
 
 
-AUTO = "auto"  # the lookahead cuda_backend picks per launch (JITCONV_CUDA_LOOKAHEAD unset)
-
 
 def variant_name(channels, lookahead, mode="exact"):
     return f"jitconv C={channels} L={lookahead}{'' if mode == 'exact' else ' ' + mode}"
@@ -296,9 +300,9 @@ def variant_name(channels, lookahead, mode="exact"):
 
 def table(result):
     """The markdown results table of benchmarks/h200/README.md, from a run's result:
-    per (dim, dtype, workload) the default variant (cuda_backend's DEFAULT_CHANNELS,
-    automatic lookahead and DEFAULT_FAST_EXP; in results from before the automatic
-    lookahead, DEFAULT_LOOKAHEAD), the fastest jitconv variant, vLLM's calls, and the
+    per (dim, dtype, workload) the default variant (automatic channels and lookahead,
+    DEFAULT_FAST_EXP; in older results DEFAULT_CHANNELS, and before the automatic
+    lookahead DEFAULT_LOOKAHEAD), the fastest jitconv variant, vLLM's calls, and the
     ratios."""
     from .cuda_backend import DEFAULT_CHANNELS, DEFAULT_FAST_EXP, DEFAULT_LOOKAHEAD
     by = {}
@@ -319,9 +323,11 @@ def table(result):
         best_name = min(ours, key=lambda k: ours[k]["us"])
         best = ours[best_name]
         mode = "fast exp" if DEFAULT_FAST_EXP else "exact"
-        default = ours.get(variant_name(DEFAULT_CHANNELS[dtype], AUTO, mode),
-                           ours.get(variant_name(DEFAULT_CHANNELS[dtype], DEFAULT_LOOKAHEAD,
-                                                 mode)))
+        default = next((ours[k] for k in (variant_name(AUTO, AUTO, mode),
+                                           variant_name(DEFAULT_CHANNELS[dtype], AUTO, mode),
+                                           variant_name(DEFAULT_CHANNELS[dtype],
+                                                        DEFAULT_LOOKAHEAD, mode))
+                        if k in ours), None)
         triton, gathers = v.get("vllm triton"), v.get("vllm triton + gathers")
         vs = f"{triton['us'] / best['us']:.2f}x" if triton else "-"
         vs_g = f"{gathers['us'] / best['us']:.2f}x" if gathers else "-"
@@ -398,7 +404,9 @@ def main(argv=None):
     parser.add_argument("--reps", type=int, default=100)
     parser.add_argument("--workload", action="append", help="only these (repeatable)")
     parser.add_argument("--dim", type=int, action="append")
-    parser.add_argument("--channels", default="1,2,4", help="C values, comma-separated")
+    parser.add_argument("--channels", default="auto,1,2,4",
+                        help="C values, comma-separated, 'auto' among them (cuda_backend's "
+                             "choice per launch)")
     parser.add_argument("--lookaheads", help="L values, comma-separated, 'auto' among them "
                         "(default: auto, cuda_backend's choice per launch)")
     parser.add_argument("--modes", default=",".join(MODES),
@@ -408,7 +416,7 @@ def main(argv=None):
         sys.exit(f"no CUDA device: {cuda_backend.why_unavailable()}")
 
     def ints(text):
-        return tuple(int(v) for v in text.split(",")) if text else None
+        return tuple(v if v == AUTO else int(v) for v in text.split(",")) if text else None
 
     result = run(args.vllm_file, args.out, reps=args.reps, workloads=args.workload,
                  dims=tuple(args.dim or (2048, 8192)), channels=ints(args.channels),

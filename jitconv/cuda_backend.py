@@ -34,6 +34,11 @@ _SIXTEEN_BIT = (torch.float16, torch.bfloat16)
 # the GPU's approximate instructions (JITCONV_FAST_EXP=0: the exact ones; 1.1-1.4x slower
 # on prefill, see _fast_exp).
 DEFAULT_CHANNELS = {"bfloat16": 2, "float16": 2, "float32": 2}
+# Launches of the one-token kernel (decode steps, see DEFAULT_SHORT_KERNEL): float32 with
+# one channel per thread (28 registers, where 2 channels take 38) was 1.02-1.11x faster
+# on decode-only steps in the same H200 call; bfloat16 was 0.88-0.95x as fast with one
+# (float16 has bfloat16's 2-byte loads and keeps its 2; not measured).
+DECODE_CHANNELS = {"bfloat16": 2, "float16": 2, "float32": 1}
 DEFAULT_LOOKAHEAD = 8
 # Launches whose blocks all hold at most this many tokens (decode and spec steps of up to
 # 1 + 3 tokens) use it as their lookahead instead: bfloat16 small launches 1.03-1.08x
@@ -47,10 +52,16 @@ DEFAULT_THREADS = 128  # threads per thread block (JITCONV_CUDA_THREADS)
 # on the H200); 64 gives 8 without spilling: up to 1.1x on prefill and mixed steps in the
 # same run, f32 decode-only at dim 2048 4.0 -> 4.4 us; 56 spills and is slower.
 DEFAULT_MAX_REGISTERS = 64
+# Launches of short sequences only (decode and spec-verify steps: kernels_cuda.
+# short_tokens_for) run a kernel without the general paths (kernel_template's
+# short_tokens; T = 1 for decode steps): H200, same call against the general kernel,
+# 1.01-1.10x on decode-only, spec-only and decode-heavy mixed steps (benchmarks/h200/).
+# JITCONV_CUDA_SHORT_KERNEL=0: the general kernel for every launch.
+DEFAULT_SHORT_KERNEL = True
 
 _lock = threading.Lock()
 _kernels = {}  # (width, dtype, channels, fastmath, lookahead, fast exp, max registers,
-#                 native bf16 rounding) -> dispatcher
+#                 native bf16 rounding, short tokens) -> dispatcher
 _streams = {}  # (device index, cudaStream_t) -> numba external stream
 
 
@@ -123,11 +134,13 @@ def wants(x):
                     f"CUDA tensors (x.to('{current}')) or select a SYCL device")
 
 
-def channels_for(dim, dtype_name="float32"):
+def channels_for(dim, dtype_name="float32", short_tokens=0):
     """Channels per thread: JITCONV_CUDA_CHANNELS (1, 2, 4 or 8; default
-    DEFAULT_CHANNELS of the dtype), halved until it divides dim (the kernel has no
-    per-channel guard)."""
-    value = os.environ.get("JITCONV_CUDA_CHANNELS", str(DEFAULT_CHANNELS[dtype_name]))
+    DEFAULT_CHANNELS of the dtype, DECODE_CHANNELS for a launch of the one-token kernel,
+    ``short_tokens`` == 1), halved until it divides dim (the kernel has no per-channel
+    guard)."""
+    default = (DECODE_CHANNELS if short_tokens == 1 else DEFAULT_CHANNELS)[dtype_name]
+    value = os.environ.get("JITCONV_CUDA_CHANNELS", str(default))
     if value not in ("1", "2", "4", "8"):
         raise ValueError(f"JITCONV_CUDA_CHANNELS: expected 1, 2, 4 or 8, got {value!r}")
     channels = int(value)
@@ -172,6 +185,13 @@ def _lookahead(longest_block=None):
     return int(value)
 
 
+def _short_kernel():
+    value = os.environ.get("JITCONV_CUDA_SHORT_KERNEL", "")
+    if value not in ("", "0", "1"):
+        raise ValueError(f"JITCONV_CUDA_SHORT_KERNEL: expected 0 or 1, got {value!r}")
+    return DEFAULT_SHORT_KERNEL if value == "" else value == "1"
+
+
 _REGISTER_LIMITS = (0,) + tuple(range(32, 256, 8))
 
 
@@ -199,12 +219,14 @@ def native_bf16(device):
 
 def get_kernel(width, dtype_name, channels, fastmath=False, lookahead=DEFAULT_LOOKAHEAD,
                fast_exp=DEFAULT_FAST_EXP, max_registers=DEFAULT_MAX_REGISTERS or None,
-               bf16_instruction=False):
+               bf16_instruction=False, short_tokens=0):
     """The dispatcher of one specialization, made once per process. ``bf16_instruction``:
-    bfloat16 rounded by the GPU's instruction (``native_bf16`` of the device)."""
+    bfloat16 rounded by the GPU's instruction (``native_bf16`` of the device);
+    ``short_tokens``: the kernel for launches of sequences of at most that many tokens
+    (0: the general kernel)."""
     bf16_instruction = bf16_instruction and dtype_name == "bfloat16"  # others: one kernel
     key = (width, dtype_name, channels, fastmath, lookahead, fast_exp, max_registers,
-           bf16_instruction)
+           bf16_instruction, short_tokens)
     kernel = _kernels.get(key)
     if kernel is None:
         with _lock:
@@ -213,7 +235,8 @@ def get_kernel(width, dtype_name, channels, fastmath=False, lookahead=DEFAULT_LO
                 from .kernels_cuda import make_conv_kernel
                 kernel = _kernels[key] = make_conv_kernel(width, dtype_name, channels,
                                                           fastmath, lookahead, fast_exp,
-                                                          max_registers, bf16_instruction)
+                                                          max_registers, bf16_instruction,
+                                                          short_tokens)
     return kernel
 
 
@@ -276,10 +299,13 @@ def launch(plan, x, weight, bias, conv_state, target, silu, dtype):
     dim = x.shape[1]
     if weight.dim() == 3:  # (dim, 1, width)
         weight = weight[:, 0, :]
-    channels = channels_for(dim, dtype)
-    kernel = get_kernel(plan.geometry.width, dtype, channels, _fastmath(),
-                        _lookahead(plan.longest_block),
-                        _fast_exp(), _max_registers(), native_bf16(x.device))
+    from .kernels_cuda import short_tokens_for
+    width = plan.geometry.width
+    short_tokens = short_tokens_for(width, plan.longest_sequences) if _short_kernel() else 0
+    channels = channels_for(dim, dtype, short_tokens)
+    kernel = get_kernel(width, dtype, channels, _fastmath(), _lookahead(plan.longest_block),
+                        _fast_exp(), _max_registers(), native_bf16(x.device),
+                        short_tokens)
     tables, offsets = _tables(plan, x.device, sim)
     xa, oa, wa, sa = (_flat(t, sim) for t in (x, target, weight, conv_state))
     ba = _flat(bias, sim) if bias is not None else wa  # not read without bias

@@ -70,6 +70,13 @@ H200, same call, against none of them: 1.02-1.28x on decode, spec and mixed laun
 1.07-1.09x on bfloat16 prefill (benchmarks/h200/README.md). The SYCL kernel keeps them
 off: on the OpenCL CPU device each, alone or together, made bfloat16 launches slower
 (0.76-0.95x the speed; docs/perf-notes.md).
+
+``short_tokens`` T > 0 makes a kernel for launches whose sequences all hold at most T
+tokens (decode steps: T = 1; spec verify: T = ``state_chunk``): only that path, one block
+per sequence, so the general paths (token loops, the state update's loop, the window
+from x) cost it no registers (H200, float32 decode: 64 registers -> 56 with T = 4, 38
+with T = 1; 386 -> 321 instructions per warp). The host picks T per launch
+(``kernels_cuda.short_tokens_for``); the SYCL backend builds only the general kernel.
 """
 
 import numpy as np
@@ -154,10 +161,7 @@ def {name}({index_arg}x, x_offset, x_row_stride, out, out_offset, out_row_stride
 {state_part}
 {weights_and_bias}
 {window_to_float}
-{short_tokens}if flags & FLAG_BLOCK_ROWS:
-{contiguous_tokens}
-    else:
-{indexed_tokens}
+{tokens}
 """
 
 
@@ -187,13 +191,37 @@ _STATE_PART = """{state_offsets}
 """
 
 
+# The state update of a kernel for short sequences only (``short_tokens``): one block
+# holds the whole sequence (p0 == 0), so the window is the cache line's, and one round of
+# loads reads all its tokens (positions 0..n-1, the first round of _STATE_PART, q = S).
+_SHORT_STATE_PART = """{state_offsets}
+    sc = state_stride_col
+    # The cache line's window (zeros without initial state): u0..u{S1}.
+{load_window}
+    # New state = concat(window, x_seq)[q0:] from column 0 (spec: q0 = 1, else n):
+    # window columns from q0 on, then the tokens (loaded first: the stores may alias x
+    # for the compiler).
+    q0 = n
+    if flags & FLAG_SPEC:
+        q0 = 1
+{token_loads}
+{store_window}
+{token_stores}
+"""
+
+
 def kernel_source(width, name, backend, channels=1, lookahead=1, word_taps=False,
-                  state_chunk=None):
+                  state_chunk=None, short_tokens=0):
     """The Python source of the conv kernel for one width, backend, channel count and
     lookahead (tokens whose loads are issued before the first of their stores).
     ``word_taps`` (width 4, 16-bit storage, a backend with ``unit_stride_reads`` that
     supplies ``load_taps16`` / ``taps16_aligned`` / ``tap16``): the 64-bit taps path.
-    ``state_chunk``: see the module docstring."""
+    ``state_chunk``: see the module docstring. ``short_tokens`` T > 0: a kernel for
+    launches whose sequences all hold at most T tokens (T <= ``state_chunk``; non-spec
+    ones also at most width - 1; pads of any length), such as decode (T = 1) and
+    spec-verify steps: the state update in one round and the tokens from its registers,
+    without the general paths (fewer instructions and registers per work-item); the
+    host picks it per launch, and other launches would be wrong with it."""
     one_round_record, reuse_state_loads = backend.one_round_record, backend.reuse_state_loads
     S = width - 1
     ind = " " * 4
@@ -269,15 +297,20 @@ def kernel_source(width, name, backend, channels=1, lookahead=1, word_taps=False
         chunk_stores += [ind * 4 + f"state[U(st{J} + (q + {k} - q0) * sc)] = v{k}{J}"
                          for J in suffixes]
 
+    def cache_window(unit):
+        """The cache line's window into u0.. (zeros without initial state), as lines."""
+        read = "element" if unit else "strided"
+        lines = [f"u{k}{J} = ZERO" for k in range(S) for J in suffixes]
+        lines += ["if initial:"]
+        lines += [ind + f"u{k}{J} = {read}(state, U(st{J} + (off + {k}) * sc))"
+                  for k in range(S) for J in suffixes]
+        return lines
+
     def split_window(unit):
         """The window by one uniform branch on p0 (``Backend.split_window``)."""
-        read = "element" if unit else "strided"
         lines = ["if p0 == 0:",
                  ind + "# The cache line's window (zeros without initial state)."]
-        lines += [ind + f"u{k}{J} = ZERO" for k in range(S) for J in suffixes]
-        lines += [ind + "if initial:"]
-        lines += [ind * 2 + f"u{k}{J} = {read}(state, U(st{J} + (off + {k}) * sc))"
-                  for k in range(S) for J in suffixes]
+        lines += [ind + line for line in cache_window(unit)]
         lines += ["else:",
                   ind + f"# p0 >= B >= {S}: the window is the {S} rows of x before the block."]
         for k in range(S):
@@ -287,10 +320,44 @@ def kernel_source(width, name, backend, channels=1, lookahead=1, word_taps=False
                   for k in range(S) for J in suffixes]
         return "\n".join(ind + line for line in lines)
 
+    def state_offsets(unit):
+        stride_c = "" if unit else " * state_stride_c"
+        return each("st{J} = state_offset + line * state_stride_line + {CH}"
+                    + stride_c + "  # line, channel")
+
+    def store_window(depth):
+        """Window columns from q0 on, to the state's columns from 0."""
+        return "\n".join(ind * depth + f"if q0 <= {k}:\n"
+                         + each(f"state[U(st{{J}} + ({k} - q0) * sc)] = u{k}{{J}}", depth + 1)
+                         for k in range(S))
+
+    def short_state_part(unit):
+        """``_SHORT_STATE_PART``: token k (k < n <= T) loaded into v{k} from row rq{k}."""
+        T = short_tokens
+        loads = [f"rq{k} = 0" for k in range(T)] + [f"v{k}{J} = ZERO" for k in range(T)
+                                                     for J in suffixes]
+        for k in range(T):  # nested: token k exists only if token k - 1 does
+            at = ind * (k + 1)
+            loads += [ind * k + f"if n > {k}:", at + f"rq{k} = base + {k}",
+                      at + "if base < 0:", at + ind + f"rq{k} = tables[U(rows + st0 + {k})]"]
+            loads += [at + f"v{k}{J} = x[U(xc{J} + rq{k} * x_row_stride)]" for J in suffixes]
+        stores = []
+        for k in range(T):
+            stores += [ind * k + f"if n > {k}:"]
+            stores += [ind * (k + 1) + f"state[U(st{J} + ({S + k} - q0) * sc)] = v{k}{J}"
+                       for J in suffixes]
+        return _SHORT_STATE_PART.format(
+            S1=S - 1, state_offsets=state_offsets(unit),
+            load_window="\n".join(ind + line for line in cache_window(unit)),
+            token_loads="\n".join(ind + line for line in loads),
+            store_window=store_window(1),
+            token_stores="\n".join(ind + line for line in stores))
+
     def state_part(unit):
         """The state window and update; ``unit``: the channel's state stride is 1 (read
         as a plain element, the channel's offset without a multiply)."""
-        stride_c = "" if unit else " * state_stride_c"
+        if short_tokens:
+            return short_state_part(unit)
         # short: the block's tokens are v0.. at rows rq0.. (defined on every path)
         short_init = "\n".join([ind + "short = False"] + [ind + f"rq{k} = 0" for k in range(K)]
                                 + [each(f"v{k}{{J}} = ZERO") for k in range(K)]) + "\n"
@@ -298,17 +365,13 @@ def kernel_source(width, name, backend, channels=1, lookahead=1, word_taps=False
             short_init=short_init if reuse_state_loads else "",
             short_flag=ind * 2 + f"short = n <= {K} and q == {S}\n" if reuse_state_loads else "",
             S=S, S1=S - 1, K=K,
-            state_offsets=each("st{J} = state_offset + line * state_stride_line + {CH}"
-                               + stride_c + "  # line, channel"),
+            state_offsets=state_offsets(unit),
             load_window=split_window(unit) if backend.split_window else per_k(
                 f"u{{k}}{{J}} = _window_value(x, xc{{J}}, x_row_stride, state, "
                 f"st{{J}} + (off + p0 + {{k}}) * sc, tables, rows, st0, base, "
                 f"p0 - {S} + {{k}}, initial, ZERO, {'element' if unit else 'strided'})", S),
             state_chunk_loads="\n".join(chunk_loads),
-            store_window="\n".join(
-                ind * 4 + f"if q0 <= {k}:\n"
-                + each(f"state[U(st{{J}} + ({k} - q0) * sc)] = u{k}{{J}}", 5)
-                for k in range(S)),
+            store_window=store_window(4),
             state_chunk_stores="\n".join(chunk_stores))
 
     def deeper(text):
@@ -344,19 +407,31 @@ def kernel_source(width, name, backend, channels=1, lookahead=1, word_taps=False
     if backend.unit_stride_reads:
         state = branch(1, "state_stride_c == 1", deeper(state_part(True)), state)
     record = "\n".join(ind + line for line in (
+        "p0 = 0  # one block per sequence" if short_tokens else
         "p0 = tables[U(blk + 2)]  # position of the block's first token in its sequence",
         "n = tables[U(blk + 3)]", "off = tables[U(blk + 5)]"))
-    short_tokens = ind  # then "if flags & FLAG_BLOCK_ROWS"
-    if reuse_state_loads:  # "if short: ... elif flags & FLAG_BLOCK_ROWS"
-        lines = ["if short:",
-                 ind + "# The state update's first round loaded every token of the block "
-                       "(v0..): no reload after its stores."]
-        for k in range(K):
+    def from_registers(depth, count):
+        """The block's ``count`` tokens at most from the state update's first round (v0..
+        at rows rq0..)."""
+        lines = []
+        for k in range(count):
             body = ([f"xs{k}{J} = load(v{k}{J})" for J in suffixes]
                     + token(f"xs{k}{{J}}", f"rq{k}"))
-            lines.append(ind * (k + 1) + f"if nb > {k}:")  # nb = 0: the state rule only
-            lines += [ind * (k + 2) + line for line in body]
-        short_tokens = "\n".join(ind + line for line in lines) + "\n" + ind + "el"
+            lines.append(ind * k + f"if nb > {k}:")  # nb = 0: the state rule only
+            lines += [ind * (k + 1) + line for line in body]
+        return "\n".join(ind * depth + line for line in lines)
+
+    general = (ind + "if flags & FLAG_BLOCK_ROWS:\n" + token_loops(lambda i: f"r0 + {i}")
+               + "\n" + ind + "else:\n" + token_loops(lambda i: f"tables[U(rows + t0 + {i})]"))
+    if short_tokens:
+        tokens = (ind + "# Every token was loaded by the state update (v0..).\n"
+                  + from_registers(1, short_tokens))
+    elif reuse_state_loads:
+        tokens = (ind + "if short:\n" + ind * 2 + "# The state update's first round loaded "
+                  "every token of the block (v0..): no reload after its stores.\n"
+                  + from_registers(2, K) + "\n" + ind + "el" + general.lstrip())
+    else:
+        tokens = general
 
     return _TEMPLATE.format(
         name=name, NF=len(BLOCK_FIELDS), index_arg=backend.index_arg,
@@ -368,8 +443,5 @@ def kernel_source(width, name, backend, channels=1, lookahead=1, word_taps=False
         early_record=record + "\n" if one_round_record else "",
         late_record="" if one_round_record else record + "\n",
         weights_and_bias=weights_and_bias,
-        short_tokens=short_tokens,
         window_to_float=per_k("f{k}{J} = load(u{k}{J})", S),
-        contiguous_tokens=token_loops(lambda i: f"r0 + {i}"),
-        indexed_tokens=token_loops(lambda i: f"tables[U(rows + t0 + {i})]"),
-    )
+        tokens=tokens)

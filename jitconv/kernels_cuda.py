@@ -48,6 +48,21 @@ EXTRA_ARGS = (("dim", 0, "int64", None), ("num_blocks", 0, "int64", None))
 # decode-heavy mixed 1.02-1.11x; bfloat16 decode-only 0.90-0.97x (benchmarks/h200/).
 STATE_CHUNK_EXTRA = 1
 
+
+def short_tokens_for(width, longest_sequences):
+    """The ``short_tokens`` of the kernel for a launch whose longest non-spec and spec
+    sequences (with a cache line) hold ``longest_sequences`` tokens: 1 for decode steps,
+    the state update's one round (width - 1 + STATE_CHUNK_EXTRA) when every non-spec
+    sequence holds at most width - 1 tokens and every spec one at most that round, else
+    0 (the general kernel). Two short kernels, not one per length: each is compiled on
+    first use."""
+    non_spec, spec = longest_sequences
+    one_round = width - 1 + STATE_CHUNK_EXTRA
+    if non_spec > width - 1 or spec > one_round:
+        return 0
+    return 1 if max(non_spec, spec) <= 1 else one_round
+
+
 def _simulating():
     from numba.core import config
     return bool(config.ENABLE_CUDASIM)
@@ -149,21 +164,25 @@ def _fast_silu_ops():
 
 
 def make_conv_kernel(width, dtype_name, channels=1, fastmath=False, lookahead=1,
-                     fast_exp=False, max_registers=None, native_bf16=False):
+                     fast_exp=False, max_registers=None, native_bf16=False,
+                     short_tokens=0):
     """The CUDA conv kernel for one (width, dtype, channels per thread, lookahead)
     specialization (a numba-cuda dispatcher; types are taken from the first launch).
     ``fastmath``: numba's fastmath for the whole kernel; ``fast_exp``: only silu's exp
     and division approximate (``_fast_silu_ops``); ``max_registers``: the registers per
     thread the compiler may use (None: its own choice); ``native_bf16``: bfloat16 rounded
-    by the GPU's instruction (``_bf16_store``; compute capability 8.0 and later)."""
+    by the GPU's instruction (``_bf16_store``; compute capability 8.0 and later);
+    ``short_tokens``: the kernel for launches of sequences of at most that many tokens
+    (``kernel_template``; chosen per launch by ``cuda_backend``, 0: the general one)."""
     if width not in SUPPORTED_WIDTHS:
         raise ValueError(f"width must be one of {SUPPORTED_WIDTHS}, got {width}")
     name = (f"jitconv_conv_w{width}_{dtype_name}_c{channels}_l{lookahead}"
             f"{'_fast' if fastmath else ''}{'_fastexp' if fast_exp else ''}"
             f"{f'_r{max_registers}' if max_registers else ''}"
-            f"{'_cvt' if native_bf16 and dtype_name == 'bfloat16' else ''}")
+            f"{'_cvt' if native_bf16 and dtype_name == 'bfloat16' else ''}"
+            f"{f'_short{short_tokens}' if short_tokens else ''}")
     source = kernel_source(width, name, CUDA, channels, lookahead,
-                           state_chunk=width - 1 + STATE_CHUNK_EXTRA)
+                           state_chunk=width - 1 + STATE_CHUNK_EXTRA, short_tokens=short_tokens)
     filename = f"<jitconv cuda kernel {name}>"
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
     load, store = _converters(dtype_name, native_bf16)

@@ -55,6 +55,7 @@ class StepPlan:
         self.num_blocks = batch.num_blocks
         # tokens of the longest block (a backend may pick its code by it)
         self.longest_block = int(batch.blk_len.max(initial=0))
+        self.longest_sequences = batch.longest_sequences()  # (non-spec, spec)
         self.queue = queue  # None: chosen per run (torch's stream, or the current device)
         self._tables = {}   # queue's context (and queue) -> packed table parameters
         self._host_tables = batch.tables()

@@ -82,3 +82,16 @@ def test_blocks_shorter_than_the_widest_window_are_refused():
         build_batch([p], num_tokens=20, block_tokens=6)
     b = build_batch([p], num_tokens=20, block_tokens=7)
     assert b.blk_len.tolist() == [7, 7, 6]
+
+
+def test_longest_sequences_count_only_sequences_with_a_cache_line():
+    """(non-spec, spec) longest sequence, pads (line -1) and uncovered rows left out: the
+    CUDA backend picks its short kernels by it, so a pad may be of any length."""
+    ns = part([1, 30, 2], list(range(33)))
+    ns.lines[1] = -1  # a pad of 30 tokens
+    sp = part([4, 3], list(range(40, 47)), spec=True)
+    b = build_batch([ns, sp], num_tokens=60)  # rows 33-39 and 47-59: nobody's
+    assert b.longest_sequences() == (2, 4)
+    sp.lines[0] = -1
+    assert build_batch([ns, sp], num_tokens=60).longest_sequences() == (2, 3)
+    assert build_batch([ns], num_tokens=60).longest_sequences() == (2, 0)

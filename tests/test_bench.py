@@ -115,8 +115,8 @@ def test_bench_workloads_compute_the_same_thing_both_ways(sycl_device):
 
 def test_gpu_table_default_variant_and_lookaheads():
     """bench_gpu: --lookaheads takes "auto" (cuda_backend's choice per launch) and L values;
-    the table's default column is the automatic variant, or L = DEFAULT_LOOKAHEAD in
-    results from before it."""
+    the table's default column is the automatic variant (channels and lookahead), or in
+    results from before them C = DEFAULT_CHANNELS, L = auto or DEFAULT_LOOKAHEAD."""
     from jitconv import bench_gpu, cuda_backend
     assert bench_gpu._lookaheads("auto, 8") == ("auto", 8)
     assert bench_gpu._lookaheads(None) is None
@@ -136,3 +136,7 @@ def test_gpu_table_default_variant_and_lookaheads():
 
     assert default_cell([fixed, auto, triton]).startswith("5.0 us")
     assert default_cell([fixed, triton]).startswith("3.0 us")
+    # automatic channels too (--channels auto): that row is the default
+    both = dict(row, variant=bench_gpu.variant_name(bench_gpu.AUTO, bench_gpu.AUTO, mode),
+                us=6.0)
+    assert default_cell([fixed, auto, both, triton]).startswith("6.0 us")

@@ -131,12 +131,90 @@ def test_automatic_lookahead(cuda_device, monkeypatch):
             assert chosen == [expected]
 
 
+def _spy_short_tokens(monkeypatch):
+    """The short_tokens argument of every get_kernel call, in order (and the channels
+    per thread in ``chosen.channels``)."""
+    class Chosen(list):
+        channels = None
+    chosen = Chosen()
+    chosen.channels = []
+    real = cuda_backend.get_kernel
+
+    def spy(*args, **kwargs):
+        chosen.append(args[8])
+        chosen.channels.append(args[2])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(cuda_backend, "get_kernel", spy)
+    return chosen
+
+
+@pytest.mark.parametrize("rows", ["vllm", "shuffled", "plain"])
+@pytest.mark.parametrize("width", [2, 3, 4, 5])
+@pytest.mark.parametrize("dtype_name", list(DTYPES))
+def test_short_kernels(cuda_device, monkeypatch, dtype_name, width, rows):
+    """Launches of short sequences only run a short kernel: T = 1 for decode steps, T =
+    the state update's one round when non-spec sequences hold 0..width-1 tokens and spec
+    ones up to that round (pads of any length: sequence 5 is a pad of 9 tokens, and the
+    first spec sequence a pad). Results equal the reference's and, bit for bit, the
+    general kernel's (JITCONV_CUDA_SHORT_KERNEL=0). One more token in one sequence, and
+    the general kernel runs."""
+    from jitconv.kernels_cuda import STATE_CHUNK_EXTRA
+    monkeypatch.delenv("JITCONV_CUDA_CHANNELS", raising=False)
+    chosen = _spy_short_tokens(monkeypatch)
+    dtype, S = DTYPES[dtype_name], width - 1
+    K = S + STATE_CHUNK_EXTRA
+    seed = 10 * width + len(rows) + list(DTYPES).index(dtype_name)
+    cases = (([S, 1, 0, 1, S, 9, 1], [1, K, 2, K], K),
+             ([S + 1, 1, 0, 1, S, 9, 1], [1, K, 2, K], 0),
+             ([S, 1, 0, 1, S, 9, 1], [1, K + 1, 2, K], 0),
+             ([1, 1, 0, 1, 1, 9, 1], [3, 1, 1, 1], 1),
+             ([1, 1, 0, 1, 1, 9, 1], [], 1),
+             ([], [5, 1, 1, 1], 1),
+             ([1, 1, 0, 1, 1, 9, 2], [3, 1, 1, 1], K if S >= 2 else 0))
+    for ns, sp, expected in cases:
+        gen = torch.Generator().manual_seed(seed)
+        case = mixed_step(gen, dim=DIM, width=width, dtype=dtype, ns_lengths=ns,
+                          sp_lengths=sp, rows=rows, initial="alternate",
+                          spec_columns=1 + seed % 2, extra_lines=2,
+                          layout="SD" if seed % 2 else "DS", usm=True,
+                          strided=seed % 3 == 0, non_spec_accepted=rows != "plain" and bool(ns))
+        if ns:
+            case["non_spec_state_indices"][5] = -1  # a pad of 9 tokens (one block)
+        if sp:
+            case["spec_state_indices"][0] = -1  # a spec pad (its whole block-table row)
+        results = []
+        for short in ("1", "0"):
+            monkeypatch.setenv("JITCONV_CUDA_SHORT_KERNEL", short)
+            chosen.clear()
+            chosen.channels.clear()
+            state = case["conv_state"].clone()
+            out = run_and_check(dict(case, conv_state=state), dtype=dtype,
+                                out=poisoned(tuple(case["x"].shape), dtype, usm=True))
+            results.append((bits(out), bits(state)))
+            assert chosen == [expected if short == "1" else 0], (ns, sp, short)
+            used = (cuda_backend.DECODE_CHANNELS if chosen[0] == 1
+                    else cuda_backend.DEFAULT_CHANNELS)[dtype_name]
+            assert chosen.channels == [used]
+        assert all(torch.equal(a, b) for a, b in zip(*results)), (ns, sp)
+
+
 def test_settings_are_checked(monkeypatch):
     for name in ("JITCONV_CUDA_CHANNELS", "JITCONV_CUDA_LOOKAHEAD", "JITCONV_FAST_EXP",
-                 "JITCONV_CUDA_MAX_REGISTERS"):
+                 "JITCONV_CUDA_MAX_REGISTERS", "JITCONV_CUDA_SHORT_KERNEL"):
         monkeypatch.delenv(name, raising=False)
+    assert cuda_backend._short_kernel() is cuda_backend.DEFAULT_SHORT_KERNEL
+    monkeypatch.setenv("JITCONV_CUDA_SHORT_KERNEL", "0")
+    assert cuda_backend._short_kernel() is False
+    monkeypatch.delenv("JITCONV_CUDA_SHORT_KERNEL")
     assert cuda_backend.channels_for(8192, "bfloat16") == cuda_backend.DEFAULT_CHANNELS["bfloat16"]
     assert cuda_backend.channels_for(8192, "float32") == cuda_backend.DEFAULT_CHANNELS["float32"]
+    for dtype_name in ("bfloat16", "float32"):  # the one-token (decode) kernel's
+        assert cuda_backend.channels_for(8192, dtype_name, 1) == \
+            cuda_backend.DECODE_CHANNELS[dtype_name]
+        assert cuda_backend.channels_for(8192, dtype_name, 4) == \
+            cuda_backend.DEFAULT_CHANNELS[dtype_name]
+    assert cuda_backend.DECODE_CHANNELS["float32"] != cuda_backend.DEFAULT_CHANNELS["float32"]
     assert cuda_backend._lookahead() == cuda_backend.DEFAULT_LOOKAHEAD
     short = cuda_backend.SHORT_LOOKAHEAD
     assert [cuda_backend._lookahead(n) for n in (0, 1, short, short + 1, 16)] == \
@@ -152,19 +230,22 @@ def test_settings_are_checked(monkeypatch):
     assert cuda_backend._max_registers() is None
     monkeypatch.setenv("JITCONV_CUDA_CHANNELS", "4")
     assert (cuda_backend.channels_for(12), cuda_backend.channels_for(10)) == (4, 2)
+    assert cuda_backend.channels_for(12, "float32", 1) == 4  # a setting applies to all
     monkeypatch.setenv("JITCONV_FAST_EXP", "0")
     assert cuda_backend._fast_exp() is False
     monkeypatch.setenv("JITCONV_FAST_EXP", "1")
     assert cuda_backend._fast_exp() is True
     for name, bad in (("JITCONV_CUDA_CHANNELS", "3"), ("JITCONV_CUDA_LOOKAHEAD", "3"),
                       ("JITCONV_FAST_EXP", "yes"), ("JITCONV_CUDA_MAX_REGISTERS", "60"),
-                      ("JITCONV_CUDA_MAX_REGISTERS", "many")):
+                      ("JITCONV_CUDA_MAX_REGISTERS", "many"),
+                      ("JITCONV_CUDA_SHORT_KERNEL", "yes")):
         monkeypatch.setenv(name, bad)
         with pytest.raises(ValueError, match=name):
             cuda_backend.channels_for(12)
             cuda_backend._lookahead()
             cuda_backend._fast_exp()
             cuda_backend._max_registers()
+            cuda_backend._short_kernel()
         monkeypatch.delenv(name)
 
 

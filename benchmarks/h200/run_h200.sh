@@ -16,4 +16,4 @@ $T tests/test_cuda.py tests/test_bit_conversions.py 2>&1 | tee $OUT/grid.log | t
 # The defaults (C = 2, L = 8, fast exp) and whole-kernel fastmath; same-run-variants.csv
 # came from the same command with --modes "fast exp" on each variant's tree.
 python3 -m jitconv.bench_gpu --vllm-file ../vllm/causal_conv1d.py --out $OUT/bench --reps 60 \
-  --channels 2 --modes "fast exp,fastmath" 2>&1 | grep -v -i "warn" | tee $OUT/bench.log
+  --channels auto --modes "fast exp,fastmath" 2>&1 | grep -v -i "warn" | tee $OUT/bench.log
