@@ -55,7 +55,7 @@ DEFAULT_MAX_REGISTERS = 64
 # Launches of short sequences only (decode and spec-verify steps: kernels_cuda.
 # short_tokens_for) run a kernel without the general paths (kernel_template's
 # short_tokens; T = 1 for decode steps): H200, same call against the general kernel,
-# 1.01-1.10x on decode-only, spec-only and decode-heavy mixed steps (benchmarks/h200/).
+# 1.00-1.10x on decode-only, spec-only and decode-heavy mixed steps (benchmarks/h200/).
 # JITCONV_CUDA_SHORT_KERNEL=0: the general kernel for every launch.
 DEFAULT_SHORT_KERNEL = True
 
