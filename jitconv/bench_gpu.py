@@ -293,7 +293,6 @@ MODES = {"exact": {"JITCONV_FAST_EXP": "0", "JITCONV_CUDA_FASTMATH": "0"},
          "fastmath": {"JITCONV_FAST_EXP": "0", "JITCONV_CUDA_FASTMATH": "1"}}
 
 
-
 def variant_name(channels, lookahead, mode="exact"):
     return f"jitconv C={channels} L={lookahead}{'' if mode == 'exact' else ' ' + mode}"
 

@@ -278,6 +278,18 @@ def _tables(plan, device, sim):
     return found[0], found[1]
 
 
+def _plan_short_tokens(plan):
+    """The short kernel a plan's launches can run (``kernels_cuda.short_tokens_for``),
+    worked out once per plan: it depends only on the step's metadata, and every layer
+    runs the plan."""
+    found = plan.__dict__.get("_cuda_short_tokens")
+    if found is None:
+        from .kernels_cuda import short_tokens_for
+        found = plan.__dict__.setdefault(
+            "_cuda_short_tokens", short_tokens_for(plan.geometry.width, plan.longest_sequences))
+    return found
+
+
 def _stream(device):
     """numba's handle on torch's current stream of ``device``."""
     from numba import cuda
@@ -299,9 +311,8 @@ def launch(plan, x, weight, bias, conv_state, target, silu, dtype):
     dim = x.shape[1]
     if weight.dim() == 3:  # (dim, 1, width)
         weight = weight[:, 0, :]
-    from .kernels_cuda import short_tokens_for
     width = plan.geometry.width
-    short_tokens = short_tokens_for(width, plan.longest_sequences) if _short_kernel() else 0
+    short_tokens = _plan_short_tokens(plan) if _short_kernel() else 0
     channels = channels_for(dim, dtype, short_tokens)
     kernel = get_kernel(width, dtype, channels, _fastmath(), _lookahead(plan.longest_block),
                         _fast_exp(), _max_registers(), native_bf16(x.device),

@@ -410,6 +410,7 @@ def kernel_source(width, name, backend, channels=1, lookahead=1, word_taps=False
         "p0 = 0  # one block per sequence" if short_tokens else
         "p0 = tables[U(blk + 2)]  # position of the block's first token in its sequence",
         "n = tables[U(blk + 3)]", "off = tables[U(blk + 5)]"))
+
     def from_registers(depth, count):
         """The block's ``count`` tokens at most from the state update's first round (v0..
         at rows rq0..)."""
@@ -421,17 +422,21 @@ def kernel_source(width, name, backend, channels=1, lookahead=1, word_taps=False
             lines += [ind * (k + 1) + line for line in body]
         return "\n".join(ind * depth + line for line in lines)
 
-    general = (ind + "if flags & FLAG_BLOCK_ROWS:\n" + token_loops(lambda i: f"r0 + {i}")
-               + "\n" + ind + "else:\n" + token_loops(lambda i: f"tables[U(rows + t0 + {i})]"))
-    if short_tokens:
+    def general():
+        """The token loops (rows computed when consecutive, else looked up)."""
+        return (ind + "if flags & FLAG_BLOCK_ROWS:\n" + token_loops(lambda i: f"r0 + {i}")
+                + "\n" + ind + "else:\n"
+                + token_loops(lambda i: f"tables[U(rows + t0 + {i})]"))
+
+    if short_tokens:  # no token loops
         tokens = (ind + "# Every token was loaded by the state update (v0..).\n"
                   + from_registers(1, short_tokens))
     elif reuse_state_loads:
         tokens = (ind + "if short:\n" + ind * 2 + "# The state update's first round loaded "
                   "every token of the block (v0..): no reload after its stores.\n"
-                  + from_registers(2, K) + "\n" + ind + "el" + general.lstrip())
+                  + from_registers(2, K) + "\n" + ind + "el" + general().lstrip())
     else:
-        tokens = general
+        tokens = general()
 
     return _TEMPLATE.format(
         name=name, NF=len(BLOCK_FIELDS), index_arg=backend.index_arg,
