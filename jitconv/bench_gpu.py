@@ -20,6 +20,9 @@ L tokens of lookahead ("auto", cuda_backend's own choice per launch, unless
 steps, with the defaults); vLLM Triton as vLLM calls it (one call for one kind of
 sequences; for mixed steps its two calls on pre-gathered inputs), and for mixed steps
 vLLM's two calls plus the two ``index_select`` gathers its GDN layer makes.
+
+``python -m jitconv.bench_gpu host VLLM_FILE OUT_DIR``: host cost per call instead
+(``host_cost``).
 """
 
 import argparse
@@ -28,6 +31,7 @@ import json
 import os
 import statistics
 import sys
+import time
 import types
 
 import torch
@@ -293,6 +297,78 @@ MODES = {"exact": {"JITCONV_FAST_EXP": "0", "JITCONV_CUDA_FASTMATH": "0"},
          "fastmath": {"JITCONV_FAST_EXP": "0", "JITCONV_CUDA_FASTMATH": "1"}}
 
 
+def _wall_per_call_us(fn, calls):
+    """Wall time per call of ``calls`` calls that wait for nothing (the GPU runs behind
+    them, so when a call's host work outlasts its kernel, this is the host work)."""
+    fn()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - start) / calls * 1e6
+
+
+def host_cost(vllm_file, out_dir, layers=48, calls=1000):
+    """Host cost on a CUDA device. A decode step too small for its kernel to matter (64
+    sequences of 1 token, dim 64, float32): wall time per call of jitconv's
+    ``plan.run`` and one-shot call and of vLLM's ``causal_conv1d_update``. One engine
+    step of a ``layers``-layer model (decode-only 64, bfloat16, dim 8192): a plan and a
+    run per layer (4 sets of layer tensors, cycled), against vLLM's call per layer;
+    wall time of the step to its last kernel's end, per layer. And where plan.run's
+    host time goes (cProfile, by own time). Writes ``host.json`` and ``host.txt``."""
+    import cProfile
+    import io
+    import pstats
+    device = torch.device(jitconv.set_device("cuda:0"))
+    vt = load_vllm_triton(vllm_file)
+    lines = [f"{torch.cuda.get_device_name()}, wall time per call over {calls} calls"]
+    tiny = make_step("decode-only 64", 64, torch.float32)
+    plan = plan_of(tiny)
+    data = {k: tiny[k] for k in DATA_KEYS}
+    out = torch.empty_like(tiny["x"])
+    result = {"tiny": {
+        "plan.run": _wall_per_call_us(lambda: plan.run(**data, out=out), calls),
+        "one-shot call": _wall_per_call_us(lambda: jitconv.causal_conv1d_mixed(**tiny), calls),
+        "vllm triton": _wall_per_call_us(vllm_calls(vt, tiny, device, gathers=False)[0],
+                                         calls)}}
+    lines += [f"tiny decode (64 x 1, dim 64, float32): {name} {us:.1f} us"
+              for name, us in result["tiny"].items()]
+    sets = [make_step("decode-only 64", 8192, torch.bfloat16) for _ in range(4)]
+    outs = [torch.empty_like(s["x"]) for s in sets]
+    vllm_runs = [vllm_calls(vt, s, device, gathers=False)[0] for s in sets]
+
+    def planned_step():
+        step_plan = plan_of(sets[0])
+        for i in range(layers):
+            step_plan.run(**{k: sets[i % 4][k] for k in DATA_KEYS}, out=outs[i % 4])
+
+    def vllm_step():
+        for i in range(layers):
+            vllm_runs[i % 4]()
+
+    result["step"] = {name: _wall_per_call_us(fn, 20) / layers
+                      for name, fn in (("plan + runs", planned_step), ("vllm triton", vllm_step))}
+    lines += [f"{layers}-layer step, decode-only 64, bfloat16, dim 8192, per layer: {name} "
+              f"{us:.1f} us" for name, us in result["step"].items()]
+    profile = cProfile.Profile()
+    profile.enable()
+    for _ in range(300):
+        plan.run(**data, out=out)
+    profile.disable()
+    torch.cuda.synchronize()
+    text = io.StringIO()
+    pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(18)
+    lines += ["", "plan.run under cProfile, 300 calls, by own time:", text.getvalue()]
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "host.json"), "w") as f:
+        json.dump(result, f, indent=1)
+    with open(os.path.join(out_dir, "host.txt"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return result
+
+
 def variant_name(channels, lookahead, mode="exact"):
     return f"jitconv C={channels} L={lookahead}{'' if mode == 'exact' else ' ' + mode}"
 
@@ -396,6 +472,11 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["side-by-side"]:  # CPU_JSON GPU_JSON PNG: no GPU needed
         side_by_side(*argv[1:4])
+        return
+    if argv[:1] == ["host"]:  # VLLM_FILE OUT_DIR
+        if not cuda_backend.devices():
+            sys.exit(f"no CUDA device: {cuda_backend.why_unavailable()}")
+        host_cost(*argv[1:3])
         return
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--vllm-file", required=True)

@@ -77,6 +77,14 @@ per sequence, so the general paths (token loops, the state update's loop, the wi
 from x) cost it no registers (H200, float32 decode: 64 registers -> 56 with T = 4, 38
 with T = 1; 386 -> 321 instructions per warp). The host picks T per launch
 (``kernels_cuda.short_tokens_for``); the SYCL backend builds only the general kernel.
+
+``pairs`` (an even C): every access to a row of x or out (token loads, the state
+update's and the window's loads from x, output stores, pad zeros) covers two channels,
+c + j and c + j + 1 (j even), with the backend's ``load_pair(array, index)`` (a tuple of
+the two raw values) and ``store_pair(array, index, a, b)``: one 32-bit access for a
+16-bit pair, 64-bit for float32, where the scalar code makes two. Only for launches
+whose pairs are aligned (the host checks x's and out's addresses and row strides); the
+CUDA backend supplies them.
 """
 
 import numpy as np
@@ -211,7 +219,7 @@ _SHORT_STATE_PART = """{state_offsets}
 
 
 def kernel_source(width, name, backend, channels=1, lookahead=1, word_taps=False,
-                  state_chunk=None, short_tokens=0):
+                  state_chunk=None, short_tokens=0, pairs=False):
     """The Python source of the conv kernel for one width, backend, channel count and
     lookahead (tokens whose loads are issued before the first of their stores).
     ``word_taps`` (width 4, 16-bit storage, a backend with ``unit_stride_reads`` that
@@ -221,7 +229,12 @@ def kernel_source(width, name, backend, channels=1, lookahead=1, word_taps=False
     ones also at most width - 1; pads of any length), such as decode (T = 1) and
     spec-verify steps: the state update in one round and the tokens from its registers,
     without the general paths (fewer instructions and registers per work-item); the
-    host picks it per launch, and other launches would be wrong with it."""
+    host picks it per launch, and other launches would be wrong with it. ``pairs`` (an
+    even C, a backend that supplies ``load_pair`` / ``store_pair``): rows of x and out
+    read and written two channels at a time (see the module docstring); the host picks
+    it per launch, only where those accesses are aligned."""
+    if pairs and channels % 2:
+        raise ValueError(f"pairs needs an even channel count, got {channels}")
     one_round_record, reuse_state_loads = backend.one_round_record, backend.reuse_state_loads
     S = width - 1
     ind = " " * 4
@@ -236,6 +249,30 @@ def kernel_source(width, name, backend, channels=1, lookahead=1, word_taps=False
 
     def per_k(fmt, count, depth=1):
         return "\n".join(each(fmt, depth, k=k) for k in range(count))
+
+    def x_row(dest, row, convert=False):
+        """Lines loading row ``row`` of x for every channel into ``dest`` (a name with
+        {J}), as raw values, or as float32 with ``convert``; with ``pairs``, one
+        ``load_pair`` per two channels (raw values first in r_``dest``)."""
+        if not pairs:
+            read = "load(x[U(xc{J} + {row} * x_row_stride)])" if convert else \
+                "x[U(xc{J} + {row} * x_row_stride)]"
+            return [f"{dest.format(J=J)} = {read.format(J=J, row=row)}" for J in suffixes]
+        raw = "r_" + dest if convert else dest
+        lines = [f"{raw.format(J=a)}, {raw.format(J=b)} = load_pair(x, U(xc{a} + {row} * "
+                 f"x_row_stride))" for a, b in zip(suffixes[::2], suffixes[1::2])]
+        if convert:
+            lines += [f"{dest.format(J=J)} = load({raw.format(J=J)})" for J in suffixes]
+        return lines
+
+    def out_row(value, row):
+        """Lines storing ``value`` (an expression with {J}) of every channel to row
+        ``row`` of out; with ``pairs``, one ``store_pair`` per two channels."""
+        if not pairs:
+            return [f"out[U(oc{J} + {row} * out_row_stride)] = {value.format(J=J)}"
+                    for J in suffixes]
+        return [f"store_pair(out, U(oc{a} + {row} * out_row_stride), {value.format(J=a)}, "
+                f"{value.format(J=b)})" for a, b in zip(suffixes[::2], suffixes[1::2])]
 
     def token(xv, row):
         """One token of the sliding window, its input loaded into ``xv`` (per channel):
@@ -253,24 +290,21 @@ def kernel_source(width, name, backend, channels=1, lookahead=1, word_taps=False
             lines += [f"f{k}{J} = f{k + 1}{J}" for k in range(S - 1)] + [f"f{S - 1}{J} = {xv.format(J=J)}"]
         lines.append("if silu:")
         lines += [f"    acc{J} = fdiv(acc{J}, ONE + exp(-acc{J}))" for J in suffixes]
-        lines += [f"out[U(oc{J} + {row} * out_row_stride)] = store(acc{J})" for J in suffixes]
-        return lines
+        return lines + out_row("store(acc{J})", row)
 
     def token_loops(row_of):
         """The block's tokens: groups of L = ``lookahead`` (all loads, then the tokens),
         one group of L / 2 when that many are left (L >= 4: a spec sequence of 1 + 3
         tokens is then one round of loads, 1.05-1.1x on spec-only launches on the H200),
         then one at a time. ``row_of(i)``: the expression of token i's row."""
-        single = ([f"r = {row_of('i')}"]
-                  + [f"xf{J} = load(x[U(xc{J} + r * x_row_stride)])" for J in suffixes]
-                  + token("xf{J}", "r"))
+        single = [f"r = {row_of('i')}"] + x_row("xf{J}", "r", True) + token("xf{J}", "r")
         if lookahead == 1:
             lines = ["for i in range(nb):"] + [ind + line for line in single]
         else:
             def group(size):
                 lines = [f"ra{m} = {row_of(f'i + {m}')}" for m in range(size)]
-                lines += [f"xg{m}{J} = load(x[U(xc{J} + ra{m} * x_row_stride)])"
-                          for m in range(size) for J in suffixes]
+                for m in range(size):
+                    lines += x_row(f"xg{m}{{J}}", f"ra{m}", True)
                 for m in range(size):
                     lines += token(f"xg{m}{{J}}", f"ra{m}")
                 return [ind + line for line in lines] + [ind + f"i += {size}"]
@@ -289,8 +323,7 @@ def kernel_source(width, name, backend, channels=1, lookahead=1, word_taps=False
                         ind * 4 + f"{rq} = base + q + {k - S}",
                         ind * 4 + "if base < 0:",
                         ind * 5 + f"{rq} = tables[U(rows + st0 + q + {k - S})]"]
-        chunk_loads += [ind * 4 + f"v{k}{J} = x[U(xc{J} + {rq} * x_row_stride)]"
-                        for J in suffixes]
+        chunk_loads += [ind * 4 + line for line in x_row(f"v{k}{{J}}", rq)]
     chunk_stores = []
     for k in range(K):
         chunk_stores += [ind * 3 + f"if q + {k} < {S} + n:"]
@@ -316,8 +349,8 @@ def kernel_source(width, name, backend, channels=1, lookahead=1, word_taps=False
         for k in range(S):
             lines += [ind + f"rw{k} = base + p0 - {S - k}", ind + "if base < 0:",
                       ind * 2 + f"rw{k} = tables[U(rows + t0 - {S - k})]"]
-        lines += [ind + f"u{k}{J} = x[U(xc{J} + rw{k} * x_row_stride)]"
-                  for k in range(S) for J in suffixes]
+        for k in range(S):
+            lines += [ind + line for line in x_row(f"u{k}{{J}}", f"rw{k}")]
         return "\n".join(ind + line for line in lines)
 
     def state_offsets(unit):
@@ -340,7 +373,7 @@ def kernel_source(width, name, backend, channels=1, lookahead=1, word_taps=False
             at = ind * (k + 1)
             loads += [ind * k + f"if n > {k}:", at + f"rq{k} = base + {k}",
                       at + "if base < 0:", at + ind + f"rq{k} = tables[U(rows + st0 + {k})]"]
-            loads += [at + f"v{k}{J} = x[U(xc{J} + rq{k} * x_row_stride)]" for J in suffixes]
+            loads += [at + line for line in x_row(f"v{k}{{J}}", f"rq{k}")]
         stores = []
         for k in range(T):
             stores += [ind * k + f"if n > {k}:"]
@@ -443,7 +476,7 @@ def kernel_source(width, name, backend, channels=1, lookahead=1, word_taps=False
         extra_args=backend.extra_args, index=backend.index.format(C=channels),
         channel_offsets=each("xc{J} = x_offset + {CH}      # this channel in x and out\n"
                              "oc{J} = out_offset + {CH}"),
-        pad_zeros=each("out[U(oc{J} + r * out_row_stride)] = ZERO", 3),
+        pad_zeros="\n".join(ind * 3 + line for line in out_row("ZERO", "r")),
         state_part=state,
         early_record=record + "\n" if one_round_record else "",
         late_record="" if one_round_record else record + "\n",

@@ -140,3 +140,13 @@ def test_gpu_table_default_variant_and_lookaheads():
     both = dict(row, variant=bench_gpu.variant_name(bench_gpu.AUTO, bench_gpu.AUTO, mode),
                 us=6.0)
     assert default_cell([fixed, auto, both, triton]).startswith("6.0 us")
+
+
+def test_gpu_host_cost_needs_a_cuda_device():
+    """``python -m jitconv.bench_gpu host VLLM_FILE OUT`` (the CUDA call's host cost) says
+    why it cannot run where there is no CUDA device, before loading anything."""
+    from jitconv import bench_gpu, cuda_backend
+    if cuda_backend.devices():
+        pytest.skip("a CUDA device is present")
+    with pytest.raises(SystemExit, match="no CUDA device"):
+        bench_gpu.main(["host", "missing/causal_conv1d.py", "out"])

@@ -15,6 +15,7 @@ Where it runs:
   with torch), fastmath, streams or speed.
 """
 
+import itertools
 import os
 import sys
 
@@ -199,10 +200,90 @@ def test_short_kernels(cuda_device, monkeypatch, dtype_name, width, rows):
         assert all(torch.equal(a, b) for a, b in zip(*results)), (ns, sp)
 
 
+def _spy_pairs(monkeypatch):
+    """(channels, pairs) of every get_kernel call, in order."""
+    chosen = []
+    real = cuda_backend.get_kernel
+
+    def spy(*args, **kwargs):
+        chosen.append((args[2], args[9]))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(cuda_backend, "get_kernel", spy)
+    return chosen
+
+
+def _rows_view(rows, dim, dtype, skip, row_stride):
+    """A (rows, dim) view of a poisoned buffer on the device: it starts ``skip`` elements
+    in and its rows are ``row_stride`` apart (channels contiguous)."""
+    buffer = poisoned((skip + rows * row_stride,), dtype, usm=True)
+    return buffer[skip:].as_strided((rows, dim), (row_stride, 1)), buffer
+
+
+@pytest.mark.parametrize("width", [2, 4])
+@pytest.mark.parametrize("dtype_name", list(DTYPES))
+def test_pairs(cuda_device, monkeypatch, dtype_name, width):
+    """x and out rows accessed two channels at a time in launches of the general kernel,
+    only where every pair is aligned (the first element and the row stride): not for an
+    x or out that starts one element in, an out with an odd row stride, one channel per
+    thread, or a short kernel (decode and spec steps, unless JITCONV_CUDA_SHORT_KERNEL=0).
+    Results equal the reference's and, bit for bit, those of JITCONV_CUDA_PAIRS=0;
+    memory of out's buffer outside its rows stays untouched."""
+    monkeypatch.delenv("JITCONV_CUDA_CHANNELS", raising=False)
+    chosen = _spy_pairs(monkeypatch)
+    dtype = DTYPES[dtype_name]
+    layouts = (((0, DIM), (0, DIM), None, True), ((1, DIM), (0, DIM), None, False),
+               ((0, DIM), (1, DIM), None, False), ((0, DIM + 2), (0, DIM + 1), None, False),
+               ((0, DIM + 2), (2, DIM + 4), None, True), ((0, DIM), (0, DIM), "1", False))
+    # (non-spec lengths, spec lengths, JITCONV_CUDA_SHORT_KERNEL, general kernel)
+    steps = (([1, 17, 3, 35], [1, 4, 2], "1", True), ([1, 1, 1], [], "1", False),
+             ([1, 1, 1], [], "0", True), ([], [2, 1, 2], "1", False),
+             ([], [2, 1, 2], "0", True))
+    for (x_at, out_at, channels, aligned), (ns, sp, short, general) in \
+            itertools.product(layouts, steps):
+        if channels:
+            monkeypatch.setenv("JITCONV_CUDA_CHANNELS", channels)
+        monkeypatch.setenv("JITCONV_CUDA_SHORT_KERNEL", short)
+        seed = len(chosen) + 7 * width
+        case = mixed_step(torch.Generator().manual_seed(seed), dim=DIM, width=width,
+                          dtype=dtype, ns_lengths=ns, sp_lengths=sp, rows="vllm",
+                          initial="alternate", usm=True)
+        tokens = case["x"].shape[0]
+        x, _ = _rows_view(tokens, DIM, dtype, *x_at)
+        x.copy_(case["x"])
+        results = []
+        for pairs in ("1", "0"):
+            monkeypatch.setenv("JITCONV_CUDA_PAIRS", pairs)
+            state = case["conv_state"].clone()
+            out, buffer = _rows_view(tokens, DIM, dtype, *out_at)
+            outside = torch.ones(buffer.numel(), dtype=torch.bool)
+            outside[(out.storage_offset() + torch.arange(tokens)[:, None] * out.stride(0)
+                     + torch.arange(DIM)).flatten()] = False
+            run_and_check(dict(case, x=x, conv_state=state), dtype=dtype, out=out)
+            assert (bits(buffer)[outside] == bits(poisoned((1,), dtype))).all()
+            results.append((bits(out), bits(state)))
+        (used, paired), (_, unpaired) = chosen[-2:]
+        assert (paired, unpaired) == (aligned and general and used % 2 == 0, False), \
+            (x_at, out_at, used, ns, sp, short)
+        assert all(torch.equal(a, b) for a, b in zip(*results)), (x_at, out_at, ns, sp)
+        monkeypatch.delenv("JITCONV_CUDA_CHANNELS", raising=False)
+    # The paired kernels ran: both aligned layouts, every step of the general kernel.
+    assert sum(paired for _, paired in chosen) == 2 * sum(step[3] for step in steps)
+    from jitconv.kernel_template import kernel_source
+    from jitconv.kernels_cuda import CUDA
+    with pytest.raises(ValueError, match="even channel count"):
+        kernel_source(width, "k", CUDA, 1, 4, state_chunk=width, pairs=True)
+
+
 def test_settings_are_checked(monkeypatch):
     for name in ("JITCONV_CUDA_CHANNELS", "JITCONV_CUDA_LOOKAHEAD", "JITCONV_FAST_EXP",
-                 "JITCONV_CUDA_MAX_REGISTERS", "JITCONV_CUDA_SHORT_KERNEL"):
+                 "JITCONV_CUDA_MAX_REGISTERS", "JITCONV_CUDA_SHORT_KERNEL",
+                 "JITCONV_CUDA_PAIRS"):
         monkeypatch.delenv(name, raising=False)
+    assert cuda_backend._pairs() is cuda_backend.DEFAULT_PAIRS
+    monkeypatch.setenv("JITCONV_CUDA_PAIRS", "0")
+    assert cuda_backend._pairs() is False
+    monkeypatch.delenv("JITCONV_CUDA_PAIRS")
     assert cuda_backend._short_kernel() is cuda_backend.DEFAULT_SHORT_KERNEL
     monkeypatch.setenv("JITCONV_CUDA_SHORT_KERNEL", "0")
     assert cuda_backend._short_kernel() is False
@@ -238,7 +319,7 @@ def test_settings_are_checked(monkeypatch):
     for name, bad in (("JITCONV_CUDA_CHANNELS", "3"), ("JITCONV_CUDA_LOOKAHEAD", "3"),
                       ("JITCONV_FAST_EXP", "yes"), ("JITCONV_CUDA_MAX_REGISTERS", "60"),
                       ("JITCONV_CUDA_MAX_REGISTERS", "many"),
-                      ("JITCONV_CUDA_SHORT_KERNEL", "yes")):
+                      ("JITCONV_CUDA_SHORT_KERNEL", "yes"), ("JITCONV_CUDA_PAIRS", "yes")):
         monkeypatch.setenv(name, bad)
         with pytest.raises(ValueError, match=name):
             cuda_backend.channels_for(12)
@@ -246,6 +327,7 @@ def test_settings_are_checked(monkeypatch):
             cuda_backend._fast_exp()
             cuda_backend._max_registers()
             cuda_backend._short_kernel()
+            cuda_backend._pairs()
         monkeypatch.delenv(name)
 
 
