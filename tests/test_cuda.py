@@ -107,47 +107,40 @@ def test_group_edges(cuda_device, monkeypatch, lookahead, rows):
         run_and_check(case, dtype=dtype, out=poisoned(tuple(case["x"].shape), dtype, usm=True))
 
 
+def _spy_get_kernel(monkeypatch):
+    """The arguments of every cuda_backend.get_kernel call, in order, as dicts by
+    parameter name (defaults filled in): which kernel each launch chose."""
+    import inspect
+    calls = []
+    real = cuda_backend.get_kernel
+    signature = inspect.signature(real)
+
+    def spy(*args, **kwargs):
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        calls.append(dict(bound.arguments))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(cuda_backend, "get_kernel", spy)
+    return calls
+
+
 def test_automatic_lookahead(cuda_device, monkeypatch):
     """Without JITCONV_CUDA_LOOKAHEAD a launch whose blocks hold at most SHORT_LOOKAHEAD
     tokens (decode and short spec steps) gets that lookahead, any other the default;
     both give the reference's result."""
     monkeypatch.delenv("JITCONV_CUDA_LOOKAHEAD", raising=False)
-    chosen = []
-    real = cuda_backend.get_kernel
-
-    def spy(width, dtype_name, channels, fastmath=False, lookahead=None, *args, **kwargs):
-        chosen.append(lookahead)
-        return real(width, dtype_name, channels, fastmath, lookahead, *args, **kwargs)
-
-    monkeypatch.setattr(cuda_backend, "get_kernel", spy)
+    calls = _spy_get_kernel(monkeypatch)
     short = cuda_backend.SHORT_LOOKAHEAD
     for ns, sp, expected in (([1, 1, 1], [short, 2, 1], short),
                              ([1, short + 1], [1], cuda_backend.DEFAULT_LOOKAHEAD)):
         for dtype in (torch.float32, torch.bfloat16):
-            chosen.clear()
+            calls.clear()
             case = mixed_step(torch.Generator().manual_seed(len(ns)), dim=DIM, width=4,
                               dtype=dtype, ns_lengths=ns, sp_lengths=sp, usm=True)
             run_and_check(case, dtype=dtype,
                           out=poisoned(tuple(case["x"].shape), dtype, usm=True))
-            assert chosen == [expected]
-
-
-def _spy_short_tokens(monkeypatch):
-    """The short_tokens argument of every get_kernel call, in order (and the channels
-    per thread in ``chosen.channels``)."""
-    class Chosen(list):
-        channels = None
-    chosen = Chosen()
-    chosen.channels = []
-    real = cuda_backend.get_kernel
-
-    def spy(*args, **kwargs):
-        chosen.append(args[8])
-        chosen.channels.append(args[2])
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(cuda_backend, "get_kernel", spy)
-    return chosen
+            assert [c["lookahead"] for c in calls] == [expected]
 
 
 @pytest.mark.parametrize("rows", ["vllm", "shuffled", "plain"])
@@ -162,7 +155,7 @@ def test_short_kernels(cuda_device, monkeypatch, dtype_name, width, rows):
     the general kernel runs."""
     from jitconv.kernels_cuda import STATE_CHUNK_EXTRA
     monkeypatch.delenv("JITCONV_CUDA_CHANNELS", raising=False)
-    chosen = _spy_short_tokens(monkeypatch)
+    calls = _spy_get_kernel(monkeypatch)
     dtype, S = DTYPES[dtype_name], width - 1
     K = S + STATE_CHUNK_EXTRA
     seed = 10 * width + len(rows) + list(DTYPES).index(dtype_name)
@@ -187,30 +180,17 @@ def test_short_kernels(cuda_device, monkeypatch, dtype_name, width, rows):
         results = []
         for short in ("1", "0"):
             monkeypatch.setenv("JITCONV_CUDA_SHORT_KERNEL", short)
-            chosen.clear()
-            chosen.channels.clear()
+            calls.clear()
             state = case["conv_state"].clone()
             out = run_and_check(dict(case, conv_state=state), dtype=dtype,
                                 out=poisoned(tuple(case["x"].shape), dtype, usm=True))
             results.append((bits(out), bits(state)))
+            chosen = [c["short_tokens"] for c in calls]
             assert chosen == [expected if short == "1" else 0], (ns, sp, short)
             used = (cuda_backend.DECODE_CHANNELS if chosen[0] == 1
                     else cuda_backend.DEFAULT_CHANNELS)[dtype_name]
-            assert chosen.channels == [used]
+            assert [c["channels"] for c in calls] == [used]
         assert all(torch.equal(a, b) for a, b in zip(*results)), (ns, sp)
-
-
-def _spy_pairs(monkeypatch):
-    """(channels, pairs) of every get_kernel call, in order."""
-    chosen = []
-    real = cuda_backend.get_kernel
-
-    def spy(*args, **kwargs):
-        chosen.append((args[2], args[9]))
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(cuda_backend, "get_kernel", spy)
-    return chosen
 
 
 def _rows_view(rows, dim, dtype, skip, row_stride):
@@ -230,7 +210,7 @@ def test_pairs(cuda_device, monkeypatch, dtype_name, width):
     Results equal the reference's and, bit for bit, those of JITCONV_CUDA_PAIRS=0;
     memory of out's buffer outside its rows stays untouched."""
     monkeypatch.delenv("JITCONV_CUDA_CHANNELS", raising=False)
-    chosen = _spy_pairs(monkeypatch)
+    calls = _spy_get_kernel(monkeypatch)
     dtype = DTYPES[dtype_name]
     layouts = (((0, DIM), (0, DIM), None, True), ((1, DIM), (0, DIM), None, False),
                ((0, DIM), (1, DIM), None, False), ((0, DIM + 2), (0, DIM + 1), None, False),
@@ -244,7 +224,7 @@ def test_pairs(cuda_device, monkeypatch, dtype_name, width):
         if channels:
             monkeypatch.setenv("JITCONV_CUDA_CHANNELS", channels)
         monkeypatch.setenv("JITCONV_CUDA_SHORT_KERNEL", short)
-        seed = len(chosen) + 7 * width
+        seed = len(calls) + 7 * width
         case = mixed_step(torch.Generator().manual_seed(seed), dim=DIM, width=width,
                           dtype=dtype, ns_lengths=ns, sp_lengths=sp, rows="vllm",
                           initial="alternate", usm=True)
@@ -262,13 +242,13 @@ def test_pairs(cuda_device, monkeypatch, dtype_name, width):
             run_and_check(dict(case, x=x, conv_state=state), dtype=dtype, out=out)
             assert (bits(buffer)[outside] == bits(poisoned((1,), dtype))).all()
             results.append((bits(out), bits(state)))
-        (used, paired), (_, unpaired) = chosen[-2:]
+        (used, paired), (_, unpaired) = [(c["channels"], c["pairs"]) for c in calls[-2:]]
         assert (paired, unpaired) == (aligned and general and used % 2 == 0, False), \
             (x_at, out_at, used, ns, sp, short)
         assert all(torch.equal(a, b) for a, b in zip(*results)), (x_at, out_at, ns, sp)
         monkeypatch.delenv("JITCONV_CUDA_CHANNELS", raising=False)
     # The paired kernels ran: both aligned layouts, every step of the general kernel.
-    assert sum(paired for _, paired in chosen) == 2 * sum(step[3] for step in steps)
+    assert sum(c["pairs"] for c in calls) == 2 * sum(step[3] for step in steps)
     from jitconv.kernel_template import kernel_source
     from jitconv.kernels_cuda import CUDA
     with pytest.raises(ValueError, match="even channel count"):
