@@ -43,27 +43,26 @@ def info(_args):
     print(f"numba-dpex available to compile missing kernels: {compiler}")
     print("where each kernel comes from (shipped with the package / user cache / "
           "compiled on first use):")
-    for width, dtype, where in kernel_origins(compiler):
-        print(f"  width {width} {dtype:9s} {where}")
+    for width, dtype, wide, where in kernel_origins(compiler):
+        print(f"  width {width} {dtype:9s} {'wide ' if wide else ''}{where}")
     for path, reason in kernel_cache.rejected:
         print(f"  ignored {path}: {reason}")
     return 0
 
 
 def kernel_origins(compiler):
-    """(width, dtype, where its SPIR-V comes from) for every supported specialization."""
+    """(width, dtype, wide, where its SPIR-V comes from) for every supported
+    specialization (``kernel_cache.specializations``)."""
     from jitconv import kernel_cache
-    from jitconv.kernel_abi import STORAGE, SUPPORTED_WIDTHS
     rows = []
-    for width in SUPPORTED_WIDTHS:
-        for dtype in STORAGE:
-            entry = kernel_cache.load(width, dtype)
-            if entry is not None:
-                where = f"{kernel_cache.origin(entry[2])} ({entry[2]})"
-            else:
-                where = ("compiled on first use (numba-dpex)" if compiler
-                         else "MISSING: no SPIR-V and no numba-dpex to compile it")
-            rows.append((width, dtype, where))
+    for width, dtype, wide in kernel_cache.specializations():
+        entry = kernel_cache.load(width, dtype, wide)
+        if entry is not None:
+            where = f"{kernel_cache.origin(entry[2])} ({entry[2]})"
+        else:
+            where = ("compiled on first use (numba-dpex)" if compiler
+                     else "MISSING: no SPIR-V and no numba-dpex to compile it")
+        rows.append((width, dtype, wide, where))
     return rows
 
 
@@ -217,13 +216,14 @@ def build_kernels(args):
         args.dtypes = "float32,float16,bfloat16"
     widths = [int(w) for w in args.widths.split(",")]
     dtypes = args.dtypes.split(",")
-    print(f"building {len(widths) * len(dtypes)} kernels into {target}")
-    for width in widths:
-        for dtype in dtypes:
-            t0 = time.perf_counter()
-            _kernel, path = launching.compile_and_store(width, dtype, queue, target)
-            print(f"  width {width} {dtype:9s} {path.stat().st_size / 1024:6.1f} KiB "
-                  f"{time.perf_counter() - t0:5.2f} s  {path.name}", flush=True)
+    specs = [s for s in kernel_cache.specializations() if s[0] in widths and s[1] in dtypes]
+    print(f"building {len(specs)} kernels into {target}")
+    for width, dtype, wide in specs:
+        t0 = time.perf_counter()
+        _kernel, path = launching.compile_and_store(width, dtype, queue, target, wide=wide)
+        print(f"  width {width} {dtype:9s} {'wide' if wide else '    '} "
+              f"{path.stat().st_size / 1024:6.1f} KiB {time.perf_counter() - t0:5.2f} s  "
+              f"{path.name}", flush=True)
     if args.ship:  # entries of older kernel sources would only bloat the wheel
         keep = set(kernel_cache.shipped_files())
         for stale in target.iterdir():

@@ -11,12 +11,18 @@ kernels one call launches, with L2 flushed (a 256 MiB fill) before every repetit
 median of ``--reps``. Metadata transfers and fills (host-to-device / device-to-host
 copies, ``torch.full``) are not counted on either side: an engine makes them once per
 step, not per layer. GB/s = bytes that must move (``bench.bytes_moved``) / time; % of
-copy = that over the device-to-device copy bandwidth measured in the same run.
+copy = that over the device-to-device copy bandwidth measured in the same run (1 GiB);
+``pct_copy_same`` = the time of a copy of the workload's own bytes between filled
+buffers, timed the same way (its own row per workload), over the row's time: what
+``python -m jitconv bench`` reports on SYCL devices, and the fairer yardstick for
+launches of a few microseconds, which a 1 GiB copy's bandwidth does not reach either.
 
 Rows per workload: jitconv one launch for C channels per thread (``--channels``: "auto",
 cuda_backend's own choice per launch, and 1, 2, 4),
 L tokens of lookahead ("auto", cuda_backend's own choice per launch, unless
-``--lookaheads`` names others; "auto" among them keeps it) and each math of silu in ``MODES`` (``--modes``); jitconv as two calls (mixed
+``--lookaheads`` names others; "auto" among them keeps it), G channels per access of
+a row (``--row-groups``: JITCONV_CUDA_ROW_GROUP, "auto" its default) and each math of
+silu in ``MODES`` (``--modes``); jitconv as two calls (mixed
 steps, with the defaults); vLLM Triton as vLLM calls it (one call for one kind of
 sequences; for mixed steps its two calls on pre-gathered inputs), and for mixed steps
 vLLM's two calls plus the two ``index_select`` gathers its GDN layer makes.
@@ -27,6 +33,7 @@ vLLM's two calls plus the two ``index_select`` gathers its GDN layer makes.
 
 import argparse
 import csv
+import itertools
 import json
 import os
 import statistics
@@ -201,9 +208,20 @@ def _check(step, device, vt):
     return ok
 
 
+def same_bytes_copy(moved, device):
+    """A callable copying ``moved`` / 2 bytes between two filled device buffers: the
+    copy of a workload's own bytes (read + written), timed like the kernels."""
+    src = torch.randn(max(1, moved // 8), device=device)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    return lambda: dst.copy_(src)
+
+
 def run(vllm_file, out_dir, dims=(2048, 8192), dtypes=("bfloat16", "float32"), reps=100,
-        channels=(AUTO, 1, 2, 4), workloads=None, lookaheads=None, modes=None):
+        channels=(AUTO, 1, 2, 4), workloads=None, lookaheads=None, modes=None,
+        row_groups=None):
     lookaheads = lookaheads or (AUTO,)
+    row_groups = row_groups or (AUTO,)
     modes = modes or tuple(MODES)
     device = torch.device(jitconv.set_device("cuda:0"))
     vt = load_vllm_triton(vllm_file)
@@ -226,6 +244,13 @@ def run(vllm_file, out_dir, dims=(2048, 8192), dtypes=("bfloat16", "float32"), r
                 base = dict(workload=name, dtype=dtype_name, dim=dim,
                             tokens=int(step["x"].shape[0]), bytes=moved,
                             jitconv_correct=ok["jitconv"], vllm_correct=ok["vllm"])
+                # The copy of the workload's own bytes, timed like the kernels: a launch
+                # this small does not reach the 1 GiB copy's bandwidth either.
+                same_us, _ = device_time_us(same_bytes_copy(moved, device), flush, reps)
+                rows.append(dict(base, variant=SAME_BYTES_COPY, us=same_us,
+                                 gbps=moved / same_us / 1e3,
+                                 pct_copy=100 * moved / same_us / 1e3 / copy["gbps"],
+                                 pct_copy_same=100.0))
 
                 def record(variant, fn):
                     try:
@@ -237,22 +262,25 @@ def run(vllm_file, out_dir, dims=(2048, 8192), dtypes=("bfloat16", "float32"), r
                         return
                     gbps = moved / us / 1e3
                     rows.append(dict(base, variant=variant, us=us, gbps=gbps,
-                                     pct_copy=100 * gbps / copy["gbps"], kernels=names))
+                                     pct_copy=100 * gbps / copy["gbps"],
+                                     pct_copy_same=100 * same_us / us, kernels=names))
                     print(f"{name:22s} {dtype_name:8s} {dim:5d} {variant:28s} {us:8.1f} us "
-                          f"{gbps:7.0f} GB/s {100 * gbps / copy['gbps']:5.1f}%", flush=True)
+                          f"{gbps:7.0f} GB/s {100 * gbps / copy['gbps']:5.1f}% "
+                          f"({100 * same_us / us:5.1f}% of the same bytes' copy, "
+                          f"{same_us:.1f} us)", flush=True)
 
-                for mode in modes:
-                    for c in channels:
-                        for la in lookaheads:
-                            os.environ.update(MODES[mode], JITCONV_CUDA_LOOKAHEAD="" if la == AUTO
-                                              else str(la))
-                            if c == AUTO:
-                                os.environ.pop("JITCONV_CUDA_CHANNELS", None)
-                            else:
-                                os.environ["JITCONV_CUDA_CHANNELS"] = str(c)
-                            record(variant_name(c, la, mode), _plan(step))
+                for mode, c, la, g in itertools.product(modes, channels, lookaheads,
+                                                        row_groups):
+                    os.environ.update(MODES[mode], JITCONV_CUDA_LOOKAHEAD="" if la == AUTO
+                                      else str(la), JITCONV_CUDA_ROW_GROUP="" if g == AUTO
+                                      else str(g))
+                    if c == AUTO:
+                        os.environ.pop("JITCONV_CUDA_CHANNELS", None)
+                    else:
+                        os.environ["JITCONV_CUDA_CHANNELS"] = str(c)
+                    record(variant_name(c, la, mode, g), _plan(step))
                 for variable in ("JITCONV_CUDA_CHANNELS", "JITCONV_CUDA_LOOKAHEAD",
-                                 *MODES["fastmath"]):
+                                 "JITCONV_CUDA_ROW_GROUP", *MODES["fastmath"]):
                     os.environ.pop(variable, None)
                 first, second = split_step(step)
                 if first is not None and second is not None:
@@ -282,7 +310,7 @@ def _save(out_dir, copy, reps, rows):
         json.dump(result, f, indent=1)
     with open(os.path.join(out_dir, "results.csv"), "w", newline="") as f:
         fields = ["workload", "dtype", "dim", "tokens", "bytes", "variant", "us", "gbps",
-                  "pct_copy", "jitconv_correct", "vllm_correct"]
+                  "pct_copy", "pct_copy_same", "jitconv_correct", "vllm_correct"]
         writer = csv.DictWriter(f, fields, extrasaction="ignore")
         writer.writeheader()
         writer.writerows(rows)
@@ -370,8 +398,13 @@ def host_cost(vllm_file, out_dir, layers=48, calls=1000):
     return result
 
 
-def variant_name(channels, lookahead, mode="exact"):
-    return f"jitconv C={channels} L={lookahead}{'' if mode == 'exact' else ' ' + mode}"
+def variant_name(channels, lookahead, mode="exact", row_group=AUTO):
+    return (f"jitconv C={channels} L={lookahead}{'' if mode == 'exact' else ' ' + mode}"
+            f"{'' if row_group == AUTO else f' G={row_group}'}")
+
+
+# The row of each workload that times a copy of its own bytes (bench_gpu.run).
+SAME_BYTES_COPY = "device copy of the same bytes"
 
 
 def table(result):
@@ -392,7 +425,8 @@ def table(result):
 
     lines = ["| dim | dtype | workload | jitconv default | best jitconv (variant) | "
              "vLLM Triton | vLLM Triton + gathers | jitconv two calls | best vs Triton | "
-             "best vs Triton+gathers |", "|---" * 10 + "|"]
+             "best vs Triton+gathers | copy of the same bytes | best, % of that copy |",
+             "|---" * 12 + "|"]
     for (dim, dtype, name) in sorted(by, key=lambda k: (k[0], k[1], order.get(k[2], 99))):
         v = by[(dim, dtype, name)]
         ours = {k: r for k, r in v.items() if k.startswith("jitconv C=")}
@@ -407,9 +441,12 @@ def table(result):
         triton, gathers = v.get("vllm triton"), v.get("vllm triton + gathers")
         vs = f"{triton['us'] / best['us']:.2f}x" if triton else "-"
         vs_g = f"{gathers['us'] / best['us']:.2f}x" if gathers else "-"
+        same = v.get(SAME_BYTES_COPY)  # results before it was measured have none
+        same_pct = f"{100 * same['us'] / best['us']:.0f}%" if same else "-"
         lines.append(f"| {dim} | {dtype} | {name} | {cell(default)} | {cell(best)} "
                      f"{best_name.replace('jitconv ', '')} | {cell(triton)} | {cell(gathers)} | "
-                     f"{cell(v.get('jitconv two calls'))} | {vs} | {vs_g} |")
+                     f"{cell(v.get('jitconv two calls'))} | {vs} | {vs_g} | "
+                     f"{cell(same)} | {same_pct} |")
     return "\n".join(lines)
 
 
@@ -461,6 +498,16 @@ def _lookaheads(text):
     return tuple(v if v == AUTO else int(v) for v in values)
 
 
+def _row_groups(text):
+    if not text:
+        return None
+    values = tuple(v.strip() for v in text.split(","))
+    bad = [v for v in values if v not in (AUTO, "1", "2", "4")]
+    if bad:
+        raise SystemExit(f"--row-groups: unknown {bad}; expected auto, 1, 2 or 4")
+    return tuple(v if v == AUTO else int(v) for v in values)
+
+
 def _modes(text):
     modes = tuple(m.strip() for m in text.split(","))
     unknown = [m for m in modes if m not in MODES]
@@ -490,6 +537,8 @@ def main(argv=None):
                              "choice per launch)")
     parser.add_argument("--lookaheads", help="L values, comma-separated, 'auto' among them "
                         "(default: auto, cuda_backend's choice per launch)")
+    parser.add_argument("--row-groups", help="G values (JITCONV_CUDA_ROW_GROUP), comma-"
+                        "separated, 'auto' among them (default: auto, cuda_backend's choice)")
     parser.add_argument("--modes", default=",".join(MODES),
                         help=f"silu's math, comma-separated among {', '.join(MODES)}")
     args = parser.parse_args(argv)
@@ -501,7 +550,8 @@ def main(argv=None):
 
     result = run(args.vllm_file, args.out, reps=args.reps, workloads=args.workload,
                  dims=tuple(args.dim or (2048, 8192)), channels=ints(args.channels),
-                 lookaheads=_lookaheads(args.lookaheads), modes=_modes(args.modes))
+                 lookaheads=_lookaheads(args.lookaheads), modes=_modes(args.modes),
+                 row_groups=_row_groups(args.row_groups))
     from .bench import plot
     plot([panel(result)], os.path.join(args.out, "h200_pct_copy.png"))
 

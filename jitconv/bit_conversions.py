@@ -5,7 +5,8 @@ Neither numba-dpex nor numba-cuda has a usable 16-bit float array type here, so 
 bf16 tensors reach the kernels as int16 bit patterns. The kernels convert them with numba
 intrinsics that emit LLVM bitcast / fpext / fptrunc and integer ops: the same IR serves
 the SYCL (SPIR-V) and the CUDA (NVVM) backend. A backend passes its own ``intrinsic``
-decorator (numba's, or numba-cuda's where it has one) to ``intrinsics``.
+decorator (numba's, or numba-cuda's where it has one) to ``intrinsics``. ``row_store``
+gives both backends the signatures of their row-store intrinsics.
 
 numba's CUDA simulator runs kernels as Python, where an intrinsic cannot run; the
 ``python_converters`` do the same conversions with numpy scalars (tests check them against
@@ -96,6 +97,25 @@ def py_f32_to_bf16(v):
 def python_converters():
     return {"bf16_to_f32": py_bf16_to_f32, "f16_to_f32": py_f16_to_f32,
             "f32_to_f16": py_f32_to_f16, "f32_to_bf16": py_f32_to_bf16}
+
+
+def row_store(intrinsic, group, codegen):
+    """A numba intrinsic ``store(array, index, v0, .., v{group-1})`` (group 2 or 4) whose
+    lowering is ``codegen``: the row stores of both backends (``kernels._row_access``,
+    ``kernels_cuda._row_access``) share it. numba intrinsics take no ``*args``, so each
+    group size has its own signature."""
+    from numba import types
+    if group == 2:
+        @intrinsic
+        def store(typingctx, array, index, a, b):
+            return types.none(array, types.uint64, array.dtype, array.dtype), codegen
+    elif group == 4:
+        @intrinsic
+        def store(typingctx, array, index, a, b, c, d):
+            return types.none(array, types.uint64, *[array.dtype] * 4), codegen
+    else:
+        raise ValueError(f"group must be 2 or 4, got {group}")
+    return store
 
 
 # storage -> (load: raw -> float32, store: float32 -> raw), by conversion name

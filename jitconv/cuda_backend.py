@@ -61,17 +61,18 @@ DEFAULT_MAX_REGISTERS = 64
 DEFAULT_SHORT_KERNEL = True
 # Rows of x and out read and written two channels at a time (one 32-bit access per
 # bfloat16 / float16 pair, 64-bit per float32 pair) in launches of the general kernel
-# where the launch allows it: an even channel count and aligned rows (_pairs_fit).
-# H200, same call, against single-channel accesses: prefill and mixed steps 0.97-1.06x
-# (9 of 12 faster; benchmarks/h200/). Short kernels keep single-channel accesses: with
-# pairs, bfloat16 spec-only and decode-heavy launches (T = 4) ran 0.72-0.87x as fast
-# (not explained; their PTX has fewer instructions). JITCONV_CUDA_PAIRS=0: one channel
-# per access always.
-DEFAULT_PAIRS = True
+# where the launch allows it: a channel count and rows aligned to the group
+# (row_group_for). H200, same call, against single-channel accesses: prefill and mixed
+# steps 0.97-1.06x (9 of 12 faster; benchmarks/h200/). Short kernels keep single-channel
+# accesses: with pairs, bfloat16 spec-only and decode-heavy launches (T = 4) ran
+# 0.72-0.87x as fast (not explained; their PTX has fewer instructions). One channel
+# per access always: JITCONV_CUDA_ROW_GROUP=1; =4: four channels per access (16-bit
+# rows 8 bytes, float32 16 bytes at a time) in launches of C = 4 channels per thread.
+DEFAULT_ROW_GROUP = 2
 
 _lock = threading.Lock()
 _kernels = {}  # (width, dtype, channels, fastmath, lookahead, fast exp, max registers,
-#                 native bf16 rounding, short tokens, pairs) -> dispatcher
+#                 native bf16 rounding, short tokens, row group) -> dispatcher
 _streams = {}  # (device index, cudaStream_t) -> numba external stream
 
 
@@ -202,21 +203,33 @@ def _short_kernel():
     return DEFAULT_SHORT_KERNEL if value == "" else value == "1"
 
 
-def _pairs():
-    value = os.environ.get("JITCONV_CUDA_PAIRS", "")
-    if value not in ("", "0", "1"):
-        raise ValueError(f"JITCONV_CUDA_PAIRS: expected 0 or 1, got {value!r}")
-    return DEFAULT_PAIRS if value == "" else value == "1"
+def _row_group_setting():
+    value = os.environ.get("JITCONV_CUDA_ROW_GROUP", "")
+    if value not in ("", "1", "2", "4"):
+        raise ValueError(f"JITCONV_CUDA_ROW_GROUP: expected 1, 2 or 4, got {value!r}")
+    return DEFAULT_ROW_GROUP if value == "" else int(value)
 
 
-def _pairs_fit(t):
+def _rows_fit(t, group):
     """Whether every row of a (tokens, dim) tensor with unit channel stride starts on a
-    boundary of two elements, so that channels c, c + 1 (c even) are one aligned 32- or
-    64-bit access: the first element's address and the row stride (when there is more
-    than one row) are multiples of the pair. A misaligned vector access faults on a
-    GPU, so this is checked on the address itself (views may start anywhere)."""
-    pair = 2 * t.element_size()
-    return t.data_ptr() % pair == 0 and (t.shape[0] <= 1 or t.stride(0) % 2 == 0)
+    boundary of ``group`` elements, so that channels c .. c + group - 1 (c a multiple of
+    group) are one aligned vector access: the first element's address and the row
+    stride (when there is more than one row) are multiples of the group. A misaligned
+    vector access faults on a GPU, so this is checked on the address itself (views may
+    start anywhere)."""
+    return (t.data_ptr() % (group * t.element_size()) == 0
+            and (t.shape[0] <= 1 or t.stride(0) % group == 0))
+
+
+def row_group_for(channels, short_tokens, x, target):
+    """The channels per access of rows of x and out for a launch: the setting
+    (JITCONV_CUDA_ROW_GROUP, default DEFAULT_ROW_GROUP), halved until it divides
+    ``channels`` and both tensors' rows are aligned to it; 1 for short kernels."""
+    group = 1 if short_tokens else _row_group_setting()
+    while group > 1 and (channels % group or not _rows_fit(x, group)
+                         or not _rows_fit(target, group)):
+        group //= 2
+    return group
 
 
 _REGISTER_LIMITS = (0,) + tuple(range(32, 256, 8))
@@ -246,15 +259,16 @@ def native_bf16(device):
 
 def get_kernel(width, dtype_name, channels, fastmath=False, lookahead=DEFAULT_LOOKAHEAD,
                fast_exp=DEFAULT_FAST_EXP, max_registers=DEFAULT_MAX_REGISTERS or None,
-               bf16_instruction=False, short_tokens=0, pairs=False):
+               bf16_instruction=False, short_tokens=0, row_group=1):
     """The dispatcher of one specialization, made once per process. ``bf16_instruction``:
     bfloat16 rounded by the GPU's instruction (``native_bf16`` of the device);
     ``short_tokens``: the kernel for launches of sequences of at most that many tokens
-    (0: the general kernel); ``pairs``: x and out accessed two channels at a time (an
-    even ``channels``; only for launches whose rows are aligned, ``_pairs_fit``)."""
+    (0: the general kernel); ``row_group``: x and out accessed that many channels at a
+    time (dividing ``channels``; only for launches whose rows are aligned,
+    ``row_group_for``)."""
     bf16_instruction = bf16_instruction and dtype_name == "bfloat16"  # others: one kernel
     key = (width, dtype_name, channels, fastmath, lookahead, fast_exp, max_registers,
-           bf16_instruction, short_tokens, pairs)
+           bf16_instruction, short_tokens, row_group)
     kernel = _kernels.get(key)
     if kernel is None:
         with _lock:
@@ -264,7 +278,7 @@ def get_kernel(width, dtype_name, channels, fastmath=False, lookahead=DEFAULT_LO
                 kernel = _kernels[key] = make_conv_kernel(width, dtype_name, channels,
                                                           fastmath, lookahead, fast_exp,
                                                           max_registers, bf16_instruction,
-                                                          short_tokens, pairs)
+                                                          short_tokens, row_group)
     return kernel
 
 
@@ -359,11 +373,10 @@ def launch(plan, x, weight, bias, conv_state, target, silu, dtype):
     width = plan.geometry.width
     short_tokens = _plan_short_tokens(plan) if _short_kernel() else 0
     channels = channels_for(dim, dtype, short_tokens)
-    pairs = (short_tokens == 0 and channels % 2 == 0 and _pairs() and _pairs_fit(x)
-             and _pairs_fit(target))
+    row_group = row_group_for(channels, short_tokens, x, target)
     kernel = get_kernel(width, dtype, channels, _fastmath(), _lookahead(plan.longest_block),
                         _fast_exp(), _max_registers(), native_bf16(x.device),
-                        short_tokens, pairs)
+                        short_tokens, row_group)
     grid, block = launch_shape(dim // channels, plan.num_blocks, _threads())
     if sim:
         kernel[grid, block](*_arguments(plan, x, weight, bias, conv_state, target, silu,

@@ -47,6 +47,17 @@ def fast_silu(dtype_name):
 # type, so they travel as int16 bit patterns and are converted inside the kernel.
 STORAGE = {"float32": np.float32, "float16": np.int16, "bfloat16": np.int16}
 
+# The SYCL backend's "wide" kernels (16-bit dtypes): C channels per work-item, and every
+# access to a row of x, out or the conv state covers those C channels as one 64-bit word
+# (kernel_template's row_group). A compiler that vectorizes across work-items (the OpenCL
+# CPU device) then reads 8 bytes of contiguous memory per lane instead of 2: on
+# opencl:cpu (AVX2, 8 lanes) bfloat16 1.21-1.73x and float16 1.01-1.40x faster on every
+# benchmark workload in same-run comparisons (docs/perf-notes.md). The host launches one
+# only where every such access is aligned (launching.wide_fits); every other launch takes
+# the one-channel kernel. float32 keeps one channel per work-item (2 or 4 were 0.7-1.14x
+# as fast there).
+WIDE_CHANNELS = {"float16": 4, "bfloat16": 4}
+
 # Flag bits of a block (built by batch.py): of its sequence (initial state, spec), and
 # whether the rows of x of the block / of its whole sequence are consecutive.
 FLAG_INITIAL_STATE = 1

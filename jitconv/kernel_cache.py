@@ -20,8 +20,9 @@ Where entries are looked up, in order:
 An entry is ``<key>.spv`` (the SPIR-V) plus ``<key>.json`` (kernel name, argument
 layout, SHA-256 of the SPIR-V, and the versions that produced it). The key hashes
 everything that changes the code: the kernel source files, jitconv's version, the ABI,
-the width, the dtype and silu's variant (``kernel_abi.fast_silu``: exact or fast, by
-dtype or JITCONV_FAST_EXP). An entry whose metadata does not parse, whose checksum or ABI
+the width, the dtype, silu's variant (``kernel_abi.fast_silu``: exact or fast, by
+dtype or JITCONV_FAST_EXP) and the kernel's kind (one channel per work-item, or "wide":
+``kernel_abi.WIDE_CHANNELS``). An entry whose metadata does not parse, whose checksum or ABI
 does not match, or (when numba-dpex is installed) that another numba-dpex or numba
 version produced, is stale: it is ignored and rebuilt, never trusted.
 """
@@ -33,7 +34,7 @@ import tempfile
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-from .kernel_abi import CONV_ARGS, fast_silu
+from .kernel_abi import CONV_ARGS, WIDE_CHANNELS, fast_silu
 
 _PACKAGE_DIR = Path(__file__).resolve().parent
 PREBUILT_DIR = _PACKAGE_DIR / "prebuilt"
@@ -71,12 +72,19 @@ def origin(path):
 
 
 def shipped_files():
-    """The entry files the package should carry: one .spv and .json per supported width
-    and dtype, named by the current key (silu's variant: the default of each dtype when
-    JITCONV_FAST_EXP is unset)."""
-    from .kernel_abi import STORAGE, SUPPORTED_WIDTHS
-    return sorted(f"{key(w, d)}{suffix}" for w in SUPPORTED_WIDTHS for d in STORAGE
+    """The entry files the package should carry: one .spv and .json per supported
+    specialization (``specializations``), named by the current key (silu's variant: the
+    default of each dtype when JITCONV_FAST_EXP is unset)."""
+    return sorted(f"{key(*spec)}{suffix}" for spec in specializations()
                   for suffix in (".json", ".spv"))
+
+
+def specializations():
+    """(width, dtype, wide) of every kernel jitconv may launch: each supported width and
+    dtype, and its wide kernel where the dtype has one."""
+    from .kernel_abi import STORAGE, SUPPORTED_WIDTHS
+    return [(w, d, wide) for w in SUPPORTED_WIDTHS for d in STORAGE
+            for wide in ((False, True) if d in WIDE_CHANNELS else (False,))]
 
 
 def _dist_version(name):
@@ -95,25 +103,27 @@ def _abi():
     return [list(a) for a in CONV_ARGS]
 
 
-def key(width, dtype_name):
+def key(width, dtype_name, wide=False):
     """Hash of everything that changes the generated code."""
     from . import __version__
     h = hashlib.sha256()
     for name in SOURCE_FILES:
         h.update((_PACKAGE_DIR / name).read_bytes())
-    h.update(json.dumps([FORMAT, __version__, _abi(), width, dtype_name,
-                         fast_silu(dtype_name)]).encode())
-    return f"conv_w{width}_{dtype_name}_{h.hexdigest()[:20]}"
+    parts = [FORMAT, __version__, _abi(), width, dtype_name, fast_silu(dtype_name)]
+    if wide:  # appended only for wide kernels: the others keep their keys' form
+        parts.append("wide")
+    h.update(json.dumps(parts).encode())
+    return f"conv_w{width}_{dtype_name}{'_wide' if wide else ''}_{h.hexdigest()[:20]}"
 
 
 
 rejected = []  # (path, reason) of entries ignored in this process
 
 
-def load(width, dtype_name):
+def load(width, dtype_name, wide=False):
     """(spirv bytes, kernel name, path) of a valid entry, or None. Stale entries are
     recorded in ``rejected`` and ignored."""
-    k = key(width, dtype_name)
+    k = key(width, dtype_name, wide)
     # The compiler's versions are checked here rather than hashed into the key: an
     # environment without numba-dpex must still find the entries shipped for it. numba
     # alone is not a compiler of ours (vLLM installs numba, never numba-dpex): its
@@ -145,16 +155,16 @@ def load(width, dtype_name):
 
 
 
-def store(width, dtype_name, spirv, kernel_name, directory=None):
+def store(width, dtype_name, spirv, kernel_name, directory=None, wide=False):
     """Write an entry atomically (a concurrent reader sees the old state or the new one,
     never half a file). Returns the path of the SPIR-V file."""
     directory = Path(directory) if directory else cache_dir()
     if directory is None:
         raise OSError("no cache directory (no home directory; JITCONV_CACHE_DIR unset)")
     directory.mkdir(parents=True, exist_ok=True)
-    k = key(width, dtype_name)
+    k = key(width, dtype_name, wide)
     meta = {"format": FORMAT, "kernel_name": kernel_name, "width": width,
-            "dtype": dtype_name, "abi": _abi(), "sha256": hashlib.sha256(spirv).hexdigest(),
+            "dtype": dtype_name, "wide": wide, "abi": _abi(), "sha256": hashlib.sha256(spirv).hexdigest(),
             **compiler_versions()}
     # SPIR-V first, metadata last: an entry without metadata is never read.
     for suffix, data in ((".spv", spirv), (".json", json.dumps(meta, indent=1).encode())):

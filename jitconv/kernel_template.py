@@ -78,13 +78,23 @@ from x) cost it no registers (H200, float32 decode: 64 registers -> 56 with T = 
 with T = 1; 386 -> 321 instructions per warp). The host picks T per launch
 (``kernels_cuda.short_tokens_for``); the SYCL backend builds only the general kernel.
 
-``pairs`` (an even C): every access to a row of x or out (token loads, the state
-update's and the window's loads from x, output stores, pad zeros) covers two channels,
-c + j and c + j + 1 (j even), with the backend's ``load_pair(array, index)`` (a tuple of
-the two raw values) and ``store_pair(array, index, a, b)``: one 32-bit access for a
-16-bit pair, 64-bit for float32, where the scalar code makes two. Only for launches
-whose pairs are aligned (the host checks x's and out's addresses and row strides); the
-CUDA backend supplies them.
+``row_group`` G > 1 (dividing C): every access to a row of x or out (token loads, the
+state update's and the window's loads from x, output stores, pad zeros) covers G
+channels, c + j .. c + j + G - 1 (j a multiple of G), with the backend's
+``load_row{G}(array, index)`` (a tuple of the G raw values) and ``store_row{G}(array,
+index, ...)``: one 32-bit access for two 16-bit channels, 64-bit for four (or for two
+float32), where the scalar code makes G. Only for launches whose rows are aligned to G
+elements (the host checks the addresses and row strides). The CUDA backend uses G = 2
+(PTX vector accesses; ``cuda_backend``). With a backend that has ``unit_stride_reads``
+(SYCL) G > 1 makes the "wide" kernel (``kernel_abi.WIDE_CHANNELS``: C = G = 4 for 16-bit
+data): the conv state's window and its stores are grouped the same way (the host picks
+that kernel only where the state's channels are contiguous and aligned too), the
+bias is read G at a time where its first element is aligned (``aligned_row{G}``,
+checked in the kernel), and the window comes by one uniform branch on p0 (as with
+``split_window``). On the OpenCL CPU device, which vectorizes across work-items, a lane
+then reads 8 contiguous bytes per row instead of 2: bfloat16 1.21-1.73x and float16
+1.01-1.40x faster on every benchmark workload in same-run comparisons
+(docs/perf-notes.md).
 """
 
 import numpy as np
@@ -219,7 +229,7 @@ _SHORT_STATE_PART = """{state_offsets}
 
 
 def kernel_source(width, name, backend, channels=1, lookahead=1, word_taps=False,
-                  state_chunk=None, short_tokens=0, pairs=False):
+                  state_chunk=None, short_tokens=0, row_group=1):
     """The Python source of the conv kernel for one width, backend, channel count and
     lookahead (tokens whose loads are issued before the first of their stores).
     ``word_taps`` (width 4, 16-bit storage, a backend with ``unit_stride_reads`` that
@@ -229,17 +239,25 @@ def kernel_source(width, name, backend, channels=1, lookahead=1, word_taps=False
     ones also at most width - 1; pads of any length), such as decode (T = 1) and
     spec-verify steps: the state update in one round and the tokens from its registers,
     without the general paths (fewer instructions and registers per work-item); the
-    host picks it per launch, and other launches would be wrong with it. ``pairs`` (an
-    even C, a backend that supplies ``load_pair`` / ``store_pair``): rows of x and out
-    read and written two channels at a time (see the module docstring); the host picks
-    it per launch, only where those accesses are aligned."""
-    if pairs and channels % 2:
-        raise ValueError(f"pairs needs an even channel count, got {channels}")
+    host picks it per launch, and other launches would be wrong with it. ``row_group``
+    G (1, 2 or 4, dividing ``channels``; a backend that supplies ``load_row{G}`` /
+    ``store_row{G}``, and ``aligned_row{G}`` with ``unit_stride_reads``): rows of x and
+    out (and with ``unit_stride_reads`` of the conv state) accessed G channels at a time
+    (see the module docstring); the host picks it per launch, only where those accesses
+    are aligned."""
+    G = row_group
+    if G not in (1, 2, 4) or channels % G:
+        raise ValueError(f"row_group must be 1, 2 or 4 and divide the channel count "
+                         f"{channels}, got {row_group}")
     one_round_record, reuse_state_loads = backend.one_round_record, backend.reuse_state_loads
     S = width - 1
     ind = " " * 4
     suffixes = [""] if channels == 1 else [f"_{j}" for j in range(channels)]
     chans = ["c"] + [f"(c + {j})" for j in range(1, channels)]
+    groups = [suffixes[j:j + G] for j in range(0, channels, G)]  # channels per row access
+    # The wide kernel of a backend with unit_stride_reads: G channels per access for the
+    # state too; the host picks it only for a state with contiguous, aligned channels.
+    wide = G > 1 and backend.unit_stride_reads
 
     def each(fmt, depth=1, **values):
         """``fmt`` once per channel, indented by ``depth``; a multi-line ``fmt`` keeps its
@@ -252,27 +270,28 @@ def kernel_source(width, name, backend, channels=1, lookahead=1, word_taps=False
 
     def x_row(dest, row, convert=False):
         """Lines loading row ``row`` of x for every channel into ``dest`` (a name with
-        {J}), as raw values, or as float32 with ``convert``; with ``pairs``, one
-        ``load_pair`` per two channels (raw values first in r_``dest``)."""
-        if not pairs:
+        {J}), as raw values, or as float32 with ``convert``; with ``row_group`` G > 1,
+        one ``load_row{G}`` per G channels (raw values first in r_``dest``)."""
+        if G == 1:
             read = "load(x[U(xc{J} + {row} * x_row_stride)])" if convert else \
                 "x[U(xc{J} + {row} * x_row_stride)]"
             return [f"{dest.format(J=J)} = {read.format(J=J, row=row)}" for J in suffixes]
         raw = "r_" + dest if convert else dest
-        lines = [f"{raw.format(J=a)}, {raw.format(J=b)} = load_pair(x, U(xc{a} + {row} * "
-                 f"x_row_stride))" for a, b in zip(suffixes[::2], suffixes[1::2])]
+        lines = [", ".join(raw.format(J=J) for J in part)
+                 + f" = load_row{G}(x, U(xc{part[0]} + {row} * x_row_stride))"
+                 for part in groups]
         if convert:
             lines += [f"{dest.format(J=J)} = load({raw.format(J=J)})" for J in suffixes]
         return lines
 
     def out_row(value, row):
         """Lines storing ``value`` (an expression with {J}) of every channel to row
-        ``row`` of out; with ``pairs``, one ``store_pair`` per two channels."""
-        if not pairs:
+        ``row`` of out; with ``row_group`` G > 1, one ``store_row{G}`` per G channels."""
+        if G == 1:
             return [f"out[U(oc{J} + {row} * out_row_stride)] = {value.format(J=J)}"
                     for J in suffixes]
-        return [f"store_pair(out, U(oc{a} + {row} * out_row_stride), {value.format(J=a)}, "
-                f"{value.format(J=b)})" for a, b in zip(suffixes[::2], suffixes[1::2])]
+        return [f"store_row{G}(out, U(oc{part[0]} + {row} * out_row_stride), "
+                + ", ".join(value.format(J=J) for J in part) + ")" for part in groups]
 
     def token(xv, row):
         """One token of the sliding window, its input loaded into ``xv`` (per channel):
@@ -324,19 +343,34 @@ def kernel_source(width, name, backend, channels=1, lookahead=1, word_taps=False
                         ind * 4 + "if base < 0:",
                         ind * 5 + f"{rq} = tables[U(rows + st0 + q + {k - S})]"]
         chunk_loads += [ind * 4 + line for line in x_row(f"v{k}{{J}}", rq)]
-    chunk_stores = []
-    for k in range(K):
-        chunk_stores += [ind * 3 + f"if q + {k} < {S} + n:"]
-        chunk_stores += [ind * 4 + f"state[U(st{J} + (q + {k} - q0) * sc)] = v{k}{J}"
-                         for J in suffixes]
+    def state_column(unit, column, value):
+        """Lines storing ``value`` (with {J}) of every channel to state column ``column``;
+        with ``unit`` and a row group G > 1 (the state's channels contiguous and aligned
+        to G: the host checks), one ``store_row{G}`` per G channels."""
+        if unit and wide:
+            return [f"store_row{G}(state, U(st{part[0]} + ({column}) * sc), "
+                    + ", ".join(value.format(J=J) for J in part) + ")" for part in groups]
+        return [f"state[U(st{J} + ({column}) * sc)] = {value.format(J=J)}" for J in suffixes]
+
+    def chunk_stores(unit):
+        lines = []
+        for k in range(K):
+            lines += [ind * 3 + f"if q + {k} < {S} + n:"]
+            lines += [ind * 4 + line for line in state_column(unit, f"q + {k} - q0", f"v{k}{{J}}")]
+        return lines
 
     def cache_window(unit):
         """The cache line's window into u0.. (zeros without initial state), as lines."""
         read = "element" if unit else "strided"
         lines = [f"u{k}{J} = ZERO" for k in range(S) for J in suffixes]
         lines += ["if initial:"]
-        lines += [ind + f"u{k}{J} = {read}(state, U(st{J} + (off + {k}) * sc))"
-                  for k in range(S) for J in suffixes]
+        if unit and wide:  # see state_column
+            lines += [ind + ", ".join(f"u{k}{J}" for J in part)
+                      + f" = load_row{G}(state, U(st{part[0]} + (off + {k}) * sc))"
+                      for k in range(S) for part in groups]
+        else:
+            lines += [ind + f"u{k}{J} = {read}(state, U(st{J} + (off + {k}) * sc))"
+                      for k in range(S) for J in suffixes]
         return lines
 
     def split_window(unit):
@@ -358,11 +392,11 @@ def kernel_source(width, name, backend, channels=1, lookahead=1, word_taps=False
         return each("st{J} = state_offset + line * state_stride_line + {CH}"
                     + stride_c + "  # line, channel")
 
-    def store_window(depth):
+    def store_window(depth, unit):
         """Window columns from q0 on, to the state's columns from 0."""
-        return "\n".join(ind * depth + f"if q0 <= {k}:\n"
-                         + each(f"state[U(st{{J}} + ({k} - q0) * sc)] = u{k}{{J}}", depth + 1)
-                         for k in range(S))
+        return "\n".join(ind * depth + f"if q0 <= {k}:\n" + "\n".join(
+            ind * (depth + 1) + line for line in state_column(unit, f"{k} - q0", f"u{k}{{J}}"))
+            for k in range(S))
 
     def short_state_part(unit):
         """``_SHORT_STATE_PART``: token k (k < n <= T) loaded into v{k} from row rq{k}."""
@@ -377,13 +411,13 @@ def kernel_source(width, name, backend, channels=1, lookahead=1, word_taps=False
         stores = []
         for k in range(T):
             stores += [ind * k + f"if n > {k}:"]
-            stores += [ind * (k + 1) + f"state[U(st{J} + ({S + k} - q0) * sc)] = v{k}{J}"
-                       for J in suffixes]
+            stores += [ind * (k + 1) + line
+                       for line in state_column(unit, f"{S + k} - q0", f"v{k}{{J}}")]
         return _SHORT_STATE_PART.format(
             S1=S - 1, state_offsets=state_offsets(unit),
             load_window="\n".join(ind + line for line in cache_window(unit)),
             token_loads="\n".join(ind + line for line in loads),
-            store_window=store_window(1),
+            store_window=store_window(1, unit),
             token_stores="\n".join(ind + line for line in stores))
 
     def state_part(unit):
@@ -399,13 +433,13 @@ def kernel_source(width, name, backend, channels=1, lookahead=1, word_taps=False
             short_flag=ind * 2 + f"short = n <= {K} and q == {S}\n" if reuse_state_loads else "",
             S=S, S1=S - 1, K=K,
             state_offsets=state_offsets(unit),
-            load_window=split_window(unit) if backend.split_window else per_k(
+            load_window=split_window(unit) if backend.split_window or wide else per_k(
                 f"u{{k}}{{J}} = _window_value(x, xc{{J}}, x_row_stride, state, "
                 f"st{{J}} + (off + p0 + {{k}}) * sc, tables, rows, st0, base, "
                 f"p0 - {S} + {{k}}, initial, ZERO, {'element' if unit else 'strided'})", S),
             state_chunk_loads="\n".join(chunk_loads),
-            store_window=store_window(4),
-            state_chunk_stores="\n".join(chunk_stores))
+            store_window=store_window(4, unit),
+            state_chunk_stores="\n".join(chunk_stores(unit)))
 
     def deeper(text):
         return "\n".join(ind + line if line else line for line in text.splitlines())
@@ -432,12 +466,21 @@ def kernel_source(width, name, backend, channels=1, lookahead=1, word_taps=False
                    "taps16_aligned(weight, U(weight_offset))",
                 each("wq{J} = load_taps16(weight, U(weight_offset + {CH} * 4))", 2)
                 + "\n" + per_k("w{k}{J} = load(tap16(wq{J}, {k}))", width, 2), weights)
-        bias = branch(2, "bias_stride == 1",
-                      each("bias_c{J} = load(element(bias, U(bias_offset + {CH})))", 3), bias)
+        unit_bias = each("bias_c{J} = load(element(bias, U(bias_offset + {CH})))", 3)
+        if wide:  # G channels per read where the bias' first element is aligned to G
+            grouped = [ind * 4 + ", ".join(f"rb{J}" for J in part)
+                       + f" = load_row{G}(bias, U(bias_offset + c + {j * G}))"
+                       for j, part in enumerate(groups)]
+            unit_bias = branch(3, f"aligned_row{G}(bias, U(bias_offset))",
+                               "\n".join(grouped) + "\n" + each("bias_c{J} = load(rb{J})", 4),
+                               unit_bias)
+        bias = branch(2, "bias_stride == 1", unit_bias, bias)
     weights_and_bias = (weights + "\n" + each("bias_c{J} = F32_ZERO") + "\n"
                         + ind + "if has_bias:\n" + bias)
     state = state_part(False)
-    if backend.unit_stride_reads:
+    if wide:
+        state = state_part(True)
+    elif backend.unit_stride_reads:
         state = branch(1, "state_stride_c == 1", deeper(state_part(True)), state)
     record = "\n".join(ind + line for line in (
         "p0 = 0  # one block per sequence" if short_tokens else

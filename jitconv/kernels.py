@@ -4,9 +4,12 @@ compiled for SYCL devices. Only what is SYCL's lives here: the work-item's index
 decorator, and the numba intrinsics the SPIR-V kernel uses: the fp16/bf16 bit
 conversions (``bit_conversions``), a plain fdiv, OpenCL's native_exp (the fast silu: the
 default for fp16/bf16, ``kernel_abi.fast_silu``), the 32-bit-word read of 16-bit
-elements and the 64-bit read of a width-4 16-bit weight's taps. The SYCL backend takes
-the template's ``unit_stride_reads`` (stride-specific read paths that the OpenCL CPU
-compiler turns into vector loads instead of gathers).
+elements, the 64-bit read of a width-4 16-bit weight's taps, and the wide kernels' row
+accesses (``_row_access``: C channels of a row as one integer word). The SYCL backend
+takes the template's ``unit_stride_reads`` (stride-specific read paths that the OpenCL
+CPU compiler turns into vector loads instead of gathers). Each (width, dtype) has the
+one-channel kernel, and the 16-bit dtypes also a wide one (``kernel_abi.WIDE_CHANNELS``)
+that the host launches where its accesses are aligned (``launching.wide_fits``).
 
 No host logic lives here. The public ops (``ops.py``) validate inputs, ``batch.py`` builds
 the tables (token rows, one record per block); ``launching.py`` compiles and submits.
@@ -25,7 +28,7 @@ import numba_dpex as dpex
 
 from . import bit_conversions
 from .kernel_abi import (FLAG_BLOCK_ROWS, FLAG_INITIAL_STATE, FLAG_SEQ_ROWS, FLAG_SPEC, STORAGE,
-                         SUPPORTED_WIDTHS, fast_silu)
+                         SUPPORTED_WIDTHS, WIDE_CHANNELS, fast_silu)
 from .kernel_template import Backend, kernel_source as _template_source, window_value
 
 SYCL = Backend(
@@ -129,6 +132,69 @@ def _tap16(typingctx, word, k):
     return types.int16(types.int64, types.int64), codegen
 
 
+def _row_access(group):
+    """(load, store) of ``group`` (2 or 4) consecutive elements of a row of x or out as
+    one integer access of group x element bits: the load returns a tuple of the raw
+    elements, the store takes them. Lane i of a vector the OpenCL CPU compiler builds
+    across work-items then reads group x its element size of contiguous memory (a whole
+    64-byte cache line per 8-lane vector for 16-bit data and group 4) instead of one
+    element. &array[index] must be aligned to the access (the host checks)."""
+
+    def pointer(context, builder, signature, args):
+        data = _data_pointer(context, builder, signature, args)
+        bits = 8 * context.get_abi_sizeof(context.get_value_type(signature.args[0].dtype))
+        element = builder.gep(data, [args[1]], inbounds=True)
+        word = ir.IntType(bits * group)
+        return builder.bitcast(element, word.as_pointer(data.type.addrspace)), word, bits
+
+    @intrinsic
+    def load(typingctx, array, index):
+        def codegen(context, builder, signature, args):
+            ptr, word, bits = pointer(context, builder, signature, args)
+            value = builder.load(ptr, align=word.width // 8)
+            kind = context.get_value_type(signature.args[0].dtype)
+            parts = [builder.bitcast(builder.trunc(builder.lshr(value, ir.Constant(word, bits * k)),
+                                                   ir.IntType(bits)), kind)
+                     for k in range(group)]
+            return context.make_tuple(builder, signature.return_type, parts)
+        return types.UniTuple(array.dtype, group)(array, types.uint64), codegen
+
+    def store_codegen(context, builder, signature, args):
+        ptr, word, bits = pointer(context, builder, signature, args)
+        value = ir.Constant(word, 0)
+        for k, v in enumerate(args[2:]):
+            part = builder.zext(builder.bitcast(v, ir.IntType(bits)), word)
+            value = builder.or_(value, builder.shl(part, ir.Constant(word, bits * k)))
+        builder.store(value, ptr, align=word.width // 8)
+        return context.get_dummy_value()
+
+    return load, bit_conversions.row_store(intrinsic, group, store_codegen)
+
+
+
+
+def _row_aligned(group):
+    """Whether &array[index] is aligned to ``group`` elements (the condition of a
+    ``_row_access`` read; checked on the address: a view can start anywhere)."""
+    @intrinsic
+    def aligned(typingctx, array, index):
+        def codegen(context, builder, signature, args):
+            data = _data_pointer(context, builder, signature, args)
+            size = context.get_abi_sizeof(context.get_value_type(signature.args[0].dtype))
+            addr = builder.ptrtoint(builder.gep(data, [args[1]], inbounds=True), _I64)
+            mask = ir.Constant(_I64, group * size - 1)
+            return builder.icmp_unsigned("==", builder.and_(addr, mask), ir.Constant(_I64, 0))
+        return types.boolean(array, types.uint64), codegen
+    return aligned
+
+
+# The wide kernels' row operations, as globals of the generated source (by group size).
+_ROW_OPS = {}
+for _group in sorted(set(WIDE_CHANNELS.values())):
+    _ROW_OPS[f"load_row{_group}"], _ROW_OPS[f"store_row{_group}"] = _row_access(_group)
+    _ROW_OPS[f"aligned_row{_group}"] = _row_aligned(_group)
+
+
 @dpex.device_func
 def _identity(v):
     return v
@@ -150,24 +216,34 @@ def _converters(dtype_name):
 _window_value = dpex.device_func(window_value)
 
 
-def kernel_source(width, name, dtype_name, **backend_options):
-    """The Python source of the SYCL conv kernel for one width and dtype (one channel per
-    work-item). ``backend_options``: other values of ``SYCL``'s flags (e.g.
-    ``unit_stride_reads=False``: the kernel without its stride-specific reads), only for
-    same-run comparisons."""
+def kernel_source(width, name, dtype_name, wide=False, **backend_options):
+    """The Python source of the SYCL conv kernel for one width and dtype: one channel per
+    work-item, or with ``wide`` (a dtype of ``kernel_abi.WIDE_CHANNELS``) that many, each
+    row of x, out and the conv state accessed that many channels at once.
+    ``backend_options``: other values of ``SYCL``'s flags (e.g. ``unit_stride_reads=False``:
+    the kernel without its stride-specific reads), only for same-run comparisons."""
     backend = SYCL._replace(**backend_options)
+    channels = 1
+    if wide:
+        if dtype_name not in WIDE_CHANNELS or not backend.unit_stride_reads:
+            raise ValueError(f"no wide kernel for {dtype_name} (wide kernels: "
+                             f"{sorted(WIDE_CHANNELS)}, with unit_stride_reads)")
+        channels = WIDE_CHANNELS[dtype_name]
+        backend = backend._replace(index=backend.index.replace(
+            "item.get_id(0)", f"item.get_id(0) * {channels}", 1))
     return _template_source(
-        width, name, backend,
+        width, name, backend, channels=channels, row_group=channels,
         word_taps=backend.unit_stride_reads and width == 4 and STORAGE[dtype_name] == np.int16)
 
 
-def make_conv_kernel(width, dtype_name, fast=None, **backend_options):
+def make_conv_kernel(width, dtype_name, fast=None, wide=False, **backend_options):
     """Build the mixed-batch causal-conv1d kernel for one (width, dtype) specialization;
     ``fast``: the fast silu (silu's exp is OpenCL's native_exp instead of math.exp);
     None: ``kernel_abi.fast_silu(dtype_name)``
-    (the default of the dtype, or JITCONV_FAST_EXP); ``backend_options``: as in
-    ``kernel_source`` (only for same-run comparisons: jitconv always builds the default,
-    the only one cached and shipped).
+    (the default of the dtype, or JITCONV_FAST_EXP); ``wide``: the wide kernel
+    (``kernel_abi.WIDE_CHANNELS`` channels per work-item, launched over dim / that many
+    work-items); ``backend_options``: as in ``kernel_source`` (only for same-run
+    comparisons: jitconv builds the default flags, the only ones cached and shipped).
 
     The width shapes the source (scalar registers for the window and the taps); the
     storage conversions are globals of the generated function, so numba treats them as
@@ -178,8 +254,9 @@ def make_conv_kernel(width, dtype_name, fast=None, **backend_options):
         raise ValueError(f"width must be one of {SUPPORTED_WIDTHS}, got {width}")
     if fast is None:
         fast = fast_silu(dtype_name)
-    name = f"jitconv_conv_w{width}_{dtype_name}" + ("_fast" if fast else "")
-    source = kernel_source(width, name, dtype_name, **backend_options)
+    name = (f"jitconv_conv_w{width}_{dtype_name}" + ("_fast" if fast else "")
+            + ("_wide" if wide else ""))
+    source = kernel_source(width, name, dtype_name, wide, **backend_options)
     variant = "".join(f" {key}={value}" for key, value in sorted(backend_options.items()))
     filename = f"<jitconv kernel {name}{variant}>"
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
@@ -189,6 +266,7 @@ def make_conv_kernel(width, dtype_name, fast=None, **backend_options):
         "load": load, "store": store, "strided": strided, "element": _element,
         "load_taps16": _load_taps16, "taps16_aligned": _taps16_aligned, "tap16": _tap16,
         "_window_value": _window_value,
+        **_ROW_OPS,
         "ZERO": STORAGE[dtype_name](0), "F32_ZERO": np.float32(0.0), "ONE": np.float32(1.0),
         "FLAG_INITIAL_STATE": FLAG_INITIAL_STATE, "FLAG_SPEC": FLAG_SPEC,
         "FLAG_BLOCK_ROWS": FLAG_BLOCK_ROWS, "FLAG_SEQ_ROWS": FLAG_SEQ_ROWS,

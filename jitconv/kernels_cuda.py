@@ -1,7 +1,7 @@
 """The numba-cuda backend of the conv kernel: the template of ``kernel_template``
 compiled for NVIDIA GPUs. Only what is CUDA's lives here: the index (thread and block
 ids, and the bounds guard a grid rounded up to whole thread blocks needs), numba-cuda's
-device-function decorator, the paired accesses to rows of x and out (``_pair_access``),
+device-function decorator, the vector accesses to rows of x and out (``_row_access``),
 and which conversions run (LLVM intrinsics on a GPU, their
 Python twins under numba's CUDA simulator, NUMBA_ENABLE_CUDASIM=1).
 
@@ -145,70 +145,68 @@ def _element(array, index):
     return array[index]
 
 
-_pair_ops = []  # (load_pair, store_pair), made once
+_row_ops = {}  # row group G -> (load_row{G}, store_row{G}), made once per G
 
 
-def _pair_access():
-    """(load_pair, store_pair) of the kernel with ``pairs``: elements index and index + 1
-    of a 16- or 32-bit array read or written as one 32- or 64-bit access (PTX ld.v2 /
-    st.v2), where the kernel's scalar code makes two. &array[index] must be aligned to
-    the pair's size: the host picks such a kernel only then (``cuda_backend``); a
-    misaligned vector access is a fault on a GPU. The simulator runs their Python twins,
-    which check that index is even (the part of the alignment a twin can see: it runs on
-    copies of the arrays)."""
-    if _pair_ops:
-        return _pair_ops[0]
+def _row_access(group):
+    """(load, store) of the kernel with row group G = ``group`` (2 or 4): elements index
+    .. index + G - 1 of a 16- or 32-bit array read or written as one vector access (PTX
+    ld/st.global.v2 / .v4), where the kernel's scalar code makes G. &array[index] must
+    be aligned to the vector's size: the host picks such a kernel only then
+    (``cuda_backend``); a misaligned vector access is a fault on a GPU. The simulator
+    runs their Python twins, which check that index is a multiple of G (the part of the
+    alignment a twin can see: it runs on copies of the arrays)."""
+    found = _row_ops.get(group)
+    if found is not None:
+        return found
     if _simulating():
-        def load_pair(array, index):
+        def load(array, index):
             index = int(index)  # a uint64 + 1 would be a float in numpy
-            if index % 2:
-                raise IndexError(f"load_pair at odd index {index}")
-            return array[index], array[index + 1]
+            if index % group:
+                raise IndexError(f"load_row{group} at index {index}")
+            return tuple(array[index + k] for k in range(group))
 
-        def store_pair(array, index, a, b):
+        def store(array, index, *values):
             index = int(index)
-            if index % 2:
-                raise IndexError(f"store_pair at odd index {index}")
-            array[index] = a
-            array[index + 1] = b
-        _pair_ops.append((load_pair, store_pair))
-        return _pair_ops[0]
+            if index % group:
+                raise IndexError(f"store_row{group} at index {index}")
+            for k, value in enumerate(values):
+                array[index + k] = value
+        return _row_ops.setdefault(group, (load, store))
     from llvmlite import ir
     from numba import types
     intrinsic = _intrinsic()
 
     def vector_pointer(context, builder, signature, args):
-        """(pointer to <2 x element> at &array[index], the pair's size in bytes)."""
+        """(pointer to <G x element> at &array[index], the vector's size in bytes)."""
         array_type = signature.args[0]
         model = context.data_model_manager[array_type]
         data = builder.extract_value(args[0], model.get_field_position("data"))
         element = builder.gep(data, [args[1]], inbounds=True)
-        pair = ir.VectorType(context.get_value_type(array_type.dtype), 2)
-        return (builder.bitcast(element, pair.as_pointer(data.type.addrspace)),
-                2 * context.get_abi_sizeof(pair.element))
+        vector = ir.VectorType(context.get_value_type(array_type.dtype), group)
+        return (builder.bitcast(element, vector.as_pointer(data.type.addrspace)),
+                group * context.get_abi_sizeof(vector.element))
 
     @intrinsic
-    def load_pair(typingctx, array, index):
+    def load(typingctx, array, index):
         def codegen(context, builder, signature, args):
             pointer, size = vector_pointer(context, builder, signature, args)
-            pair = builder.load(pointer, align=size)
+            vector = builder.load(pointer, align=size)
             return context.make_tuple(builder, signature.return_type, [
-                builder.extract_element(pair, ir.Constant(ir.IntType(32), k)) for k in (0, 1)])
-        return types.UniTuple(array.dtype, 2)(array, types.uint64), codegen
+                builder.extract_element(vector, ir.Constant(ir.IntType(32), k))
+                for k in range(group)])
+        return types.UniTuple(array.dtype, group)(array, types.uint64), codegen
 
-    @intrinsic
-    def store_pair(typingctx, array, index, a, b):
-        def codegen(context, builder, signature, args):
-            pointer, size = vector_pointer(context, builder, signature, args)
-            pair = ir.Constant(pointer.type.pointee, ir.Undefined)
-            for k, value in enumerate(args[2:]):  # numba cast them to the array's dtype
-                pair = builder.insert_element(pair, value, ir.Constant(ir.IntType(32), k))
-            builder.store(pair, pointer, align=size)
-            return context.get_dummy_value()
-        return types.none(array, types.uint64, array.dtype, array.dtype), codegen
+    def store_codegen(context, builder, signature, args):
+        pointer, size = vector_pointer(context, builder, signature, args)
+        vector = ir.Constant(pointer.type.pointee, ir.Undefined)
+        for k, value in enumerate(args[2:]):  # numba cast them to the array's dtype
+            vector = builder.insert_element(vector, value, ir.Constant(ir.IntType(32), k))
+        builder.store(vector, pointer, align=size)
+        return context.get_dummy_value()
 
-    _pair_ops.append((load_pair, store_pair))
-    return _pair_ops[0]
+    return _row_ops.setdefault(group, (load, bit_conversions.row_store(intrinsic, group,
+                                                                       store_codegen)))
 
 
 _fast_silu = []  # (exp, division), made once
@@ -232,7 +230,7 @@ def _fast_silu_ops():
 
 def make_conv_kernel(width, dtype_name, channels=1, fastmath=False, lookahead=1,
                      fast_exp=False, max_registers=None, native_bf16=False,
-                     short_tokens=0, pairs=False):
+                     short_tokens=0, row_group=1):
     """The CUDA conv kernel for one (width, dtype, channels per thread, lookahead)
     specialization (a numba-cuda dispatcher; types are taken from the first launch).
     ``fastmath``: numba's fastmath for the whole kernel; ``fast_exp``: only silu's exp
@@ -241,18 +239,20 @@ def make_conv_kernel(width, dtype_name, channels=1, fastmath=False, lookahead=1,
     by the GPU's instruction (``_bf16_store``; compute capability 8.0 and later);
     ``short_tokens``: the kernel for launches of sequences of at most that many tokens
     (``kernel_template``; chosen per launch by ``cuda_backend``, 0: the general one);
-    ``pairs``: rows of x and out accessed two channels at a time (``_pair_access``; an
-    even ``channels``, aligned rows: chosen per launch by ``cuda_backend``)."""
+    ``row_group``: rows of x and out accessed that many (2 or 4) channels at a time
+    (``_row_access``; ``channels`` a multiple of it, aligned rows: chosen per launch by
+    ``cuda_backend``)."""
     if width not in SUPPORTED_WIDTHS:
         raise ValueError(f"width must be one of {SUPPORTED_WIDTHS}, got {width}")
     name = (f"jitconv_conv_w{width}_{dtype_name}_c{channels}_l{lookahead}"
             f"{'_fast' if fastmath else ''}{'_fastexp' if fast_exp else ''}"
             f"{f'_r{max_registers}' if max_registers else ''}"
             f"{'_cvt' if native_bf16 and dtype_name == 'bfloat16' else ''}"
-            f"{f'_short{short_tokens}' if short_tokens else ''}{'_pairs' if pairs else ''}")
+            f"{f'_short{short_tokens}' if short_tokens else ''}"
+            f"{f'_g{row_group}' if row_group > 1 else ''}")
     source = kernel_source(width, name, CUDA, channels, lookahead,
                            state_chunk=width - 1 + STATE_CHUNK_EXTRA, short_tokens=short_tokens,
-                           pairs=pairs)
+                           row_group=row_group)
     filename = f"<jitconv cuda kernel {name}>"
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
     load, store = _converters(dtype_name, native_bf16)
@@ -266,8 +266,9 @@ def make_conv_kernel(width, dtype_name, channels=1, fastmath=False, lookahead=1,
     }
     if fast_exp:
         namespace["exp"], namespace["fdiv"] = _fast_silu_ops()
-    if pairs:
-        namespace["load_pair"], namespace["store_pair"] = _pair_access()
+    if row_group > 1:
+        namespace[f"load_row{row_group}"], namespace[f"store_row{row_group}"] = \
+            _row_access(row_group)
     exec(compile(source, filename, "exec"), namespace)
     # The simulator's jit takes no register limit (it runs Python).
     limit = {"max_registers": max_registers} if max_registers and not _simulating() else {}

@@ -26,11 +26,11 @@ from pathlib import Path
 import numpy as np
 
 from . import kernel_cache
-from .kernel_abi import CONV_ARGS, STORAGE, TABLES
+from .kernel_abi import CONV_ARGS, STORAGE, TABLES, WIDE_CHANNELS
 from . import device as devices
 
 _lock = threading.Lock()
-_built = {}  # (device filter, width, dtype name) -> dpctl.program.SyclKernel
+_built = {}  # (device filter, context, width, dtype name, wide) -> dpctl.program.SyclKernel
 _numba_ready = False
 stats = {"compiled": 0, "built": 0, "cache_hits": 0, "submitted": 0}
 
@@ -74,14 +74,14 @@ def _signature(width, dtype_name, queue):
     return types.void(*args)
 
 
-def compile_spirv(width, dtype_name, queue):
+def compile_spirv(width, dtype_name, queue, wide=False):
     """SPIR-V bytes and kernel name of one specialization, compiled by numba-dpex."""
     from numba.core.target_extension import target_override
 
     from .kernels import make_conv_kernel
 
     _prepare_numba_dpex()
-    dispatcher = make_conv_kernel(width, dtype_name)
+    dispatcher = make_conv_kernel(width, dtype_name, wide=wide)
     with target_override("dpex"):
         result = dispatcher.get_compile_result(_signature(width, dtype_name, queue))
     stats["compiled"] += 1
@@ -105,9 +105,9 @@ def _program(queue, spirv, name):
     return kernel
 
 
-def _build(width, dtype_name, queue):
+def _build(width, dtype_name, queue, wide):
     """Disk cache first (no numba-dpex import at all), else compile and store."""
-    entry = kernel_cache.load(width, dtype_name)
+    entry = kernel_cache.load(width, dtype_name, wide)
     if entry is not None:
         spirv, name, path = entry
         try:
@@ -120,27 +120,28 @@ def _build(width, dtype_name, queue):
                           f"{path}: the device rejected it ({exc})", RuntimeWarning)
     if not have_compiler():
         raise KernelUnavailableError(
-            f"no usable prebuilt kernel for width={width}, dtype={dtype_name} in "
+            f"no usable prebuilt kernel for width={width}, dtype={dtype_name}"
+            f"{' (wide)' if wide else ''} in "
             f"{[str(d) for d in kernel_cache.search_dirs()]} and numba-dpex is not "
             f"installed to compile one; run `python -m jitconv build-kernels` where "
             f"numba-dpex is installed and point JITCONV_CACHE_DIR at the result"
             + (f" (ignored: {kernel_cache.rejected})" if kernel_cache.rejected else ""))
-    kernel, _path = compile_and_store(width, dtype_name, queue, required=False)
+    kernel, _path = compile_and_store(width, dtype_name, queue, required=False, wide=wide)
     return kernel
 
 
 _warned_dirs = set()  # unwritable cache directories already reported in this process
 
 
-def compile_and_store(width, dtype_name, queue, directory=None, required=True):
+def compile_and_store(width, dtype_name, queue, directory=None, required=True, wide=False):
     """Compile with numba-dpex, build (only what builds is stored), store the SPIR-V.
     Returns (kernel, path of the stored SPIR-V). With ``required=False`` a cache that
     cannot be written (read-only, no home directory) costs a warning, once per
     directory, and the kernel is still returned (path None): compiled once, not cached."""
-    spirv, name = compile_spirv(width, dtype_name, queue)
+    spirv, name = compile_spirv(width, dtype_name, queue, wide)
     kernel = _program(queue, spirv, name)
     try:
-        return kernel, kernel_cache.store(width, dtype_name, spirv, name, directory)
+        return kernel, kernel_cache.store(width, dtype_name, spirv, name, directory, wide)
     except OSError as exc:
         if required:
             raise
@@ -155,20 +156,45 @@ def compile_and_store(width, dtype_name, queue, directory=None, required=True):
         return kernel, None
 
 
-def get_conv_kernel(width, dtype_name, queue=None):
-    """The built SYCL kernel for (the queue's device and context, width, dtype): from this
-    process's table, the disk cache, or a fresh numba-dpex compile, in that order. A
-    program belongs to one context: a queue of another context (torch's, a user's) gets
-    its own build of the same SPIR-V."""
+def get_conv_kernel(width, dtype_name, queue=None, wide=False):
+    """The built SYCL kernel for (the queue's device and context, width, dtype, wide or
+    not): from this process's table, the disk cache, or a fresh numba-dpex compile, in
+    that order. A program belongs to one context: a queue of another context (torch's, a
+    user's) gets its own build of the same SPIR-V."""
     queue = queue or devices.get_queue()
-    key = (queue.sycl_device.filter_string, queue.sycl_context, width, dtype_name)
+    key = (queue.sycl_device.filter_string, queue.sycl_context, width, dtype_name, wide)
     kernel = _built.get(key)
     if kernel is None:
         with _lock:
             kernel = _built.get(key)
             if kernel is None:
-                kernel = _built[key] = _build(width, dtype_name, queue)
+                kernel = _built[key] = _build(width, dtype_name, queue, wide)
     return kernel
+
+
+def _rows_aligned(view, group, channel_axis):
+    """Whether every row of ``view`` (the channel axis contiguous) starts on a multiple
+    of ``group`` elements of an allocation aligned to that many: its first element's
+    address and every other stride are multiples of the group."""
+    if view.strides[channel_axis] != 1 and view.shape[channel_axis] > 1:
+        return False
+    if view.address % (group * view.itemsize):
+        return False
+    return all(s % group == 0 for i, (n, s) in enumerate(zip(view.shape, view.strides))
+               if i != channel_axis and n > 1)
+
+
+def wide_fits(views, dim, dtype_name):
+    """Whether a launch can take the wide kernel (``kernel_abi.WIDE_CHANNELS``): a dtype
+    that has one, dim a multiple of its channel count C, and every row of x, out and the
+    conv state (channels contiguous) starting at a multiple of C elements, so that its
+    C-channel words are aligned (a misaligned access is undefined in SPIR-V and may fault
+    on a GPU). Everything else takes the one-channel kernel."""
+    group = WIDE_CHANNELS.get(dtype_name)
+    if group is None or dim % group:
+        return False
+    return (_rows_aligned(views["x"], group, 1) and _rows_aligned(views["out"], group, 1)
+            and _rows_aligned(views["conv_state"], group, 1))
 
 
 def _array_params(nitems, itemsize, pointer, *scalars):
@@ -227,17 +253,20 @@ def _pack(views, tables, has_bias, silu):
 def submit_conv(queue, width, dtype_name, views, tables, num_blocks, dim, *, has_bias,
                 silu, wait=True):
     """Pack the conv kernel's arguments (kernel_abi.CONV_ARGS, in order) and submit it
-    over (num_blocks, dim) work-items on ``queue``; wait for it when ``wait``.
+    over (num_blocks, dim / C) work-items on ``queue`` (C channels per work-item: 1, or
+    the wide kernel's where ``wide_fits``); wait for it when ``wait``.
 
     views: "x", "out", "weight", "bias", "conv_state" -> bridge.DeviceView in memory of
-    the queue's context; tables: the plan's ``table_args``. Returns (kernel, values):
-    what ``submit_packed`` needs to submit the same launch again.
+    the queue's context; tables: the plan's ``table_args``. Returns (kernel, values,
+    grid): what ``submit_packed`` needs to submit the same launch again.
     """
-    kernel = get_conv_kernel(width, dtype_name, queue)
+    wide = wide_fits(views, dim, dtype_name)
+    kernel = get_conv_kernel(width, dtype_name, queue, wide)
     values = _pack(views, tables, has_bias, silu)
     # SYCL order (slowest first): the kernel's get_id(0) is the last, fastest dimension.
-    submit_packed(kernel, queue, values, (int(num_blocks), int(dim)), wait)
-    return kernel, values
+    grid = (int(num_blocks), int(dim) // WIDE_CHANNELS[dtype_name] if wide else int(dim))
+    submit_packed(kernel, queue, values, grid, wait)
+    return kernel, values, grid
 
 
 def can_resubmit():

@@ -87,8 +87,9 @@ def _shares_memory(tensors, extents):
     return False
 
 
-def remember(key, tensors, views, extents, plan, kernel, queue, values, wait, dtype):
-    """Keep a checked zero-copy launch (``values`` as packed for ``plan``) under ``key``."""
+def remember(key, tensors, views, extents, plan, kernel, queue, values, groups, wait, dtype):
+    """Keep a checked zero-copy launch (``values`` as packed for ``plan``, over ``groups``
+    channel groups: dim, or dim / C for a wide kernel) under ``key``."""
     if _shares_memory(tensors, extents):
         return
     guards = []
@@ -102,8 +103,12 @@ def remember(key, tensors, views, extents, plan, kernel, queue, values, wait, dt
             return
     if len(_entries) >= LIMIT:
         _entries.clear()
-    _entries[key] = _Entry(plan.fit, kernel, queue, launching.addresses(values),
-                           tuple(guards), wait, validation.shape_of(tensors[0]), dtype)
+    out_shape = validation.shape_of(tensors[0])
+    # The bytes a new output's address must be a multiple of: C elements for a wide
+    # kernel (C = dim / groups), else any address.
+    align = out_shape[1] // groups * views["out"].itemsize if groups else 1
+    _entries[key] = _Entry(plan.fit, kernel, queue, launching.addresses(values), groups,
+                           align, tuple(guards), wait, out_shape, dtype)
 
 
 def clear():
@@ -111,25 +116,32 @@ def clear():
 
 
 class _Entry:
-    __slots__ = ("geometry", "kernel", "queue", "values", "guards", "wait", "out_shape",
-                 "dtype")
+    __slots__ = ("geometry", "kernel", "queue", "values", "groups", "align", "guards",
+                 "wait", "out_shape", "dtype")
 
-    def __init__(self, geometry, kernel, queue, values, guards, wait, out_shape, dtype):
+    def __init__(self, geometry, kernel, queue, values, groups, align, guards, wait,
+                 out_shape, dtype):
         self.geometry, self.kernel, self.queue, self.values = geometry, kernel, queue, values
-        self.guards, self.wait, self.out_shape, self.dtype = guards, wait, out_shape, dtype
+        self.groups, self.align, self.guards, self.wait = groups, align, guards, wait
+        self.out_shape, self.dtype = out_shape, dtype
 
     def run(self, plan, x, out):
         """Submit the remembered launch with ``plan``'s tables: returns the output (the
-        given ``out``, or a new one of x's kind)."""
+        given ``out``, or a new one of x's kind), or None, having submitted nothing, when
+        a new output is not aligned as the remembered kernel needs."""
         values = launching.with_tables(self.values, plan.tables_on(self.queue))
         target = out
         if out is None:
             # A new contiguous output of x's kind: USM memory of x's device (jitconv's
-            # pool, torch XPU, or x's own library), so only its address is new.
+            # pool, torch XPU, or x's own library), so only its address is new. A wide
+            # kernel needs its rows aligned: a fresh allocation is, but it is checked.
             target = bridge.empty_like_output(x, self.out_shape, self.dtype)
-            launching.set_out(values, bridge.address_of(target), self.out_shape)
+            address = bridge.address_of(target)
+            if address % self.align:
+                return None
+            launching.set_out(values, address, self.out_shape)
         if not self.wait:
             plan.mark_unwaited()
         launching.submit_packed(self.kernel, self.queue, values,
-                                (plan.num_blocks, self.out_shape[1]), self.wait)
+                                (plan.num_blocks, self.groups), self.wait)
         return target

@@ -84,3 +84,17 @@ def gdn_metadata(step, num_actual_tokens=None, lines=lambda t: t):
         spec_state_indices_tensor=lines(step["spec_state_indices"]),
         spec_token_indx=step["spec_token_indx"],
         num_accepted_tokens=step["num_accepted_tokens"])
+
+
+def wide_choices(monkeypatch):
+    """The ``wide`` argument of every SYCL kernel lookup (launching.get_conv_kernel) from
+    here on, in a list: which kernel each launch chose."""
+    from jitconv import launching
+    chosen = []
+    lookup = launching.get_conv_kernel
+
+    def spy(width, dtype_name, queue=None, wide=False):
+        chosen.append(wide)
+        return lookup(width, dtype_name, queue, wide)
+    monkeypatch.setattr(launching, "get_conv_kernel", spy)
+    return chosen

@@ -202,24 +202,31 @@ def _rows_view(rows, dim, dtype, skip, row_stride):
 
 @pytest.mark.parametrize("width", [2, 4])
 @pytest.mark.parametrize("dtype_name", list(DTYPES))
-def test_pairs(cuda_device, monkeypatch, dtype_name, width):
-    """x and out rows accessed two channels at a time in launches of the general kernel,
-    only where every pair is aligned (the first element and the row stride): not for an
-    x or out that starts one element in, an out with an odd row stride, one channel per
-    thread, or a short kernel (decode and spec steps, unless JITCONV_CUDA_SHORT_KERNEL=0).
-    Results equal the reference's and, bit for bit, those of JITCONV_CUDA_PAIRS=0;
-    memory of out's buffer outside its rows stays untouched."""
+def test_row_groups(cuda_device, monkeypatch, dtype_name, width):
+    """x and out rows accessed G channels at a time in launches of the general kernel
+    (G = JITCONV_CUDA_ROW_GROUP, default 2), halved until G divides the channels per
+    thread and every group is aligned (the first element and the row stride): not for
+    an x or out that starts one element in, an out with an odd row stride, one channel
+    per thread, or a short kernel (decode and spec steps, unless
+    JITCONV_CUDA_SHORT_KERNEL=0). Results equal the reference's and, bit for bit, those
+    of JITCONV_CUDA_ROW_GROUP=1; memory of out's buffer outside its rows stays
+    untouched."""
     monkeypatch.delenv("JITCONV_CUDA_CHANNELS", raising=False)
     calls = _spy_get_kernel(monkeypatch)
     dtype = DTYPES[dtype_name]
-    layouts = (((0, DIM), (0, DIM), None, True), ((1, DIM), (0, DIM), None, False),
-               ((0, DIM), (1, DIM), None, False), ((0, DIM + 2), (0, DIM + 1), None, False),
-               ((0, DIM + 2), (2, DIM + 4), None, True), ((0, DIM), (0, DIM), "1", False))
+    # (x: skip, row stride; out: skip, row stride; JITCONV_CUDA_CHANNELS,
+    #  JITCONV_CUDA_ROW_GROUP, the group a general kernel gets)
+    layouts = (((0, DIM), (0, DIM), None, "", 2), ((1, DIM), (0, DIM), None, "", 1),
+               ((0, DIM), (1, DIM), None, "", 1), ((0, DIM + 2), (0, DIM + 1), None, "", 1),
+               ((0, DIM + 2), (2, DIM + 4), None, "", 2), ((0, DIM), (0, DIM), "1", "", 1),
+               ((0, DIM), (0, DIM), "4", "4", 4), ((2, DIM + 2), (0, DIM), "4", "4", 2),
+               ((0, DIM), (4, DIM + 4), "4", "4", 4), ((0, DIM), (0, DIM), "2", "4", 2),
+               ((0, DIM), (0, DIM), "4", "1", 1))
     # (non-spec lengths, spec lengths, JITCONV_CUDA_SHORT_KERNEL, general kernel)
     steps = (([1, 17, 3, 35], [1, 4, 2], "1", True), ([1, 1, 1], [], "1", False),
              ([1, 1, 1], [], "0", True), ([], [2, 1, 2], "1", False),
              ([], [2, 1, 2], "0", True))
-    for (x_at, out_at, channels, aligned), (ns, sp, short, general) in \
+    for (x_at, out_at, channels, setting, group), (ns, sp, short, general) in \
             itertools.product(layouts, steps):
         if channels:
             monkeypatch.setenv("JITCONV_CUDA_CHANNELS", channels)
@@ -232,8 +239,8 @@ def test_pairs(cuda_device, monkeypatch, dtype_name, width):
         x, _ = _rows_view(tokens, DIM, dtype, *x_at)
         x.copy_(case["x"])
         results = []
-        for pairs in ("1", "0"):
-            monkeypatch.setenv("JITCONV_CUDA_PAIRS", pairs)
+        for value in (setting, "1"):
+            monkeypatch.setenv("JITCONV_CUDA_ROW_GROUP", value)
             state = case["conv_state"].clone()
             out, buffer = _rows_view(tokens, DIM, dtype, *out_at)
             outside = torch.ones(buffer.numel(), dtype=torch.bool)
@@ -242,28 +249,29 @@ def test_pairs(cuda_device, monkeypatch, dtype_name, width):
             run_and_check(dict(case, x=x, conv_state=state), dtype=dtype, out=out)
             assert (bits(buffer)[outside] == bits(poisoned((1,), dtype))).all()
             results.append((bits(out), bits(state)))
-        (used, paired), (_, unpaired) = [(c["channels"], c["pairs"]) for c in calls[-2:]]
-        assert (paired, unpaired) == (aligned and general and used % 2 == 0, False), \
-            (x_at, out_at, used, ns, sp, short)
+        used = [c["row_group"] for c in calls[-2:]]
+        assert used == [group if general else 1, 1], (x_at, out_at, channels, setting, ns, sp)
         assert all(torch.equal(a, b) for a, b in zip(*results)), (x_at, out_at, ns, sp)
         monkeypatch.delenv("JITCONV_CUDA_CHANNELS", raising=False)
-    # The paired kernels ran: both aligned layouts, every step of the general kernel.
-    assert sum(c["pairs"] for c in calls) == 2 * sum(step[3] for step in steps)
+    # Grouped kernels ran for every grouped layout on every step of the general kernel.
+    assert sum(c["row_group"] > 1 for c in calls) == \
+        sum(layout[4] > 1 for layout in layouts) * sum(step[3] for step in steps)
     from jitconv.kernel_template import kernel_source
     from jitconv.kernels_cuda import CUDA
-    with pytest.raises(ValueError, match="even channel count"):
-        kernel_source(width, "k", CUDA, 1, 4, state_chunk=width, pairs=True)
+    for C, G in ((1, 2), (2, 4), (4, 3)):
+        with pytest.raises(ValueError, match="row_group must be 1, 2 or 4 and divide"):
+            kernel_source(width, "k", CUDA, C, 4, state_chunk=width, row_group=G)
 
 
 def test_settings_are_checked(monkeypatch):
     for name in ("JITCONV_CUDA_CHANNELS", "JITCONV_CUDA_LOOKAHEAD", "JITCONV_FAST_EXP",
                  "JITCONV_CUDA_MAX_REGISTERS", "JITCONV_CUDA_SHORT_KERNEL",
-                 "JITCONV_CUDA_PAIRS"):
+                 "JITCONV_CUDA_ROW_GROUP"):
         monkeypatch.delenv(name, raising=False)
-    assert cuda_backend._pairs() is cuda_backend.DEFAULT_PAIRS
-    monkeypatch.setenv("JITCONV_CUDA_PAIRS", "0")
-    assert cuda_backend._pairs() is False
-    monkeypatch.delenv("JITCONV_CUDA_PAIRS")
+    assert cuda_backend._row_group_setting() == cuda_backend.DEFAULT_ROW_GROUP
+    monkeypatch.setenv("JITCONV_CUDA_ROW_GROUP", "1")
+    assert cuda_backend._row_group_setting() == 1
+    monkeypatch.delenv("JITCONV_CUDA_ROW_GROUP")
     assert cuda_backend._short_kernel() is cuda_backend.DEFAULT_SHORT_KERNEL
     monkeypatch.setenv("JITCONV_CUDA_SHORT_KERNEL", "0")
     assert cuda_backend._short_kernel() is False
@@ -299,7 +307,7 @@ def test_settings_are_checked(monkeypatch):
     for name, bad in (("JITCONV_CUDA_CHANNELS", "3"), ("JITCONV_CUDA_LOOKAHEAD", "3"),
                       ("JITCONV_FAST_EXP", "yes"), ("JITCONV_CUDA_MAX_REGISTERS", "60"),
                       ("JITCONV_CUDA_MAX_REGISTERS", "many"),
-                      ("JITCONV_CUDA_SHORT_KERNEL", "yes"), ("JITCONV_CUDA_PAIRS", "yes")):
+                      ("JITCONV_CUDA_SHORT_KERNEL", "yes"), ("JITCONV_CUDA_ROW_GROUP", "3")):
         monkeypatch.setenv(name, bad)
         with pytest.raises(ValueError, match=name):
             cuda_backend.channels_for(12)
@@ -307,7 +315,7 @@ def test_settings_are_checked(monkeypatch):
             cuda_backend._fast_exp()
             cuda_backend._max_registers()
             cuda_backend._short_kernel()
-            cuda_backend._pairs()
+            cuda_backend._row_group_setting()
         monkeypatch.delenv(name)
 
 

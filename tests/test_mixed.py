@@ -8,11 +8,12 @@ import pytest
 import torch
 
 import jitconv
-from jitconv import launching
+from jitconv import launching, run_cache
 from jitconv.reference import causal_conv1d_reference
 
 from helpers import (DTYPES, assert_outputs_close, assert_state_exact, bits, cumulative,
-                     make_state, mixed_step, poisoned, randn, split_step, token_rows)
+                     make_state, mixed_step, poisoned, randn, split_step, token_rows,
+                     wide_choices)
 
 def build_mixed(seed, *, dtype, width, dim, layout="SD", use_bias=True, pads=True,
                 shuffle=True, usm=False, non_spec=True, spec=True, spec_2d=True,
@@ -158,6 +159,87 @@ def test_layouts_at_a_wide_dim(sycl_device, dtype_name, width, weight_layout, bi
     vectors per work-group: a miscompiled 64-bit taps read (ptrtoint/inttoptr addressing)
     was right at dim 64 and 136 and wrong for channels 16 and up at dim 2048."""
     check_relaid(dtype_name, width, 2048, weight_layout, bias_layout, state_layout)
+
+
+def _moved(t, gen, offset=0, row_pad=0):
+    """A copy of ``t`` (2-D, channels last, in USM memory) ``offset`` elements into a
+    larger buffer whose rows are ``row_pad`` elements longer: a view with the same
+    values whose first element / row starts are shifted."""
+    rows, dim = t.shape
+    buf = randn(gen, (offset + rows * (dim + row_pad),), t.dtype, True)
+    view = buf[offset:].view(rows, dim + row_pad)[:, :dim]
+    view.copy_(t)
+    return view
+
+
+def _moved_state(state, gen, offset):
+    """An "SD" conv_state (a (lines, dim, state_len) view of (lines, state_len, dim)
+    memory) copied ``offset`` elements into a larger USM buffer."""
+    lines, dim, state_len = state.shape
+    buf = randn(gen, (offset + state.numel(),), state.dtype, True)
+    view = buf[offset:].view(lines, state_len, dim).transpose(1, 2)
+    view.copy_(state)
+    return view
+
+
+# (what is changed, whether the 16-bit launch takes the wide kernel): its 4-channel
+# accesses need dim % 4 == 0 and the rows of x, out and conv_state (channels contiguous)
+# to start on 8-byte boundaries; anything else takes the one-channel kernel.
+WIDE_CASES = [("aligned", True), ("x offset 4", True), ("x offset 2", False),
+              ("x row stride +2", False), ("x row stride +4", True), ("out offset 1", False),
+              ("state offset 2", False), ("state offset 4", True), ("state DS", False),
+              ("dim 138", False)]
+
+
+@pytest.mark.parametrize("dtype_name", list(DTYPES))
+@pytest.mark.parametrize("change,wide", WIDE_CASES, ids=[c for c, _ in WIDE_CASES])
+def test_wide_kernel_where_rows_are_aligned(sycl_device, monkeypatch, dtype_name, change,
+                                            wide):
+    """16-bit launches take the wide kernel exactly where its accesses are aligned (never
+    for float32), and every choice gives the reference's result, zero-copy."""
+    dtype = DTYPES[dtype_name]
+    gen = torch.Generator().manual_seed(17)
+    case = build_mixed(17, dtype=dtype, width=4, dim=138 if change == "dim 138" else 136,
+                       usm=True, layout="DS" if change == "state DS" else "SD")
+    out = poisoned(tuple(case["x"].shape), dtype, usm=True)
+    kind, _, amount = change.rpartition(" ")
+    if kind == "x offset":
+        case["x"] = _moved(case["x"], gen, offset=int(amount))
+    elif kind == "x row stride":
+        case["x"] = _moved(case["x"], gen, row_pad=int(amount))
+    elif kind == "out offset":
+        out = _moved(out, gen, offset=int(amount))
+    elif kind == "state offset":
+        case["conv_state"] = _moved_state(case["conv_state"], gen, int(amount))
+    chosen = wide_choices(monkeypatch)
+    jitconv.reset_copy_counts()
+    run_and_check(case, dtype=dtype, out=out)
+    assert jitconv.copy_counts() == {"to_device": 0, "from_device": 0}
+    assert chosen == [wide and dtype_name in launching.WIDE_CHANNELS]
+
+
+@pytest.mark.parametrize("dtype_name", sorted(launching.WIDE_CHANNELS))
+@pytest.mark.parametrize("width", [2, 3, 4, 5])
+@pytest.mark.parametrize("dim", [136, 2048])
+def test_wide_kernel_equals_one_channel_kernel(sycl_device, monkeypatch, dtype_name, width,
+                                               dim):
+    """The wide kernel computes what the one-channel kernel computes, bit for bit
+    (outputs and states): each channel's arithmetic is the same, only the accesses
+    differ."""
+    dtype = DTYPES[dtype_name]
+    results = []
+    for wide in (True, False):
+        run_cache.clear()  # the second case may get the first one's addresses
+        case = build_mixed(width, dtype=dtype, width=width, dim=dim, usm=True)
+        if not wide:
+            monkeypatch.setattr(launching, "wide_fits", lambda *args: False)
+        chosen = wide_choices(monkeypatch)
+        out = run_and_check(case, dtype=dtype, out=poisoned(tuple(case["x"].shape), dtype,
+                                                            usm=True))
+        assert chosen == [wide]
+        results.append((bits(out), bits(case["conv_state"])))
+    assert torch.equal(results[0][0], results[1][0])
+    assert torch.equal(results[0][1], results[1][1])
 
 
 @pytest.mark.parametrize("dtype_name", list(DTYPES))

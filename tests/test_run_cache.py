@@ -17,16 +17,16 @@ import jitconv
 from jitconv import launching, run_cache, validation
 from jitconv.reference import causal_conv1d_reference
 
-from helpers import (DATA_KEYS, assert_outputs_close, assert_state_exact, bits,
+from helpers import (DATA_KEYS, assert_outputs_close, assert_state_exact, bits, wide_choices,
                      mixed_step, randn)
 
 pytestmark = pytest.mark.skipif(not launching.can_resubmit(),
                                 reason="launches are remembered on the C submit path only")
 
 
-def _step(seed, usm=True, **kw):
+def _step(seed, usm=True, dtype=torch.float32, **kw):
     gen = torch.Generator().manual_seed(seed)
-    step = mixed_step(gen, dim=40, width=4, dtype=torch.float32, ns_lengths=[9, 1, 1],
+    step = mixed_step(gen, dim=40, width=4, dtype=dtype, ns_lengths=[9, 1, 1],
                       sp_lengths=[3], initial="alternate", extra_lines=2, usm=usm, **kw)
     meta = {k: v for k, v in step.items() if k not in DATA_KEYS}
     return gen, {k: step[k] for k in DATA_KEYS}, meta
@@ -61,19 +61,21 @@ def _empty_cache():
     run_cache.clear()
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])  # bfloat16: wide kernel
 @pytest.mark.parametrize("with_out", [True, False])
-def test_repeated_runs_skip_the_checks_and_stay_exact(sycl_device, monkeypatch, with_out):
-    _gen, data, meta = _step(1)
+def test_repeated_runs_skip_the_checks_and_stay_exact(sycl_device, monkeypatch, with_out,
+                                                      dtype):
+    _gen, data, meta = _step(1, dtype=dtype)
     plan = _plan(data, meta)
     checks = _CountChecks(monkeypatch)
-    out = jitconv.empty(tuple(data["x"].shape)) if with_out else None
+    out = jitconv.empty(tuple(data["x"].shape), dtype) if with_out else None
     outputs = []
     for _ in range(3):  # each run updates the state: the reference follows it
         ref_out, ref_state = causal_conv1d_reference(**data, **meta)
         if out is not None:
             out.fill_(float("nan"))
         got = plan.run(**data, out=out)
-        assert_outputs_close(got, ref_out, torch.float32)
+        assert_outputs_close(got, ref_out, dtype)
         assert_state_exact(data["conv_state"], ref_state)
         outputs.append(got)
     assert checks.calls == 1, "the second and third runs reuse the checked launch"
@@ -81,6 +83,33 @@ def test_repeated_runs_skip_the_checks_and_stay_exact(sycl_device, monkeypatch, 
         assert all(o is out for o in outputs)
     else:  # a new output per run, as without the cache
         assert len({o.data_ptr() for o in outputs}) == 3
+
+
+def test_a_new_output_that_a_wide_launch_cannot_take_is_checked_again(sycl_device,
+                                                                      monkeypatch):
+    """A remembered wide launch (bfloat16, rows aligned to 4 channels) whose new output
+    would start off that alignment is not reused: the run takes the full path, which
+    picks the one-channel kernel for it."""
+    from jitconv import bridge
+    _gen, data, meta = _step(2, dtype=torch.bfloat16)
+    plan = _plan(data, meta)
+    plan.run(**data)  # remembered, wide
+    (entry,) = run_cache._entries.values()
+    assert entry.groups == data["x"].shape[1] // launching.WIDE_CHANNELS["bfloat16"]
+    checks = _CountChecks(monkeypatch)
+    fresh = bridge.empty_like_output
+
+    def off_by_one(x, shape, dtype):  # a new output one element into its allocation
+        buf = fresh(x, (shape[0] * shape[1] + 1,), dtype)
+        return buf[1:].view(shape)
+    monkeypatch.setattr(bridge, "empty_like_output", off_by_one)
+    chosen = wide_choices(monkeypatch)
+    ref_out, ref_state = causal_conv1d_reference(**data, **meta)
+    got = plan.run(**data)
+    assert got.data_ptr() % 8 != 0
+    assert_outputs_close(got, ref_out, torch.bfloat16)
+    assert_state_exact(data["conv_state"], ref_state)
+    assert checks.calls == 1 and chosen == [False]
 
 
 def test_a_new_plan_reuses_the_layer_launch_with_its_own_tables(sycl_device, monkeypatch):

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from jitconv import bench
-from same_run import accuracy, compile_variant, timed_workloads
+from same_run import accuracy, compile_variant, timed_workloads, variant_channels
 
 
 def _options(text):
@@ -48,11 +48,14 @@ def main():
         dtype = getattr(torch, dtype_name)
         kernels = [compile_variant(width, dtype_name, queue, **options)
                    for options in (args.before, args.after)]
-        (a_bits, a_err, _), (b_bits, b_err, _) = (accuracy(k, dtype, queue) for k in kernels)
+        channels = [variant_channels(dtype_name, o) for o in (args.before, args.after)]
+        (a_bits, a_err, _), (b_bits, b_err, _) = (accuracy(k, dtype, queue, channels=c)
+                                                  for k, c in zip(kernels, channels))
         print(f"{dtype_name}: max err vs float64 reference before {a_err:.3g}, after "
               f"{b_err:.3g}; outputs bit-identical: {bool(np.array_equal(a_bits, b_bits))}")
         for workload, dim, gbps, (copy, before, after) in timed_workloads(
-                kernels, dtype, queue, args.workloads, args.dims, args.rounds, min_time=0.4):
+                kernels, dtype, queue, args.workloads, args.dims, args.rounds, min_time=0.4,
+                channels=channels):
             print(f"  {workload:22s} {dtype_name:9s} {dim:5d}  copy {gbps:5.1f} GB/s | "
                   f"before {before * 1e6:7.0f}us {100 * copy / before:5.1f}% copy | after "
                   f"{after * 1e6:7.0f}us {100 * copy / after:5.1f}% copy | before / after "

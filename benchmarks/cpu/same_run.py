@@ -1,6 +1,9 @@
 """Helpers of the same-run comparisons in this folder: kernel variants compiled in this
 process, one step's launch packed once, and kernels timed in turn with the device copy
-of the same bytes (profiling events, kernel time only). Needs numba-dpex."""
+of the same bytes (profiling events, kernel time only). A variant with ``wide=True``
+(16-bit dtypes) handles ``kernel_abi.WIDE_CHANNELS`` channels per work-item: it is
+launched over that many times fewer work-items (``variant_channels``). Needs
+numba-dpex."""
 
 import statistics
 
@@ -8,6 +11,7 @@ import numpy as np
 import torch
 
 from jitconv import bench, launching, reference
+from jitconv.kernel_abi import WIDE_CHANNELS
 from jitconv.steps import DATA_KEYS, mixed_step
 
 
@@ -26,13 +30,23 @@ def compile_variant(width, dtype_name, queue, **options):
     return program.get_sycl_kernel(module.kernel_name)
 
 
+def variant_channels(dtype_name, options):
+    """Channels per work-item of the variant ``options`` (of ``compile_variant``)."""
+    return WIDE_CHANNELS[dtype_name] if options.get("wide") else 1
+
+
 def packed_launch(step, queue):
-    """(values, grid, out, plan) of the step's launch, packed by a plan but not
-    submitted. The values point into the plan's tables and into out: keep both alive
-    while the values are submitted."""
+    """(values, grid, out, plan) of the step's launch with one channel per work-item,
+    packed by a plan but not submitted (grid: (blocks, dim); a variant of C channels per
+    work-item runs over (blocks, dim / C) with the same values). The values point into
+    the plan's tables and into out: keep both alive while the values are submitted."""
     plan = bench.plan_of(step, queue)
-    with bench._submits_recorded() as submitted:
-        out = plan.run(**{k: step[k] for k in DATA_KEYS})
+    fits, launching.wide_fits = launching.wide_fits, lambda *args: False
+    try:
+        with bench._submits_recorded() as submitted:
+            out = plan.run(**{k: step[k] for k in DATA_KEYS})
+    finally:
+        launching.wide_fits = fits
     _kernel, _queue, values, grid, _wait = submitted[-1]
     return values, grid, out, plan
 
@@ -45,15 +59,15 @@ def submitter(kernel, queue, values, grid):
     return submit
 
 
-def accuracy(kernel, dtype, queue, seed=5):
+def accuracy(kernel, dtype, queue, seed=5, channels=1):
     """Output of ``kernel`` on a random mixed step against the float64 reference:
     (output bits, max |error|, max of |error| / (atol + rtol |ref|): below 1 passes)."""
     step = mixed_step(torch.Generator().manual_seed(seed), dim=2048, width=4, dtype=dtype,
                       ns_lengths=[700, 33, 1, 1, 5], sp_lengths=[4, 4, 2], usm=True)
     ref, _ = reference.causal_conv1d_reference(
         **{**step, "conv_state": step["conv_state"].clone()})
-    values, grid, out, _plan = packed_launch(step, queue)
-    for event in submitter(kernel, queue, values, grid)():
+    values, (blocks, dim), out, _plan = packed_launch(step, queue)
+    for event in submitter(kernel, queue, values, (blocks, dim // channels))():
         event.wait()
     got = out.to(torch.float64).numpy()
     rtol, atol = reference.TOLERANCE[str(dtype).replace("torch.", "")]
@@ -77,16 +91,20 @@ def time_in_turn(copy_submit, submits, rounds, min_time=0.5):
     return [statistics.median(row[i] for row in results) for i in range(n + 1)]
 
 
-def timed_workloads(kernels, dtype, queue, workloads, dims, rounds, min_time=0.5):
+def timed_workloads(kernels, dtype, queue, workloads, dims, rounds, min_time=0.5,
+                    channels=None):
     """For each workload (";"-separated names of jitconv.bench) and dim: (workload, dim,
     copy GB/s, [copy, kernel 0, kernel 1, ...] times) from ``time_in_turn``, every kernel
-    launched on the same packed step."""
+    launched on the same packed step (kernel i over dim / ``channels[i]`` work-items;
+    default one channel each)."""
+    channels = channels or [1] * len(kernels)
     for workload in workloads.split(";"):
         for dim in (int(d) for d in dims.split(",")):
             step = bench.make_step(workload, dim, dtype)
             moved = bench.bytes_moved(step)
-            values, grid, _out, _plan = packed_launch(step, queue)
+            values, (blocks, _dim), _out, _plan = packed_launch(step, queue)
             copy_submit = bench.copy_submit(moved // 2, queue)
-            subs = [submitter(k, queue, values, grid) for k in kernels]
+            subs = [submitter(k, queue, values, (blocks, dim // c))
+                    for k, c in zip(kernels, channels)]
             times = time_in_turn(copy_submit, subs, rounds, min_time=min_time)
             yield workload, dim, moved / times[0] / 1e9, times

@@ -14,8 +14,8 @@ import numpy as np
 import torch
 
 from jitconv import bench, launching
-from jitconv.kernel_abi import fast_silu
-from same_run import accuracy, compile_variant, timed_workloads
+from jitconv.kernel_abi import WIDE_CHANNELS, fast_silu
+from same_run import accuracy, compile_variant, timed_workloads, variant_channels
 
 
 def main():
@@ -31,18 +31,23 @@ def main():
           f"% copy against a copy of the same bytes timed in turn with both kernels")
     for dtype_name in args.dtypes.split(","):
         dtype = getattr(torch, dtype_name)
-        default = launching.get_conv_kernel(width, dtype_name, queue)
-        other = compile_variant(width, dtype_name, queue, fast=not fast_silu(dtype_name))
+        # the kernel a launch of these (aligned) workloads takes: wide where there is one
+        wide = dtype_name in WIDE_CHANNELS
+        default = launching.get_conv_kernel(width, dtype_name, queue, wide)
+        other = compile_variant(width, dtype_name, queue, fast=not fast_silu(dtype_name),
+                                wide=wide)
+        channels = [variant_channels(dtype_name, {"wide": wide})] * 2
         names = ["fast" if fast_silu(dtype_name) else "exact",
                  "exact" if fast_silu(dtype_name) else "fast"]
-        a_bits, a_err, a_use = accuracy(default, dtype, queue)
-        b_bits, b_err, b_use = accuracy(other, dtype, queue)
+        a_bits, a_err, a_use = accuracy(default, dtype, queue, channels=channels[0])
+        b_bits, b_err, b_use = accuracy(other, dtype, queue, channels=channels[1])
         print(f"{dtype_name}: default = {names[0]}; vs float64 reference: {names[0]} max err "
               f"{a_err:.3g} ({a_use:.2f} of tolerance), {names[1]} {b_err:.3g} "
               f"({b_use:.2f}); outputs differing: {100 * (a_bits != b_bits).mean():.2f}%, "
               f"max {np.abs(a_bits - b_bits).max()} ulp")
         for workload, dim, gbps, (copy, t_default, t_other) in timed_workloads(
-                [default, other], dtype, queue, args.workloads, args.dims, args.rounds):
+                [default, other], dtype, queue, args.workloads, args.dims, args.rounds,
+                channels=channels):
             print(f"  {workload:22s} {dtype_name:9s} {dim:5d}  copy {gbps:5.1f}"
                   f" GB/s | {names[0]} (default) {t_default * 1e6:7.0f}us "
                   f"{100 * copy / t_default:5.1f}% copy | {names[1]} {t_other * 1e6:7.0f}us "

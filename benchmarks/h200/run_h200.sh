@@ -13,7 +13,9 @@ python3 -c "import sys, numpy, numba, numba_cuda, torch, triton; print(sys.versi
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,power.draw --format=csv | tee -a $OUT/versions.txt
 T="python3 -m pytest -q -p no:cacheprovider -rs"
 $T tests/test_cuda.py tests/test_bit_conversions.py 2>&1 | tee $OUT/grid.log | tail -3
-# The defaults (C = 2, L = 8, fast exp) and whole-kernel fastmath; same-run-variants.csv
-# came from the same command with --modes "fast exp" on each variant's tree.
+# The defaults (C and L per launch, fast exp) beside C = 4 and four channels per row
+# access (the seventh session's run); same-run-variants.csv came from the same command
+# with --modes "fast exp" on each variant's tree.
 python3 -m jitconv.bench_gpu --vllm-file ../vllm/causal_conv1d.py --out $OUT/bench --reps 60 \
-  --channels auto --modes "fast exp,fastmath" 2>&1 | grep -v -i "warn" | tee $OUT/bench.log
+  --channels auto,4 --row-groups auto,4 --modes "fast exp" 2>&1 | grep -v -i "warn" \
+  | tee $OUT/bench.log
