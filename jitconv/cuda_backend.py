@@ -28,6 +28,8 @@ import threading
 import numpy as np
 import torch
 
+from .kernel_abi import rows_aligned
+
 _SIXTEEN_BIT = (torch.float16, torch.bfloat16)
 # Defaults, the fastest or within a few percent of it on every workload of the H200 run
 # (benchmarks/h200/): channels per thread by dtype (JITCONV_CUDA_CHANNELS), tokens loaded
@@ -210,24 +212,15 @@ def _row_group_setting():
     return DEFAULT_ROW_GROUP if value == "" else int(value)
 
 
-def _rows_fit(t, group):
-    """Whether every row of a (tokens, dim) tensor with unit channel stride starts on a
-    boundary of ``group`` elements, so that channels c .. c + group - 1 (c a multiple of
-    group) are one aligned vector access: the first element's address and the row
-    stride (when there is more than one row) are multiples of the group. A misaligned
-    vector access faults on a GPU, so this is checked on the address itself (views may
-    start anywhere)."""
-    return (t.data_ptr() % (group * t.element_size()) == 0
-            and (t.shape[0] <= 1 or t.stride(0) % group == 0))
-
-
 def row_group_for(channels, short_tokens, x, target):
     """The channels per access of rows of x and out for a launch: the setting
     (JITCONV_CUDA_ROW_GROUP, default DEFAULT_ROW_GROUP), halved until it divides
-    ``channels`` and both tensors' rows are aligned to it; 1 for short kernels."""
+    ``channels`` and the rows of both (tokens, dim) tensors are aligned to it
+    (``kernel_abi.rows_aligned``); 1 for short kernels."""
     group = 1 if short_tokens else _row_group_setting()
-    while group > 1 and (channels % group or not _rows_fit(x, group)
-                         or not _rows_fit(target, group)):
+    while group > 1 and (channels % group or not all(
+            rows_aligned(t.data_ptr(), t.element_size(), t.shape, t.stride(), group)
+            for t in (x, target))):
         group //= 2
     return group
 

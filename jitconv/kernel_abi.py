@@ -58,6 +58,22 @@ STORAGE = {"float32": np.float32, "float16": np.int16, "bfloat16": np.int16}
 # as fast there).
 WIDE_CHANNELS = {"float16": 4, "bfloat16": 4}
 
+
+def rows_aligned(address, itemsize, shape, strides, group, channel_axis=1):
+    """Whether every row of an array (element ``strides``, channel axis contiguous)
+    starts on a multiple of ``group`` elements of memory aligned to that many, so that
+    channels c .. c + group - 1 (c a multiple of group) are one aligned access: the
+    first element's ``address`` and every other stride (of an axis longer than 1) are
+    multiples of the group. The rule of both backends' grouped row accesses (SYCL's
+    wide kernels, CUDA's row groups): a misaligned vector access is undefined in SPIR-V
+    and faults on a GPU, so it is checked on the address (views may start anywhere)."""
+    if strides[channel_axis] != 1 and shape[channel_axis] > 1:
+        return False
+    if address % (group * itemsize):
+        return False
+    return all(s % group == 0 for i, (n, s) in enumerate(zip(shape, strides))
+               if i != channel_axis and n > 1)
+
 # Flag bits of a block (built by batch.py): of its sequence (initial state, spec), and
 # whether the rows of x of the block / of its whole sequence are consecutive.
 FLAG_INITIAL_STATE = 1

@@ -164,7 +164,8 @@ def store(width, dtype_name, spirv, kernel_name, directory=None, wide=False):
     directory.mkdir(parents=True, exist_ok=True)
     k = key(width, dtype_name, wide)
     meta = {"format": FORMAT, "kernel_name": kernel_name, "width": width,
-            "dtype": dtype_name, "wide": wide, "abi": _abi(), "sha256": hashlib.sha256(spirv).hexdigest(),
+            "dtype": dtype_name, "wide": wide, "abi": _abi(),
+            "sha256": hashlib.sha256(spirv).hexdigest(),
             **compiler_versions()}
     # SPIR-V first, metadata last: an entry without metadata is never read.
     for suffix, data in ((".spv", spirv), (".json", json.dumps(meta, indent=1).encode())):

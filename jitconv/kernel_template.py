@@ -343,6 +343,7 @@ def kernel_source(width, name, backend, channels=1, lookahead=1, word_taps=False
                         ind * 4 + "if base < 0:",
                         ind * 5 + f"{rq} = tables[U(rows + st0 + q + {k - S})]"]
         chunk_loads += [ind * 4 + line for line in x_row(f"v{k}{{J}}", rq)]
+
     def state_column(unit, column, value):
         """Lines storing ``value`` (with {J}) of every channel to state column ``column``;
         with ``unit`` and a row group G > 1 (the state's channels contiguous and aligned
@@ -356,7 +357,8 @@ def kernel_source(width, name, backend, channels=1, lookahead=1, word_taps=False
         lines = []
         for k in range(K):
             lines += [ind * 3 + f"if q + {k} < {S} + n:"]
-            lines += [ind * 4 + line for line in state_column(unit, f"q + {k} - q0", f"v{k}{{J}}")]
+            lines += [ind * 4 + line
+                      for line in state_column(unit, f"q + {k} - q0", f"v{k}{{J}}")]
         return lines
 
     def cache_window(unit):

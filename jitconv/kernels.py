@@ -15,6 +15,7 @@ No host logic lives here. The public ops (``ops.py``) validate inputs, ``batch.p
 the tables (token rows, one record per block); ``launching.py`` compiles and submits.
 """
 
+import functools
 import linecache
 import math
 
@@ -33,7 +34,7 @@ from .kernel_template import Backend, kernel_source as _template_source, window_
 
 SYCL = Backend(
     name="sycl", index_arg="item, ", extra_args="", unit_stride_reads=True,
-    index="    c = item.get_id(0)  # channel: the fastest index (contiguous memory)\n"
+    index="    c = item.get_id(0) * {C}  # first channel: the fastest index\n"
           "    b = item.get_id(1)  # block")
 
 _INTRINSICS = bit_conversions.intrinsics(intrinsic)
@@ -109,18 +110,25 @@ def _load_taps16(typingctx, array, index):
     return types.int64(array, types.uint64), codegen
 
 
-@intrinsic
-def _taps16_aligned(typingctx, array, index):
-    """Whether &array[index] (16-bit elements) is 8-byte aligned: the condition of
-    ``_load_taps16``. Checked on the address, not the offset: memory jitconv did not
-    allocate can start anywhere (a view's own address)."""
-    def codegen(context, builder, signature, args):
-        data = _data_pointer(context, builder, signature, args)
-        addr = builder.add(builder.ptrtoint(data, _I64),
-                           builder.shl(args[1], ir.Constant(_I64, 1)))
-        return builder.icmp_unsigned("==", builder.and_(addr, ir.Constant(_I64, 7)),
-                                     ir.Constant(_I64, 0))
-    return types.boolean(array, types.uint64), codegen
+@functools.lru_cache(maxsize=None)  # one intrinsic per group size
+def _row_aligned(group):
+    """Whether &array[index] is aligned to ``group`` elements: the condition of a
+    ``_row_access`` read of that many, and with 4 of ``_load_taps16`` (16-bit elements,
+    8 bytes). Checked on the address, not the offset: memory jitconv did not allocate
+    can start anywhere (a view's own address)."""
+    @intrinsic
+    def aligned(typingctx, array, index):
+        def codegen(context, builder, signature, args):
+            data = _data_pointer(context, builder, signature, args)
+            size = context.get_abi_sizeof(context.get_value_type(signature.args[0].dtype))
+            addr = builder.ptrtoint(builder.gep(data, [args[1]], inbounds=True), _I64)
+            mask = ir.Constant(_I64, group * size - 1)
+            return builder.icmp_unsigned("==", builder.and_(addr, mask), ir.Constant(_I64, 0))
+        return types.boolean(array, types.uint64), codegen
+    return aligned
+
+
+_taps16_aligned = _row_aligned(4)
 
 
 @intrinsic
@@ -171,23 +179,6 @@ def _row_access(group):
     return load, bit_conversions.row_store(intrinsic, group, store_codegen)
 
 
-
-
-def _row_aligned(group):
-    """Whether &array[index] is aligned to ``group`` elements (the condition of a
-    ``_row_access`` read; checked on the address: a view can start anywhere)."""
-    @intrinsic
-    def aligned(typingctx, array, index):
-        def codegen(context, builder, signature, args):
-            data = _data_pointer(context, builder, signature, args)
-            size = context.get_abi_sizeof(context.get_value_type(signature.args[0].dtype))
-            addr = builder.ptrtoint(builder.gep(data, [args[1]], inbounds=True), _I64)
-            mask = ir.Constant(_I64, group * size - 1)
-            return builder.icmp_unsigned("==", builder.and_(addr, mask), ir.Constant(_I64, 0))
-        return types.boolean(array, types.uint64), codegen
-    return aligned
-
-
 # The wide kernels' row operations, as globals of the generated source (by group size).
 _ROW_OPS = {}
 for _group in sorted(set(WIDE_CHANNELS.values())):
@@ -229,8 +220,6 @@ def kernel_source(width, name, dtype_name, wide=False, **backend_options):
             raise ValueError(f"no wide kernel for {dtype_name} (wide kernels: "
                              f"{sorted(WIDE_CHANNELS)}, with unit_stride_reads)")
         channels = WIDE_CHANNELS[dtype_name]
-        backend = backend._replace(index=backend.index.replace(
-            "item.get_id(0)", f"item.get_id(0) * {channels}", 1))
     return _template_source(
         width, name, backend, channels=channels, row_group=channels,
         word_taps=backend.unit_stride_reads and width == 4 and STORAGE[dtype_name] == np.int16)

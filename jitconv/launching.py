@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from . import kernel_cache
-from .kernel_abi import CONV_ARGS, STORAGE, TABLES, WIDE_CHANNELS
+from .kernel_abi import CONV_ARGS, STORAGE, TABLES, WIDE_CHANNELS, rows_aligned
 from . import device as devices
 
 _lock = threading.Lock()
@@ -172,29 +172,18 @@ def get_conv_kernel(width, dtype_name, queue=None, wide=False):
     return kernel
 
 
-def _rows_aligned(view, group, channel_axis):
-    """Whether every row of ``view`` (the channel axis contiguous) starts on a multiple
-    of ``group`` elements of an allocation aligned to that many: its first element's
-    address and every other stride are multiples of the group."""
-    if view.strides[channel_axis] != 1 and view.shape[channel_axis] > 1:
-        return False
-    if view.address % (group * view.itemsize):
-        return False
-    return all(s % group == 0 for i, (n, s) in enumerate(zip(view.shape, view.strides))
-               if i != channel_axis and n > 1)
-
-
 def wide_fits(views, dim, dtype_name):
     """Whether a launch can take the wide kernel (``kernel_abi.WIDE_CHANNELS``): a dtype
     that has one, dim a multiple of its channel count C, and every row of x, out and the
     conv state (channels contiguous) starting at a multiple of C elements, so that its
-    C-channel words are aligned (a misaligned access is undefined in SPIR-V and may fault
-    on a GPU). Everything else takes the one-channel kernel."""
+    C-channel words are aligned (``kernel_abi.rows_aligned``; the conv state's view is
+    (lines, dim, state_len), channels on axis 1 like x's and out's). Everything else
+    takes the one-channel kernel."""
     group = WIDE_CHANNELS.get(dtype_name)
     if group is None or dim % group:
         return False
-    return (_rows_aligned(views["x"], group, 1) and _rows_aligned(views["out"], group, 1)
-            and _rows_aligned(views["conv_state"], group, 1))
+    return all(rows_aligned(v.address, v.itemsize, v.shape, v.strides, group)
+               for v in (views["x"], views["out"], views["conv_state"]))
 
 
 def _array_params(nitems, itemsize, pointer, *scalars):
