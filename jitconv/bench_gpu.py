@@ -25,7 +25,10 @@ a row (``--row-groups``: JITCONV_CUDA_ROW_GROUP, "auto" its default) and each ma
 silu in ``MODES`` (``--modes``); jitconv as two calls (mixed
 steps, with the defaults); vLLM Triton as vLLM calls it (one call for one kind of
 sequences; for mixed steps its two calls on pre-gathered inputs), and for mixed steps
-vLLM's two calls plus the two ``index_select`` gathers its GDN layer makes.
+vLLM's two calls plus the two ``index_select`` gathers its GDN layer makes; on GPUs where
+vLLM launches them with programmatic dependent launch, both again with it off (rows
+ending in ``TRITON_NO_PDL``: with it on, a kernel's measured time can include the end of
+the flush before it).
 
 ``python -m jitconv.bench_gpu host VLLM_FILE OUT_DIR``: host cost per call instead
 (``host_cost``).
@@ -225,6 +228,7 @@ def run(vllm_file, out_dir, dims=(2048, 8192), dtypes=("bfloat16", "float32"), r
     modes = modes or tuple(MODES)
     device = torch.device(jitconv.set_device("cuda:0"))
     vt = load_vllm_triton(vllm_file)
+    pdl_by_default = vt._platform.is_arch_support_pdl()
     flush = torch.empty(256 << 20, dtype=torch.uint8, device=device)
     copy = copy_bandwidth(device)
     print(f"{torch.cuda.get_device_name()}: copy {copy['gbps']:.0f} GB/s", flush=True)
@@ -287,10 +291,18 @@ def run(vllm_file, out_dir, dims=(2048, 8192), dtypes=("bfloat16", "float32"), r
                     p1, p2 = _plan(first), _plan(second)
                     record("jitconv two calls", lambda: (p1(), p2()))
                 vrun, _ = vllm_calls(vt, step, device, gathers=False)
-                record("vllm triton", vrun)
+                grun = None
                 if first is not None and second is not None:
                     grun, _ = vllm_calls(vt, step, device, gathers=True)
-                    record("vllm triton + gathers", grun)
+                for pdl in (True, False) if pdl_by_default else (False,):
+                    # Rows "... , no PDL": vLLM's calls with programmatic dependent launch
+                    # off (see TRITON_NO_PDL)
+                    vt._platform.is_arch_support_pdl = lambda pdl=pdl: pdl
+                    suffix = "" if pdl == pdl_by_default else TRITON_NO_PDL
+                    record("vllm triton" + suffix, vrun)
+                    if grun is not None:
+                        record("vllm triton + gathers" + suffix, grun)
+                vt._platform.is_arch_support_pdl = lambda: pdl_by_default
                 _save(out_dir, copy, reps, rows)  # as it goes: a cut-off run keeps rows
     return _save(out_dir, copy, reps, rows)
 
@@ -405,14 +417,30 @@ def variant_name(channels, lookahead, mode="exact", row_group=AUTO):
 
 # The row of each workload that times a copy of its own bytes (bench_gpu.run).
 SAME_BYTES_COPY = "device copy of the same bytes"
+# Suffix of the rows of vLLM's calls made with programmatic dependent launch (PDL) off, on
+# GPUs where vLLM turns it on (compute capability 9.0 and later). A kernel launched with
+# PDL may start while the kernel before it (here the L2 flush) is still finishing, and
+# its measured duration then counts that overlap: on the H200 vLLM's bfloat16
+# decode-only launch measured 4.5-9.4 us with PDL and 2.8-5.0 us without it (both its own
+# kernel). ``table`` and ``panel`` take the faster of the two as vLLM's time.
+TRITON_NO_PDL = ", no PDL"
+
+
+def _fastest(v, name):
+    """The faster of vLLM's row ``name`` and its no-PDL twin (None if neither ran), and
+    whether the twin was it."""
+    rows = [(v[k], k != name) for k in (name, name + TRITON_NO_PDL) if k in v]
+    if not rows:
+        return None, False
+    return min(rows, key=lambda r: r[0]["us"])
 
 
 def table(result):
     """The markdown results table of benchmarks/h200/README.md, from a run's result:
     per (dim, dtype, workload) the default variant (automatic channels and lookahead,
     DEFAULT_FAST_EXP; in older results DEFAULT_CHANNELS, and before the automatic
-    lookahead DEFAULT_LOOKAHEAD), the fastest jitconv variant, vLLM's calls, and the
-    ratios."""
+    lookahead DEFAULT_LOOKAHEAD), the fastest jitconv variant, vLLM's calls (the faster
+    of PDL on and off, "no PDL" where off was faster: TRITON_NO_PDL), and the ratios."""
     from .cuda_backend import DEFAULT_CHANNELS, DEFAULT_FAST_EXP, DEFAULT_LOOKAHEAD
     by = {}
     for r in result["rows"]:
@@ -438,13 +466,15 @@ def table(result):
                                            variant_name(DEFAULT_CHANNELS[dtype],
                                                         DEFAULT_LOOKAHEAD, mode))
                         if k in ours), None)
-        triton, gathers = v.get("vllm triton"), v.get("vllm triton + gathers")
+        (triton, t_off), (gathers, g_off) = (_fastest(v, "vllm triton"),
+                                             _fastest(v, "vllm triton + gathers"))
         vs = f"{triton['us'] / best['us']:.2f}x" if triton else "-"
         vs_g = f"{gathers['us'] / best['us']:.2f}x" if gathers else "-"
         same = v.get(SAME_BYTES_COPY)  # results before it was measured have none
         same_pct = f"{100 * same['us'] / best['us']:.0f}%" if same else "-"
         lines.append(f"| {dim} | {dtype} | {name} | {cell(default)} | {cell(best)} "
-                     f"{best_name.replace('jitconv ', '')} | {cell(triton)} | {cell(gathers)} | "
+                     f"{best_name.replace('jitconv ', '')} | {cell(triton)}{' no PDL' * t_off} | "
+                     f"{cell(gathers)}{' no PDL' * g_off} | "
                      f"{cell(v.get('jitconv two calls'))} | {vs} | {vs_g} | "
                      f"{cell(same)} | {same_pct} |")
     return "\n".join(lines)
@@ -454,6 +484,10 @@ PANEL_SERIES = (("best", "jitconv, one launch (best variant)", "tab:blue"),
                 ("two", "jitconv, two calls", "tab:cyan"),
                 ("triton", "vLLM Triton", "tab:green"),
                 ("gathers", "vLLM Triton + gathers", "tab:olive"))
+
+
+def _pct(row):
+    return None if row is None else row["pct_copy"]
 
 
 def panel(result):
@@ -470,8 +504,9 @@ def panel(result):
         pct = {k: r["pct_copy"] for k, r in v.items()}
         rows.append(dict(workload=name, dtype=dtype, dim=dim,
                          pct_best=max(p for k, p in pct.items() if k.startswith("jitconv C=")),
-                         pct_two=pct.get("jitconv two calls"), pct_triton=pct.get("vllm triton"),
-                         pct_gathers=pct.get("vllm triton + gathers")))
+                         pct_two=pct.get("jitconv two calls"),
+                         pct_triton=_pct(_fastest(v, "vllm triton")[0]),
+                         pct_gathers=_pct(_fastest(v, "vllm triton + gathers")[0])))
     title = f"{result['device']} (copy {result['copy']['gbps']:.0f} GB/s), kernel time"
     return title, rows, PANEL_SERIES
 

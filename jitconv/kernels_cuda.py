@@ -20,6 +20,7 @@ per thread (``cuda_backend.DEFAULT_MAX_REGISTERS``).
 
 import linecache
 import math
+import re
 
 import numpy as np
 
@@ -29,8 +30,8 @@ if not hasattr(np, "row_stack"):  # numpy 2.x removed it; some numba-cuda releas
 from numba import cuda  # noqa: E402
 
 from . import bit_conversions  # noqa: E402
-from .kernel_abi import (FLAG_BLOCK_ROWS, FLAG_INITIAL_STATE, FLAG_SEQ_ROWS, FLAG_SPEC,  # noqa: E402
-                         STORAGE, SUPPORTED_WIDTHS)
+from .kernel_abi import (CONV_ARGS, FLAG_BLOCK_ROWS, FLAG_INITIAL_STATE, FLAG_SEQ_ROWS,  # noqa: E402
+                         FLAG_SPEC, STORAGE, SUPPORTED_WIDTHS, TABLES)
 from .kernel_template import Backend, kernel_source, window_value  # noqa: E402
 
 CUDA = Backend(
@@ -48,6 +49,25 @@ EXTRA_ARGS = (("dim", 0, "int64", None), ("num_blocks", 0, "int64", None))
 # wait for the previous round's state stores). H200, same call: spec-only 1.02-1.14x,
 # decode-heavy mixed 1.02-1.11x; bfloat16 decode-only 0.90-0.97x (benchmarks/h200/).
 STATE_CHUNK_EXTRA = 1
+
+# The scalar arguments a kernel can take as compile-time constants (``layout``): a
+# layer's offsets, strides, dim, has_bias and silu, the same at every call of a layer
+# (the per-call table offsets and block count are not). With them constant the 64-bit
+# index arithmetic on them folds (the bfloat16 decode kernel's SASS held 149 IMAD, 58
+# LEA and 46 IADD3 against 33, 8 and 2 in vLLM's Triton kernel, whose strides are
+# constexpr; benchmarks/h200/README.md).
+LAYOUT_ARGS = tuple(a[0] for a in CONV_ARGS + EXTRA_ARGS
+                    if not a[1] and a[0] not in TABLES + ("num_blocks",))
+
+
+def with_layout(source, layout):
+    """``source`` with the LAYOUT_ARGS parameters renamed (still passed, unused) and
+    bound to the values of ``layout`` (ints, in LAYOUT_ARGS order) at the body's top."""
+    head, body = source.split("):\n", 1)  # the def's parameter list ends here
+    for param in LAYOUT_ARGS:
+        head = re.sub(rf"\b{param}\b", f"_{param}", head)
+    values = "".join(f"    {param} = {int(value)}\n" for param, value in zip(LAYOUT_ARGS, layout))
+    return head + "):\n" + values + body
 
 
 def short_tokens_for(width, longest_sequences):
@@ -230,7 +250,7 @@ def _fast_silu_ops():
 
 def make_conv_kernel(width, dtype_name, channels=1, fastmath=False, lookahead=1,
                      fast_exp=False, max_registers=None, native_bf16=False,
-                     short_tokens=0, row_group=1):
+                     short_tokens=0, row_group=1, layout=None):
     """The CUDA conv kernel for one (width, dtype, channels per thread, lookahead)
     specialization (a numba-cuda dispatcher; types are taken from the first launch).
     ``fastmath``: numba's fastmath for the whole kernel; ``fast_exp``: only silu's exp
@@ -241,7 +261,9 @@ def make_conv_kernel(width, dtype_name, channels=1, fastmath=False, lookahead=1,
     (``kernel_template``; chosen per launch by ``cuda_backend``, 0: the general one);
     ``row_group``: rows of x and out accessed that many (2 or 4) channels at a time
     (``_row_access``; ``channels`` a multiple of it, aligned rows: chosen per launch by
-    ``cuda_backend``)."""
+    ``cuda_backend``); ``layout``: the values of LAYOUT_ARGS as compile-time constants
+    (``with_layout``; the kernel is then only for launches with exactly those), None:
+    all of them read from the arguments."""
     if width not in SUPPORTED_WIDTHS:
         raise ValueError(f"width must be one of {SUPPORTED_WIDTHS}, got {width}")
     name = (f"jitconv_conv_w{width}_{dtype_name}_c{channels}_l{lookahead}"
@@ -249,10 +271,13 @@ def make_conv_kernel(width, dtype_name, channels=1, fastmath=False, lookahead=1,
             f"{f'_r{max_registers}' if max_registers else ''}"
             f"{'_cvt' if native_bf16 and dtype_name == 'bfloat16' else ''}"
             f"{f'_short{short_tokens}' if short_tokens else ''}"
-            f"{f'_g{row_group}' if row_group > 1 else ''}")
+            f"{f'_g{row_group}' if row_group > 1 else ''}"
+            f"{f'_k{hash(tuple(layout)) % 10 ** 10}' if layout is not None else ''}")
     source = kernel_source(width, name, CUDA, channels, lookahead,
                            state_chunk=width - 1 + STATE_CHUNK_EXTRA, short_tokens=short_tokens,
                            row_group=row_group)
+    if layout is not None:
+        source = with_layout(source, layout)
     filename = f"<jitconv cuda kernel {name}>"
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
     load, store = _converters(dtype_name, native_bf16)

@@ -142,6 +142,36 @@ def test_gpu_table_default_variant_and_lookaheads():
     assert default_cell([fixed, auto, both, triton]).startswith("6.0 us")
 
 
+def test_gpu_table_takes_the_faster_of_triton_with_and_without_pdl():
+    """vLLM's calls are timed with programmatic dependent launch on and off (on GPUs where
+    vLLM turns it on): the table's Triton columns, the ratios and the plot take the
+    faster of the two, and the cell says when it was the one without PDL."""
+    from jitconv import bench_gpu
+    row = dict(dim=2048, dtype="bfloat16", workload="mixed step")
+    ours = dict(row, variant=bench_gpu.variant_name(bench_gpu.AUTO, bench_gpu.AUTO, "fast exp"),
+                us=6.0, pct_copy=30.0)
+
+    def triton_rows(pdl_us, no_pdl_us, name="vllm triton"):
+        rows = [dict(row, variant=name, us=pdl_us, pct_copy=100 / pdl_us)]
+        if no_pdl_us is not None:
+            rows.append(dict(row, variant=name + bench_gpu.TRITON_NO_PDL, us=no_pdl_us,
+                             pct_copy=100 / no_pdl_us))
+        return rows
+
+    def cells(rows):
+        line = bench_gpu.table({"rows": rows}).splitlines()[-1].split(" | ")
+        return line[5], line[6], line[8], line[9]
+
+    rows = [ours] + triton_rows(9.0, 4.0) + triton_rows(12.0, 15.0, "vllm triton + gathers")
+    triton, gathers, vs, vs_gathers = cells(rows)
+    assert triton.startswith("4.0 us") and triton.endswith("no PDL")
+    assert gathers.startswith("12.0 us") and "no PDL" not in gathers
+    assert (vs, vs_gathers) == ("0.67x", "2.00x")
+    assert cells([ours] + triton_rows(3.0, None))[0].startswith("3.0 us")  # PDL row only
+    _title, panel_rows, _series = bench_gpu.panel(
+        {"rows": rows, "device": "GPU", "copy": {"gbps": 1.0}})
+    assert panel_rows[0]["pct_triton"] == 25.0 and panel_rows[0]["pct_gathers"] == 100 / 12
+
 def test_gpu_host_cost_needs_a_cuda_device():
     """``python -m jitconv.bench_gpu host VLLM_FILE OUT`` (the CUDA call's host cost) says
     why it cannot run where there is no CUDA device, before loading anything."""

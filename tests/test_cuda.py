@@ -200,6 +200,60 @@ def _rows_view(rows, dim, dtype, skip, row_stride):
     return buffer[skip:].as_strided((rows, dim), (row_stride, 1)), buffer
 
 
+@pytest.mark.parametrize("dtype_name", ["float32", "bfloat16"])
+def test_layout_compiled_in(cuda_device, monkeypatch, dtype_name):
+    """A layer's offsets, strides, dim, has_bias and silu compiled into its kernel
+    (kernels_cuda.LAYOUT_ARGS, by default): each launch's kernel holds exactly that
+    launch's values, on general and short (decode) kernels, strided and contiguous
+    layouts, with and without bias, either state layout. Results equal the reference's
+    and, bit for bit, those of JITCONV_CUDA_CONSTANT_LAYOUT=0 (the values read as
+    arguments). Past MAX_LAYOUTS layouts a process runs the argument-reading kernel."""
+    from jitconv.kernels_cuda import LAYOUT_ARGS
+    monkeypatch.delenv("JITCONV_CUDA_CONSTANT_LAYOUT", raising=False)
+    monkeypatch.setattr(cuda_backend, "_layouts", set())  # earlier tests' layouts count
+    calls = _spy_get_kernel(monkeypatch)
+    dtype = DTYPES[dtype_name]
+    seen = set()
+    for seed, (ns, sp, strided, bias, layout, width, activation) in enumerate((
+            ([3, 17, 1], [2, 4], False, True, "SD", 4, "silu"),
+            ([3, 17, 1], [2, 4], True, True, "DS", 4, None),
+            ([1, 1, 1], [], True, False, "SD", 4, "silu"),
+            ([5, 0, 20], [1], False, False, "DS", 2, "silu"))):
+        case = mixed_step(torch.Generator().manual_seed(seed + 40), dim=DIM, width=width,
+                          dtype=dtype, ns_lengths=ns, sp_lengths=sp, rows="vllm",
+                          initial="alternate", strided=strided, bias=bias, layout=layout,
+                          usm=True)
+        results = []
+        for setting in ("", "0"):
+            monkeypatch.setenv("JITCONV_CUDA_CONSTANT_LAYOUT", setting)
+            state = case["conv_state"].clone()
+            out = run_and_check(dict(case, conv_state=state), dtype=dtype,
+                                activation=activation)
+            results.append((bits(out), bits(state)))
+        assert all(torch.equal(a, b) for a, b in zip(*results)), (ns, sp, strided, layout)
+        constant, read = calls[-2]["layout"], calls[-1]["layout"]
+        assert read is None
+        values = dict(zip(LAYOUT_ARGS, constant))
+        x, st = case["x"], case["conv_state"]
+        assert values["x_row_stride"] == x.stride(0) and values["dim"] == DIM
+        assert (values["state_stride_line"], values["state_stride_c"],
+                values["state_stride_col"]) == st.stride()
+        assert values["has_bias"] == int(bias) and values["silu"] == int(bool(activation))
+        seen.add(constant)
+    assert len(seen) == 4
+    # Past MAX_LAYOUTS, new layouts read their values as arguments; known ones keep theirs.
+    monkeypatch.setattr(cuda_backend, "MAX_LAYOUTS", len(cuda_backend._layouts))
+    monkeypatch.setenv("JITCONV_CUDA_CONSTANT_LAYOUT", "")
+    case = build_mixed(71, dtype=dtype, width=4, dim=DIM + 4, usm=True)
+    run_and_check(case, dtype=dtype)
+    assert calls[-1]["layout"] is None
+    case = mixed_step(torch.Generator().manual_seed(40), dim=DIM, width=4, dtype=dtype,
+                      ns_lengths=[3, 17, 1], sp_lengths=[2, 4], rows="vllm",
+                      initial="alternate", usm=True)
+    run_and_check(case, dtype=dtype)
+    assert calls[-1]["layout"] in seen
+
+
 @pytest.mark.parametrize("width", [2, 4])
 @pytest.mark.parametrize("dtype_name", list(DTYPES))
 def test_row_groups(cuda_device, monkeypatch, dtype_name, width):
@@ -293,6 +347,11 @@ def test_settings_are_checked(monkeypatch):
     monkeypatch.delenv("JITCONV_CUDA_LOOKAHEAD")
     assert cuda_backend._fast_exp() is cuda_backend.DEFAULT_FAST_EXP
     assert cuda_backend._max_registers() == (cuda_backend.DEFAULT_MAX_REGISTERS or None)
+    monkeypatch.delenv("JITCONV_CUDA_CONSTANT_LAYOUT", raising=False)
+    assert cuda_backend._constant_layout() is cuda_backend.DEFAULT_CONSTANT_LAYOUT
+    monkeypatch.setenv("JITCONV_CUDA_CONSTANT_LAYOUT", "0")
+    assert cuda_backend._constant_layout() is False
+    monkeypatch.delenv("JITCONV_CUDA_CONSTANT_LAYOUT")
     monkeypatch.setenv("JITCONV_CUDA_MAX_REGISTERS", "64")
     assert cuda_backend._max_registers() == 64
     monkeypatch.setenv("JITCONV_CUDA_MAX_REGISTERS", "0")
@@ -307,7 +366,8 @@ def test_settings_are_checked(monkeypatch):
     for name, bad in (("JITCONV_CUDA_CHANNELS", "3"), ("JITCONV_CUDA_LOOKAHEAD", "3"),
                       ("JITCONV_FAST_EXP", "yes"), ("JITCONV_CUDA_MAX_REGISTERS", "60"),
                       ("JITCONV_CUDA_MAX_REGISTERS", "many"),
-                      ("JITCONV_CUDA_SHORT_KERNEL", "yes"), ("JITCONV_CUDA_ROW_GROUP", "3")):
+                      ("JITCONV_CUDA_SHORT_KERNEL", "yes"), ("JITCONV_CUDA_ROW_GROUP", "3"),
+                      ("JITCONV_CUDA_CONSTANT_LAYOUT", "yes")):
         monkeypatch.setenv(name, bad)
         with pytest.raises(ValueError, match=name):
             cuda_backend.channels_for(12)
@@ -316,6 +376,7 @@ def test_settings_are_checked(monkeypatch):
             cuda_backend._max_registers()
             cuda_backend._short_kernel()
             cuda_backend._row_group_setting()
+            cuda_backend._constant_layout()
         monkeypatch.delenv(name)
 
 
