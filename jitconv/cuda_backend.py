@@ -73,8 +73,8 @@ DEFAULT_SHORT_KERNEL = True
 DEFAULT_ROW_GROUP = 2
 # A layer's offsets, strides, dim, has_bias and silu compiled into its kernel as constants
 # (kernels_cuda.LAYOUT_ARGS), one compile per layout (at most MAX_LAYOUTS per process).
-# H200, same call, against the kernel that reads them as arguments: 1.02-1.14x on 20 of
-# 24 workloads (bfloat16 decode-only at dim 8192 6.22 -> 5.46 us, mixed step 1.07-1.11x),
+# H200, same call, against the kernel that reads them as arguments: 1.01-1.14x on 22 of
+# 24 workloads (bfloat16 decode-only at dim 8192 6.22 -> 5.46 us, mixed step 1.02-1.11x),
 # float32 / bfloat16 decode-only at dim 2048 0.98x / 0.98x. JITCONV_CUDA_CONSTANT_LAYOUT=0
 # turns it off.
 DEFAULT_CONSTANT_LAYOUT = True
