@@ -65,7 +65,9 @@ def with_layout(source, layout):
     bound to the values of ``layout`` (ints, in LAYOUT_ARGS order) at the body's top."""
     head, body = source.split("):\n", 1)  # the def's parameter list ends here
     for param in LAYOUT_ARGS:
-        head = re.sub(rf"\b{param}\b", f"_{param}", head)
+        head, found = re.subn(rf"\b{param}\b", f"_{param}", head)
+        if found != 1:  # the template's parameter list changed: bind nothing silently
+            raise ValueError(f"kernel source: parameter {param!r} found {found} times")
     values = "".join(f"    {param} = {int(value)}\n" for param, value in zip(LAYOUT_ARGS, layout))
     return head + "):\n" + values + body
 
@@ -272,7 +274,7 @@ def make_conv_kernel(width, dtype_name, channels=1, fastmath=False, lookahead=1,
             f"{'_cvt' if native_bf16 and dtype_name == 'bfloat16' else ''}"
             f"{f'_short{short_tokens}' if short_tokens else ''}"
             f"{f'_g{row_group}' if row_group > 1 else ''}"
-            f"{f'_k{hash(tuple(layout)) % 10 ** 10}' if layout is not None else ''}")
+            f"{f'_k{hash(layout) % 10 ** 10}' if layout is not None else ''}")
     source = kernel_source(width, name, CUDA, channels, lookahead,
                            state_chunk=width - 1 + STATE_CHUNK_EXTRA, short_tokens=short_tokens,
                            row_group=row_group)

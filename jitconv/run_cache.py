@@ -104,9 +104,9 @@ def remember(key, tensors, views, extents, plan, kernel, queue, values, groups, 
     if len(_entries) >= LIMIT:
         _entries.clear()
     out_shape = validation.shape_of(tensors[0])
-    # The bytes a new output's address must be a multiple of: C elements for a wide
-    # kernel (C = dim / groups), else any address.
-    align = out_shape[1] // groups * views["out"].itemsize if groups else 1
+    # The bytes a new output's address must be a multiple of: C elements (C = dim /
+    # groups: 1 for the one-channel kernel, which any element address suits).
+    align = out_shape[1] // groups * views["out"].itemsize
     _entries[key] = _Entry(plan.fit, kernel, queue, launching.addresses(values), groups,
                            align, tuple(guards), wait, out_shape, dtype)
 

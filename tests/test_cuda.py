@@ -254,6 +254,19 @@ def test_layout_compiled_in(cuda_device, monkeypatch, dtype_name):
     assert calls[-1]["layout"] in seen
 
 
+def test_layout_needs_every_parameter_once():
+    """with_layout binds each of LAYOUT_ARGS by renaming it in the kernel's parameter
+    list: a source where one is missing (or there twice) is refused, not half bound."""
+    from jitconv.kernels_cuda import LAYOUT_ARGS, with_layout
+    values = range(len(LAYOUT_ARGS))
+    source = f"def k(x, {', '.join(LAYOUT_ARGS)}):\n    return dim\n"
+    bound = with_layout(source, values)
+    assert f"    dim = {LAYOUT_ARGS.index('dim')}\n" in bound and "_dim" in bound
+    for params in (LAYOUT_ARGS[1:], LAYOUT_ARGS + ("dim",)):
+        with pytest.raises(ValueError, match="parameter"):
+            with_layout(f"def k(x, {', '.join(params)}):\n    return dim\n", values)
+
+
 @pytest.mark.parametrize("width", [2, 4])
 @pytest.mark.parametrize("dtype_name", list(DTYPES))
 def test_row_groups(cuda_device, monkeypatch, dtype_name, width):
