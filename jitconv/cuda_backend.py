@@ -36,12 +36,11 @@ _SIXTEEN_BIT = (torch.float16, torch.bfloat16)
 # before the first of their stores (JITCONV_CUDA_LOOKAHEAD), silu's exp and division as
 # the GPU's approximate instructions (JITCONV_FAST_EXP=0: the exact ones; 1.1-1.4x slower
 # on prefill, see _fast_exp).
+# The same for every kernel: float32 decode launches took one channel per thread while
+# their accesses were single-channel; with two channels per vector access
+# (DEFAULT_SHORT_ROW_GROUP) two are faster (H200, same call, decode-only dim 8192: 7.41
+# -> 6.83 us; dim 2048 equal).
 DEFAULT_CHANNELS = {"bfloat16": 2, "float16": 2, "float32": 2}
-# Launches of the one-token kernel (decode steps, see DEFAULT_SHORT_KERNEL): float32 with
-# one channel per thread (28 registers, where 2 channels take 38) was 1.02-1.11x faster
-# on decode-only steps in the same H200 call; bfloat16 was 0.88-0.95x as fast with one
-# (float16 has bfloat16's 2-byte loads and keeps its 2; not measured).
-DECODE_CHANNELS = {"bfloat16": 2, "float16": 2, "float32": 1}
 DEFAULT_LOOKAHEAD = 8
 # Launches whose blocks all hold at most this many tokens (decode and spec steps of up to
 # 1 + 3 tokens) use it as their lookahead instead: bfloat16 small launches 1.03-1.08x
@@ -71,6 +70,22 @@ DEFAULT_SHORT_KERNEL = True
 # per access always: JITCONV_CUDA_ROW_GROUP=1; =4: four channels per access (16-bit
 # rows 8 bytes, float32 16 bytes at a time) in launches of C = 4 channels per thread.
 DEFAULT_ROW_GROUP = 2
+# The same for short kernels (JITCONV_CUDA_SHORT_ROW_GROUP overrides it for all of them):
+# 2 for the decode kernel (T = 1) and for float32 spec kernels; 16-bit spec kernels (T = 4)
+# keep single-channel accesses, with pairs they ran 0.67-0.75x as fast on the H200 (not
+# explained: their decode kernel gains with pairs). Used with the next two (H200, same
+# call, ninth session, benchmarks/h200/): bfloat16 decode-only dim 8192 5.50 -> 4.94 us.
+DEFAULT_SHORT_ROW_GROUP = {"decode": 2, "spec": 1, "spec float32": 2}
+# The conv state's window and stores grouped like rows of x too (kernel_template's
+# group_state) where the state's channels are contiguous and aligned to the group (vLLM's
+# conv state is laid out so), by kind of kernel: short kernels 1.00-1.03x; the general
+# kernel 0.97-1.00x in bfloat16 (first blocks only; not kept). JITCONV_CUDA_GROUP_STATE=0/1
+# overrides.
+DEFAULT_GROUP_STATE = {"short": True, "general": False}
+# A channel's 4 taps read as one vector where the weight is (dim, 4), contiguous and
+# aligned (vLLM's): 1.02-1.13x on bfloat16 spec / decode-heavy launches, 1.00-1.02x on
+# prefill and mixed steps (H200, same call). JITCONV_CUDA_VECTOR_TAPS=0 turns it off.
+DEFAULT_VECTOR_TAPS = True
 # A layer's offsets, strides, dim, has_bias and silu compiled into its kernel as constants
 # (kernels_cuda.LAYOUT_ARGS), one compile per layout (at most MAX_LAYOUTS per process).
 # H200, same call, against the kernel that reads them as arguments: 1.01-1.14x on 22 of
@@ -79,9 +94,20 @@ DEFAULT_ROW_GROUP = 2
 # turns it off.
 DEFAULT_CONSTANT_LAYOUT = True
 
+# The weights and bias loaded before the state update instead of after it (kernel_template's
+# early_weights), by kind of kernel: short (decode / spec) and general. The state update's
+# stores wait for the window's loads, and a load placed after a store cannot be moved
+# above it (for the compiler the arrays may alias), so late weights are a further memory
+# round trip. H200, same call: short kernels 1.00-1.11x (float32 decode-heavy 1.12x),
+# bfloat16 spec-only dim 8192 0.96x; the general kernel 0.95-0.99x (more registers held
+# through the state update). JITCONV_CUDA_EARLY_WEIGHTS=0/1: off / on for every kernel.
+DEFAULT_EARLY_WEIGHTS = {"short": True, "general": False}
+
 _lock = threading.Lock()
 _kernels = {}  # (width, dtype, channels, fastmath, lookahead, fast exp, max registers,
-#                 native bf16 rounding, short tokens, row group, layout) -> dispatcher
+#                 native bf16 rounding, short tokens, row group, layout, early weights,
+#                 grouped state, vector taps)
+#                 -> dispatcher
 _streams = {}  # (device index, cudaStream_t) -> numba external stream
 
 
@@ -154,12 +180,11 @@ def wants(x):
                     f"CUDA tensors (x.to('{current}')) or select a SYCL device")
 
 
-def channels_for(dim, dtype_name="float32", short_tokens=0):
+def channels_for(dim, dtype_name="float32"):
     """Channels per thread: JITCONV_CUDA_CHANNELS (1, 2, 4 or 8; default
-    DEFAULT_CHANNELS of the dtype, DECODE_CHANNELS for a launch of the one-token kernel,
-    ``short_tokens`` == 1), halved until it divides dim (the kernel has no per-channel
-    guard)."""
-    default = (DECODE_CHANNELS if short_tokens == 1 else DEFAULT_CHANNELS)[dtype_name]
+    DEFAULT_CHANNELS of the dtype), halved until it divides dim (the kernel has no
+    per-channel guard)."""
+    default = DEFAULT_CHANNELS[dtype_name]
     value = os.environ.get("JITCONV_CUDA_CHANNELS", str(default))
     if value not in ("1", "2", "4", "8"):
         raise ValueError(f"JITCONV_CUDA_CHANNELS: expected 1, 2, 4 or 8, got {value!r}")
@@ -212,6 +237,17 @@ def _short_kernel():
     return DEFAULT_SHORT_KERNEL if value == "" else value == "1"
 
 
+def _early_weights(short_tokens):
+    """Whether a launch's kernel loads the weights before the state update: the setting
+    JITCONV_CUDA_EARLY_WEIGHTS (0 or 1), else DEFAULT_EARLY_WEIGHTS for its kind."""
+    value = os.environ.get("JITCONV_CUDA_EARLY_WEIGHTS", "")
+    if value not in ("", "0", "1"):
+        raise ValueError(f"JITCONV_CUDA_EARLY_WEIGHTS: expected 0 or 1, got {value!r}")
+    if value:
+        return value == "1"
+    return DEFAULT_EARLY_WEIGHTS["short" if short_tokens else "general"]
+
+
 def _row_group_setting():
     value = os.environ.get("JITCONV_CUDA_ROW_GROUP", "")
     if value not in ("", "1", "2", "4"):
@@ -219,17 +255,58 @@ def _row_group_setting():
     return DEFAULT_ROW_GROUP if value == "" else int(value)
 
 
-def row_group_for(channels, short_tokens, x, target):
-    """The channels per access of rows of x and out for a launch: the setting
-    (JITCONV_CUDA_ROW_GROUP, default DEFAULT_ROW_GROUP), halved until it divides
-    ``channels`` and the rows of both (tokens, dim) tensors are aligned to it
-    (``kernel_abi.rows_aligned``); 1 for short kernels."""
-    group = 1 if short_tokens else _row_group_setting()
-    while group > 1 and (channels % group or not all(
-            rows_aligned(t.data_ptr(), t.element_size(), t.shape, t.stride(), group)
-            for t in (x, target))):
+def _short_row_group(short_tokens, dtype_name):
+    value = os.environ.get("JITCONV_CUDA_SHORT_ROW_GROUP", "")
+    if value not in ("", "1", "2", "4"):
+        raise ValueError(f"JITCONV_CUDA_SHORT_ROW_GROUP: expected 1, 2 or 4, got {value!r}")
+    if value:
+        return int(value)
+    if short_tokens == 1:
+        return DEFAULT_SHORT_ROW_GROUP["decode"]
+    return DEFAULT_SHORT_ROW_GROUP.get(f"spec {dtype_name}", DEFAULT_SHORT_ROW_GROUP["spec"])
+
+
+def _group_state(short_tokens):
+    value = os.environ.get("JITCONV_CUDA_GROUP_STATE", "")
+    if value not in ("", "0", "1"):
+        raise ValueError(f"JITCONV_CUDA_GROUP_STATE: expected 0 or 1, got {value!r}")
+    if value:
+        return value == "1"
+    return DEFAULT_GROUP_STATE["short" if short_tokens else "general"]
+
+
+def vector_taps_for(weight):
+    """Whether a launch reads each channel's taps as one vector: the setting
+    (JITCONV_CUDA_VECTOR_TAPS, default DEFAULT_VECTOR_TAPS) and a (dim, 4) weight with
+    contiguous taps, rows of 4 and its first element aligned to 4 elements."""
+    value = os.environ.get("JITCONV_CUDA_VECTOR_TAPS", "")
+    if value not in ("", "0", "1"):
+        raise ValueError(f"JITCONV_CUDA_VECTOR_TAPS: expected 0 or 1, got {value!r}")
+    wanted = value == "1" if value else DEFAULT_VECTOR_TAPS
+    return (wanted and weight.shape[1] == 4 and weight.stride(1) == 1
+            and (weight.stride(0) == 4 or weight.shape[0] == 1)
+            and weight.data_ptr() % (4 * weight.element_size()) == 0)
+
+
+def _aligned(t, group):
+    return rows_aligned(t.data_ptr(), t.element_size(), t.shape, t.stride(), group)
+
+
+def row_group_for(channels, short_tokens, x, target, conv_state=None, dtype_name=None):
+    """(G, grouped state) of a launch. G: the channels per access of rows of x and out,
+    the setting (JITCONV_CUDA_ROW_GROUP, default DEFAULT_ROW_GROUP; for short kernels
+    JITCONV_CUDA_SHORT_ROW_GROUP, default DEFAULT_SHORT_ROW_GROUP) halved until it
+    divides ``channels`` and the rows of both (tokens, dim) tensors are aligned to it
+    (``kernel_abi.rows_aligned``). Grouped state: the conv state (lines, dim, state_len)
+    accessed G channels at a time too, where the setting (JITCONV_CUDA_GROUP_STATE,
+    default DEFAULT_GROUP_STATE) asks for it, G > 1 and its channels are contiguous and
+    aligned to G."""
+    group = _short_row_group(short_tokens, dtype_name) if short_tokens else _row_group_setting()
+    while group > 1 and (channels % group or not all(_aligned(t, group) for t in (x, target))):
         group //= 2
-    return group
+    grouped_state = (group > 1 and conv_state is not None and _group_state(short_tokens)
+                     and _aligned(conv_state, group))
+    return group, grouped_state
 
 
 _REGISTER_LIMITS = (0,) + tuple(range(32, 256, 8))
@@ -259,17 +336,23 @@ def native_bf16(device):
 
 def get_kernel(width, dtype_name, channels, fastmath=False, lookahead=DEFAULT_LOOKAHEAD,
                fast_exp=DEFAULT_FAST_EXP, max_registers=DEFAULT_MAX_REGISTERS or None,
-               bf16_instruction=False, short_tokens=0, row_group=1, layout=None):
+               bf16_instruction=False, short_tokens=0, row_group=1, layout=None,
+               early_weights=False, group_state=False, vector_taps=False):
     """The dispatcher of one specialization, made once per process. ``bf16_instruction``:
     bfloat16 rounded by the GPU's instruction (``native_bf16`` of the device);
     ``short_tokens``: the kernel for launches of sequences of at most that many tokens
     (0: the general kernel); ``row_group``: x and out accessed that many channels at a
     time (dividing ``channels``; only for launches whose rows are aligned,
     ``row_group_for``); ``layout``: the launch's layer constants compiled in
-    (``kernels_cuda.LAYOUT_ARGS``, see ``_layout``), or None."""
+    (``kernels_cuda.LAYOUT_ARGS``, see ``_layout``), or None; ``early_weights``: the
+    weights and bias loaded before the state update (``_early_weights``);
+    ``group_state``: the conv state accessed ``row_group`` channels at a time too (only
+    for aligned states, ``row_group_for``); ``vector_taps``: each channel's taps as one
+    vector load (``vector_taps_for``)."""
     bf16_instruction = bf16_instruction and dtype_name == "bfloat16"  # others: one kernel
     key = (width, dtype_name, channels, fastmath, lookahead, fast_exp, max_registers,
-           bf16_instruction, short_tokens, row_group, layout)
+           bf16_instruction, short_tokens, row_group, layout, early_weights, group_state,
+           vector_taps)
     kernel = _kernels.get(key)
     if kernel is None:
         with _lock:
@@ -280,7 +363,8 @@ def get_kernel(width, dtype_name, channels, fastmath=False, lookahead=DEFAULT_LO
                                                           fastmath, lookahead, fast_exp,
                                                           max_registers, bf16_instruction,
                                                           short_tokens, row_group,
-                                                          layout)
+                                                          layout, early_weights,
+                                                          group_state, vector_taps)
     return kernel
 
 
@@ -374,14 +458,17 @@ def launch(plan, x, weight, bias, conv_state, target, silu, dtype):
         weight = weight[:, 0, :]
     width = plan.geometry.width
     short_tokens = _plan_short_tokens(plan) if _short_kernel() else 0
-    channels = channels_for(dim, dtype, short_tokens)
-    row_group = row_group_for(channels, short_tokens, x, target)
+    channels = channels_for(dim, dtype)
+    row_group, group_state = row_group_for(channels, short_tokens, x, target, conv_state,
+                                           dtype)
     grid, block = launch_shape(dim // channels, plan.num_blocks, _threads())
 
     def kernel_for(args):
         return get_kernel(width, dtype, channels, _fastmath(), _lookahead(plan.longest_block),
                           _fast_exp(), _max_registers(), native_bf16(x.device),
-                          short_tokens, row_group, _layout(args))
+                          short_tokens, row_group, _layout(args),
+                          _early_weights(short_tokens), group_state,
+                          vector_taps_for(weight))
 
     if sim:
         args = _arguments(plan, x, weight, bias, conv_state, target, silu, dim, sim)

@@ -171,14 +171,13 @@ def {name}({index_arg}x, x_offset, x_row_stride, out, out_offset, out_row_stride
 {pad_zeros}
         return
 
-{late_record}    st0 = t0 - p0  # the sequence's first token slot
+{early_weights}{late_record}    st0 = t0 - p0  # the sequence's first token slot
     initial = flags & FLAG_INITIAL_STATE
     base = -1  # the row of position 0 when the sequence's rows are consecutive
     if flags & FLAG_SEQ_ROWS:
         base = r0 - p0
 {state_part}
-{weights_and_bias}
-{window_to_float}
+{late_weights}{window_to_float}
 {tokens}
 """
 
@@ -229,7 +228,8 @@ _SHORT_STATE_PART = """{state_offsets}
 
 
 def kernel_source(width, name, backend, channels=1, lookahead=1, word_taps=False,
-                  state_chunk=None, short_tokens=0, row_group=1):
+                  state_chunk=None, short_tokens=0, row_group=1, early_weights=False,
+                  group_state=False, vector_taps=False):
     """The Python source of the conv kernel for one width, backend, channel count and
     lookahead (tokens whose loads are issued before the first of their stores).
     ``word_taps`` (width 4, 16-bit storage, a backend with ``unit_stride_reads`` that
@@ -244,7 +244,13 @@ def kernel_source(width, name, backend, channels=1, lookahead=1, word_taps=False
     ``store_row{G}``, and ``aligned_row{G}`` with ``unit_stride_reads``): rows of x and
     out (and with ``unit_stride_reads`` of the conv state) accessed G channels at a time
     (see the module docstring); the host picks it per launch, only where those accesses
-    are aligned."""
+    are aligned. ``early_weights``: the weights and bias are loaded right after the pad
+    test, before the state part, instead of after it (see the module docstring).
+    ``group_state`` (with G > 1): the conv state's window and stores grouped like rows
+    of x, as in the wide kernel of a backend with ``unit_stride_reads`` (the host picks
+    it only for a state whose channels are contiguous and aligned to G). ``vector_taps`` (width 4; a backend that supplies
+    ``load_taps4``): a channel's 4 taps read as one vector of a (dim, 4) weight (the host
+    checks the layout and alignment)."""
     G = row_group
     if G not in (1, 2, 4) or channels % G:
         raise ValueError(f"row_group must be 1, 2 or 4 and divide the channel count "
@@ -257,7 +263,7 @@ def kernel_source(width, name, backend, channels=1, lookahead=1, word_taps=False
     groups = [suffixes[j:j + G] for j in range(0, channels, G)]  # channels per row access
     # The wide kernel of a backend with unit_stride_reads: G channels per access for the
     # state too; the host picks it only for a state with contiguous, aligned channels.
-    wide = G > 1 and backend.unit_stride_reads
+    wide = G > 1 and (backend.unit_stride_reads or group_state)
 
     def each(fmt, depth=1, **values):
         """``fmt`` once per channel, indented by ``depth``; a multi-line ``fmt`` keeps its
@@ -454,6 +460,12 @@ def kernel_source(width, name, backend, channels=1, lookahead=1, word_taps=False
 
     weights = per_k("w{k}{J} = load(strided(weight, U(weight_offset + {CH} * "
                     "weight_stride_c + {k} * weight_stride_k)))", width)
+    if vector_taps:
+        if width != 4:
+            raise ValueError(f"vector_taps needs width 4, got {width}")
+        weights = (each("wr0{J}, wr1{J}, wr2{J}, wr3{J} = load_taps4(weight, "
+                        "U(weight_offset + {CH} * 4))")
+                   + "\n" + per_k("w{k}{J} = load(wr{k}{J})", width))
     bias = each("bias_c{J} = load(strided(bias, U(bias_offset + {CH} * bias_stride)))", 2)
     if backend.unit_stride_reads:
         # Uniform branches on the strides (kernel arguments): where the channel is the
@@ -525,6 +537,7 @@ def kernel_source(width, name, backend, channels=1, lookahead=1, word_taps=False
         state_part=state,
         early_record=record + "\n" if one_round_record else "",
         late_record="" if one_round_record else record + "\n",
-        weights_and_bias=weights_and_bias,
+        early_weights=weights_and_bias + "\n" if early_weights else "",
+        late_weights="" if early_weights else weights_and_bias + "\n",
         window_to_float=per_k("f{k}{J} = load(u{k}{J})", S),
         tokens=tokens)

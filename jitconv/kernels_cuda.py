@@ -252,7 +252,8 @@ def _fast_silu_ops():
 
 def make_conv_kernel(width, dtype_name, channels=1, fastmath=False, lookahead=1,
                      fast_exp=False, max_registers=None, native_bf16=False,
-                     short_tokens=0, row_group=1, layout=None):
+                     short_tokens=0, row_group=1, layout=None, early_weights=False,
+                     group_state=False, vector_taps=False):
     """The CUDA conv kernel for one (width, dtype, channels per thread, lookahead)
     specialization (a numba-cuda dispatcher; types are taken from the first launch).
     ``fastmath``: numba's fastmath for the whole kernel; ``fast_exp``: only silu's exp
@@ -265,7 +266,10 @@ def make_conv_kernel(width, dtype_name, channels=1, fastmath=False, lookahead=1,
     (``_row_access``; ``channels`` a multiple of it, aligned rows: chosen per launch by
     ``cuda_backend``); ``layout``: the values of LAYOUT_ARGS as compile-time constants
     (``with_layout``; the kernel is then only for launches with exactly those), None:
-    all of them read from the arguments."""
+    all of them read from the arguments; ``early_weights``: the weights and bias loaded
+    before the state update; ``group_state``: the conv state's window and stores
+    ``row_group`` channels at a time too (``kernel_template``; aligned states only);
+    ``vector_taps``: a channel's 4 taps as one vector load ((dim, 4) weights, aligned)."""
     if width not in SUPPORTED_WIDTHS:
         raise ValueError(f"width must be one of {SUPPORTED_WIDTHS}, got {width}")
     name = (f"jitconv_conv_w{width}_{dtype_name}_c{channels}_l{lookahead}"
@@ -274,10 +278,13 @@ def make_conv_kernel(width, dtype_name, channels=1, fastmath=False, lookahead=1,
             f"{'_cvt' if native_bf16 and dtype_name == 'bfloat16' else ''}"
             f"{f'_short{short_tokens}' if short_tokens else ''}"
             f"{f'_g{row_group}' if row_group > 1 else ''}"
+            f"{'_ew' if early_weights else ''}{'_gs' if group_state else ''}"
+            f"{'_vt' if vector_taps else ''}"
             f"{f'_k{hash(layout) % 10 ** 10}' if layout is not None else ''}")
     source = kernel_source(width, name, CUDA, channels, lookahead,
                            state_chunk=width - 1 + STATE_CHUNK_EXTRA, short_tokens=short_tokens,
-                           row_group=row_group)
+                           row_group=row_group, early_weights=early_weights,
+                           group_state=group_state, vector_taps=vector_taps)
     if layout is not None:
         source = with_layout(source, layout)
     filename = f"<jitconv cuda kernel {name}>"
@@ -296,6 +303,8 @@ def make_conv_kernel(width, dtype_name, channels=1, fastmath=False, lookahead=1,
     if row_group > 1:
         namespace[f"load_row{row_group}"], namespace[f"store_row{row_group}"] = \
             _row_access(row_group)
+    if vector_taps:
+        namespace["load_taps4"] = _row_access(4)[0]
     exec(compile(source, filename, "exec"), namespace)
     # The simulator's jit takes no register limit (it runs Python).
     limit = {"max_registers": max_registers} if max_registers and not _simulating() else {}

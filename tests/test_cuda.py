@@ -27,8 +27,8 @@ from jitconv import cuda_backend
 from jitconv.reference import causal_conv1d_reference
 from jitconv.steps import mixed_step
 
-from helpers import (DTYPES, assert_outputs_close, assert_state_exact, bits, cumulative,
-                     poisoned, randn)
+from helpers import (DTYPES, POISON, assert_outputs_close, assert_state_exact, bits,
+                     cumulative, poisoned, randn)
 from test_mixed import (GRID, build_mixed, check_grid_case, check_mixed_equals_split,
                         grid_ids, run_and_check)
 
@@ -187,9 +187,7 @@ def test_short_kernels(cuda_device, monkeypatch, dtype_name, width, rows):
             results.append((bits(out), bits(state)))
             chosen = [c["short_tokens"] for c in calls]
             assert chosen == [expected if short == "1" else 0], (ns, sp, short)
-            used = (cuda_backend.DECODE_CHANNELS if chosen[0] == 1
-                    else cuda_backend.DEFAULT_CHANNELS)[dtype_name]
-            assert [c["channels"] for c in calls] == [used]
+            assert [c["channels"] for c in calls] == [cuda_backend.DEFAULT_CHANNELS[dtype_name]]
         assert all(torch.equal(a, b) for a, b in zip(*results)), (ns, sp)
 
 
@@ -270,30 +268,31 @@ def test_layout_needs_every_parameter_once():
 @pytest.mark.parametrize("width", [2, 4])
 @pytest.mark.parametrize("dtype_name", list(DTYPES))
 def test_row_groups(cuda_device, monkeypatch, dtype_name, width):
-    """x and out rows accessed G channels at a time in launches of the general kernel
-    (G = JITCONV_CUDA_ROW_GROUP, default 2), halved until G divides the channels per
-    thread and every group is aligned (the first element and the row stride): not for
-    an x or out that starts one element in, an out with an odd row stride, one channel
-    per thread, or a short kernel (decode and spec steps, unless
-    JITCONV_CUDA_SHORT_KERNEL=0). Results equal the reference's and, bit for bit, those
-    of JITCONV_CUDA_ROW_GROUP=1; memory of out's buffer outside its rows stays
-    untouched."""
+    """x and out rows accessed G channels at a time (G = JITCONV_CUDA_ROW_GROUP, default
+    2, in launches of the general kernel; in short kernels DEFAULT_SHORT_ROW_GROUP: 2 for
+    decode, for spec 2 in float32 and 1 in 16 bits), halved until G divides the channels
+    per thread and every group is aligned (the first element and the row stride): not
+    for an x or out that starts one element in, an out with an odd row stride, or one
+    channel per thread. Results equal the reference's and, bit for bit, those of
+    JITCONV_CUDA_ROW_GROUP=1 and JITCONV_CUDA_SHORT_ROW_GROUP=1; memory of out's buffer
+    outside its rows stays untouched."""
     monkeypatch.delenv("JITCONV_CUDA_CHANNELS", raising=False)
     calls = _spy_get_kernel(monkeypatch)
     dtype = DTYPES[dtype_name]
     # (x: skip, row stride; out: skip, row stride; JITCONV_CUDA_CHANNELS,
-    #  JITCONV_CUDA_ROW_GROUP, the group a general kernel gets)
+    #  JITCONV_CUDA_ROW_GROUP, the largest group the layout allows)
     layouts = (((0, DIM), (0, DIM), None, "", 2), ((1, DIM), (0, DIM), None, "", 1),
                ((0, DIM), (1, DIM), None, "", 1), ((0, DIM + 2), (0, DIM + 1), None, "", 1),
                ((0, DIM + 2), (2, DIM + 4), None, "", 2), ((0, DIM), (0, DIM), "1", "", 1),
                ((0, DIM), (0, DIM), "4", "4", 4), ((2, DIM + 2), (0, DIM), "4", "4", 2),
                ((0, DIM), (4, DIM + 4), "4", "4", 4), ((0, DIM), (0, DIM), "2", "4", 2),
-               ((0, DIM), (0, DIM), "4", "1", 1))
+               ((0, DIM), (0, DIM), "4", "1", 4))
     # (non-spec lengths, spec lengths, JITCONV_CUDA_SHORT_KERNEL, general kernel)
     steps = (([1, 17, 3, 35], [1, 4, 2], "1", True), ([1, 1, 1], [], "1", False),
              ([1, 1, 1], [], "0", True), ([], [2, 1, 2], "1", False),
              ([], [2, 1, 2], "0", True))
-    for (x_at, out_at, channels, setting, group), (ns, sp, short, general) in \
+    short_group = {1: 2, width: 2 if dtype_name == "float32" else 1}  # by T
+    for (x_at, out_at, channels, setting, allowed), (ns, sp, short, general) in \
             itertools.product(layouts, steps):
         if channels:
             monkeypatch.setenv("JITCONV_CUDA_CHANNELS", channels)
@@ -306,8 +305,9 @@ def test_row_groups(cuda_device, monkeypatch, dtype_name, width):
         x, _ = _rows_view(tokens, DIM, dtype, *x_at)
         x.copy_(case["x"])
         results = []
-        for value in (setting, "1"):
+        for i, value in enumerate((setting, "1")):
             monkeypatch.setenv("JITCONV_CUDA_ROW_GROUP", value)
+            monkeypatch.setenv("JITCONV_CUDA_SHORT_ROW_GROUP", "1" if i else "")
             state = case["conv_state"].clone()
             out, buffer = _rows_view(tokens, DIM, dtype, *out_at)
             outside = torch.ones(buffer.numel(), dtype=torch.bool)
@@ -317,17 +317,96 @@ def test_row_groups(cuda_device, monkeypatch, dtype_name, width):
             assert (bits(buffer)[outside] == bits(poisoned((1,), dtype))).all()
             results.append((bits(out), bits(state)))
         used = [c["row_group"] for c in calls[-2:]]
-        assert used == [group if general else 1, 1], (x_at, out_at, channels, setting, ns, sp)
+        T = calls[-1]["short_tokens"]
+        assert (T == 0) == general, (ns, sp, short)
+        group = min(int(setting or cuda_backend.DEFAULT_ROW_GROUP) if general
+                    else short_group[T], allowed)
+        assert used == [group, 1], (x_at, out_at, channels, setting, ns, sp)
         assert all(torch.equal(a, b) for a, b in zip(*results)), (x_at, out_at, ns, sp)
         monkeypatch.delenv("JITCONV_CUDA_CHANNELS", raising=False)
-    # Grouped kernels ran for every grouped layout on every step of the general kernel.
-    assert sum(c["row_group"] > 1 for c in calls) == \
-        sum(layout[4] > 1 for layout in layouts) * sum(step[3] for step in steps)
+    # Grouped general kernels ran for every grouped layout on every step of the general
+    # kernel (the calls with ROW_GROUP 1 never are).
+    assert sum(c["row_group"] > 1 for c in calls if not c["short_tokens"]) == \
+        sum(min(int(layout[3] or 2), layout[4]) > 1 for layout in layouts) * \
+        sum(step[3] for step in steps)
     from jitconv.kernel_template import kernel_source
     from jitconv.kernels_cuda import CUDA
     for C, G in ((1, 2), (2, 4), (4, 3)):
         with pytest.raises(ValueError, match="row_group must be 1, 2 or 4 and divide"):
             kernel_source(width, "k", CUDA, C, 4, state_chunk=width, row_group=G)
+
+
+def _in_buffer(buffer, shape, strides, skip, values):
+    """A view of ``buffer`` with ``shape`` and element ``strides`` starting ``skip``
+    elements in, holding ``values``; and the mask of the buffer's elements outside it."""
+    view = buffer.as_strided(shape, strides, skip)
+    view.copy_(values)
+    outside = torch.ones(buffer.numel(), dtype=torch.bool)
+    outside[torch.arange(buffer.numel()).as_strided(shape, strides, skip).flatten()] = False
+    return view, outside
+
+
+@pytest.mark.parametrize("dtype_name", ["float32", "bfloat16"])
+def test_grouped_state_and_vector_taps(cuda_device, monkeypatch, dtype_name):
+    """Short kernels access the conv state G channels at a time too (their G: 2 for
+    decode, for spec 2 in float32 and 1 in 16 bits) where its channels are contiguous and
+    aligned to G, and load the weights before the state update; every kernel reads a
+    channel's 4 taps as one vector where the weight is (dim, 4), contiguous and aligned.
+    Not for a state stored (lines, dim, state_len) (channel stride state_len), one
+    starting one element in, or one with an odd column stride; nor taps of a transposed
+    weight, one starting one element in, or width 3. Results equal the reference's and,
+    bit for bit, those with all three off (and single-channel accesses in short
+    kernels); the memory around the state's and the weight's views stays untouched."""
+    monkeypatch.delenv("JITCONV_CUDA_CHANNELS", raising=False)
+    for name in ("JITCONV_CUDA_GROUP_STATE", "JITCONV_CUDA_VECTOR_TAPS",
+                 "JITCONV_CUDA_EARLY_WEIGHTS", "JITCONV_CUDA_SHORT_ROW_GROUP"):
+        monkeypatch.delenv(name, raising=False)
+    calls = _spy_get_kernel(monkeypatch)
+    dtype = DTYPES[dtype_name]
+    steps = (([1] * 5, [], 1), ([], [4, 2, 4], 4), ([1, 17, 3], [4, 2], 0))  # T expected
+    # (state: storage, skip, grouped if G > 1; weight: storage transposed, skip, vector)
+    layouts = ((("SD", 0, True), (False, 0, True)), (("DS", 0, False), (False, 0, True)),
+               (("SD", 1, False), (False, 0, True)), (("SD odd", 0, False), (False, 0, True)),
+               (("SD", 0, True), (True, 0, False)), (("SD", 0, True), (False, 1, False)))
+    runs = [(4, steps, layouts), (3, steps[:1], layouts[:1])]
+    for width, (ns, sp, T), ((storage, s_skip, grouped), (transposed, w_skip, vector)) in (
+            (w, step, layout) for w, chosen_steps, chosen in runs
+            for step in chosen_steps for layout in chosen):
+        case = mixed_step(torch.Generator().manual_seed(width + len(ns) + 3 * len(sp)),
+                          dim=DIM, width=width, dtype=dtype, ns_lengths=ns, sp_lengths=sp,
+                          rows="vllm", initial="alternate", usm=True)
+        values = case["conv_state"]  # (lines, dim, state_len), channels contiguous
+        lines, _, state_len = values.shape
+        col = DIM + 1 if storage == "SD odd" else DIM
+        shape_strides = ((lines, DIM, state_len), (state_len * col, 1, col)) \
+            if storage.startswith("SD") else ((lines, DIM, state_len), (DIM * state_len, state_len, 1))
+        state_buffer = poisoned((s_skip + lines * state_len * col,), dtype, usm=True)
+        w_buffer = poisoned((w_skip + DIM * width,), dtype, usm=True)
+        w_strides = (1, DIM) if transposed else (width, 1)
+        weight, w_outside = _in_buffer(w_buffer, (DIM, width), w_strides, w_skip, case["weight"])
+        G = 2 if T == 1 or (T and dtype_name == "float32") else (1 if T else 2)
+        results = []
+        for setting in ("", "0"):
+            for name in ("JITCONV_CUDA_GROUP_STATE", "JITCONV_CUDA_VECTOR_TAPS",
+                         "JITCONV_CUDA_EARLY_WEIGHTS"):
+                monkeypatch.setenv(name, setting)
+            monkeypatch.setenv("JITCONV_CUDA_SHORT_ROW_GROUP", "1" if setting else "")
+            state_buffer.fill_(POISON)
+            state, s_outside = _in_buffer(state_buffer, *shape_strides, s_skip, values)
+            calls.clear()
+            out = run_and_check(dict(case, conv_state=state, weight=weight), dtype=dtype)
+            chosen = calls[-1]
+            where = (width, ns, sp, storage, s_skip, transposed, w_skip, setting)
+            assert chosen["short_tokens"] == T, where
+            on = setting == ""
+            assert chosen["row_group"] == (G if on or not T else 1), where
+            assert chosen["group_state"] == (on and bool(T) and G > 1 and grouped), where
+            assert chosen["vector_taps"] == (on and width == 4 and vector), where
+            assert chosen["early_weights"] == (on and bool(T)), where
+            assert (bits(state_buffer)[s_outside] == bits(poisoned((1,), dtype))).all(), where
+            assert (bits(w_buffer)[w_outside] == bits(poisoned((1,), dtype))).all(), where
+            results.append((bits(out), bits(state)))
+        assert all(torch.equal(a, b) for a, b in zip(*results)), where
 
 
 def test_settings_are_checked(monkeypatch):
@@ -345,12 +424,6 @@ def test_settings_are_checked(monkeypatch):
     monkeypatch.delenv("JITCONV_CUDA_SHORT_KERNEL")
     assert cuda_backend.channels_for(8192, "bfloat16") == cuda_backend.DEFAULT_CHANNELS["bfloat16"]
     assert cuda_backend.channels_for(8192, "float32") == cuda_backend.DEFAULT_CHANNELS["float32"]
-    for dtype_name in ("bfloat16", "float32"):  # the one-token (decode) kernel's
-        assert cuda_backend.channels_for(8192, dtype_name, 1) == \
-            cuda_backend.DECODE_CHANNELS[dtype_name]
-        assert cuda_backend.channels_for(8192, dtype_name, 4) == \
-            cuda_backend.DEFAULT_CHANNELS[dtype_name]
-    assert cuda_backend.DECODE_CHANNELS["float32"] != cuda_backend.DEFAULT_CHANNELS["float32"]
     assert cuda_backend._lookahead() == cuda_backend.DEFAULT_LOOKAHEAD
     short = cuda_backend.SHORT_LOOKAHEAD
     assert [cuda_backend._lookahead(n) for n in (0, 1, short, short + 1, 16)] == \
@@ -371,7 +444,6 @@ def test_settings_are_checked(monkeypatch):
     assert cuda_backend._max_registers() is None
     monkeypatch.setenv("JITCONV_CUDA_CHANNELS", "4")
     assert (cuda_backend.channels_for(12), cuda_backend.channels_for(10)) == (4, 2)
-    assert cuda_backend.channels_for(12, "float32", 1) == 4  # a setting applies to all
     monkeypatch.setenv("JITCONV_FAST_EXP", "0")
     assert cuda_backend._fast_exp() is False
     monkeypatch.setenv("JITCONV_FAST_EXP", "1")
@@ -390,6 +462,42 @@ def test_settings_are_checked(monkeypatch):
             cuda_backend._short_kernel()
             cuda_backend._row_group_setting()
             cuda_backend._constant_layout()
+        monkeypatch.delenv(name)
+
+
+def test_short_kernel_settings_are_checked(monkeypatch):
+    """The settings of short kernels' accesses: defaults by kind of kernel, 0/1 (or a
+    group) for all kernels, anything else refused with the setting's name."""
+    names = ("JITCONV_CUDA_SHORT_ROW_GROUP", "JITCONV_CUDA_GROUP_STATE",
+             "JITCONV_CUDA_EARLY_WEIGHTS", "JITCONV_CUDA_VECTOR_TAPS")
+    for name in names:
+        monkeypatch.delenv(name, raising=False)
+    short = cuda_backend.DEFAULT_SHORT_ROW_GROUP
+    assert [cuda_backend._short_row_group(1, "bfloat16"), cuda_backend._short_row_group(4, "bfloat16"),
+            cuda_backend._short_row_group(4, "float32")] == \
+        [short["decode"], short["spec"], short["spec float32"]] == [2, 1, 2]
+    for kind, T in (("short", 1), ("general", 0)):
+        assert cuda_backend._group_state(T) is cuda_backend.DEFAULT_GROUP_STATE[kind]
+        assert cuda_backend._early_weights(T) is cuda_backend.DEFAULT_EARLY_WEIGHTS[kind]
+    weight = torch.zeros(8, 4)
+    assert cuda_backend.vector_taps_for(weight) is cuda_backend.DEFAULT_VECTOR_TAPS is True
+    assert not cuda_backend.vector_taps_for(torch.zeros(8, 3))
+    monkeypatch.setenv("JITCONV_CUDA_SHORT_ROW_GROUP", "4")
+    assert cuda_backend._short_row_group(4, "bfloat16") == 4
+    for name, call in zip(names[1:], (cuda_backend._group_state, cuda_backend._early_weights)):
+        monkeypatch.setenv(name, "1")
+        assert call(0) is True
+        monkeypatch.setenv(name, "0")
+        assert call(1) is False
+    monkeypatch.setenv("JITCONV_CUDA_VECTOR_TAPS", "0")
+    assert cuda_backend.vector_taps_for(weight) is False
+    for name, call in zip(names, (lambda: cuda_backend._short_row_group(1, "float32"),
+                                  lambda: cuda_backend._group_state(1),
+                                  lambda: cuda_backend._early_weights(1),
+                                  lambda: cuda_backend.vector_taps_for(weight))):
+        monkeypatch.setenv(name, "3")
+        with pytest.raises(ValueError, match=name):
+            call()
         monkeypatch.delenv(name)
 
 
