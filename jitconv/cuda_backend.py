@@ -72,19 +72,19 @@ DEFAULT_SHORT_KERNEL = True
 DEFAULT_ROW_GROUP = 2
 # The same for short kernels (JITCONV_CUDA_SHORT_ROW_GROUP overrides it for all of them):
 # 2 for the decode kernel (T = 1) and for float32 spec kernels; 16-bit spec kernels (T = 4)
-# keep single-channel accesses, with pairs they ran 0.67-0.75x as fast on the H200 (not
+# keep single-channel accesses, with pairs they ran 0.64-0.93x as fast on the H200 (not
 # explained: their decode kernel gains with pairs). Used with the next two (H200, same
 # call, ninth session, benchmarks/h200/): bfloat16 decode-only dim 8192 5.50 -> 4.94 us.
 DEFAULT_SHORT_ROW_GROUP = {"decode": 2, "spec": 1, "spec float32": 2}
 # The conv state's window and stores grouped like rows of x too (kernel_template's
 # group_state) where the state's channels are contiguous and aligned to the group (vLLM's
-# conv state is laid out so), by kind of kernel: short kernels 1.00-1.03x; the general
-# kernel 0.97-1.00x in bfloat16 (first blocks only; not kept). JITCONV_CUDA_GROUP_STATE=0/1
+# conv state is laid out so), by kind of kernel: short kernels 0.99-1.03x; the general
+# kernel 0.97-0.99x in bfloat16 (first blocks only; not kept). JITCONV_CUDA_GROUP_STATE=0/1
 # overrides.
 DEFAULT_GROUP_STATE = {"short": True, "general": False}
 # A channel's 4 taps read as one vector where the weight is (dim, 4), contiguous and
-# aligned (vLLM's): 1.02-1.13x on bfloat16 spec / decode-heavy launches, 1.00-1.02x on
-# prefill and mixed steps (H200, same call). JITCONV_CUDA_VECTOR_TAPS=0 turns it off.
+# aligned (vLLM's): short kernels 0.99-1.13x (decode-heavy 1.04-1.13x), prefill and mixed
+# steps 1.00-1.02x (H200, same call). JITCONV_CUDA_VECTOR_TAPS=0 turns it off.
 DEFAULT_VECTOR_TAPS = True
 # A layer's offsets, strides, dim, has_bias and silu compiled into its kernel as constants
 # (kernels_cuda.LAYOUT_ARGS), one compile per layout (at most MAX_LAYOUTS per process).
@@ -98,9 +98,8 @@ DEFAULT_CONSTANT_LAYOUT = True
 # early_weights), by kind of kernel: short (decode / spec) and general. The state update's
 # stores wait for the window's loads, and a load placed after a store cannot be moved
 # above it (for the compiler the arrays may alias), so late weights are a further memory
-# round trip. H200, same call: short kernels 1.00-1.11x (float32 decode-heavy 1.12x),
-# bfloat16 spec-only dim 8192 0.96x; the general kernel 0.95-0.99x (more registers held
-# through the state update). JITCONV_CUDA_EARLY_WEIGHTS=0/1: off / on for every kernel.
+# round trip. H200, same call: short kernels with the pairs and vector taps 1.00-1.09x;
+# the general kernel 0.93-0.99x (more registers held through the state update). JITCONV_CUDA_EARLY_WEIGHTS=0/1: off / on for every kernel.
 DEFAULT_EARLY_WEIGHTS = {"short": True, "general": False}
 
 _lock = threading.Lock()
@@ -230,35 +229,40 @@ def _lookahead(longest_block=None):
     return int(value)
 
 
+def _choice(name, choices):
+    """The value of the setting ``name`` ("" when unset), refused unless one of
+    ``choices``."""
+    value = os.environ.get(name, "")
+    if value not in ("",) + choices:
+        raise ValueError(f"{name}: expected {', '.join(choices[:-1])} or {choices[-1]}, "
+                         f"got {value!r}")
+    return value
+
+
+def _switch(name, default):
+    """A 0 / 1 setting as a bool, ``default`` when unset."""
+    value = _choice(name, ("0", "1"))
+    return value == "1" if value else default
+
+
 def _short_kernel():
-    value = os.environ.get("JITCONV_CUDA_SHORT_KERNEL", "")
-    if value not in ("", "0", "1"):
-        raise ValueError(f"JITCONV_CUDA_SHORT_KERNEL: expected 0 or 1, got {value!r}")
-    return DEFAULT_SHORT_KERNEL if value == "" else value == "1"
+    return _switch("JITCONV_CUDA_SHORT_KERNEL", DEFAULT_SHORT_KERNEL)
 
 
 def _early_weights(short_tokens):
     """Whether a launch's kernel loads the weights before the state update: the setting
     JITCONV_CUDA_EARLY_WEIGHTS (0 or 1), else DEFAULT_EARLY_WEIGHTS for its kind."""
-    value = os.environ.get("JITCONV_CUDA_EARLY_WEIGHTS", "")
-    if value not in ("", "0", "1"):
-        raise ValueError(f"JITCONV_CUDA_EARLY_WEIGHTS: expected 0 or 1, got {value!r}")
-    if value:
-        return value == "1"
-    return DEFAULT_EARLY_WEIGHTS["short" if short_tokens else "general"]
+    return _switch("JITCONV_CUDA_EARLY_WEIGHTS",
+                   DEFAULT_EARLY_WEIGHTS["short" if short_tokens else "general"])
 
 
 def _row_group_setting():
-    value = os.environ.get("JITCONV_CUDA_ROW_GROUP", "")
-    if value not in ("", "1", "2", "4"):
-        raise ValueError(f"JITCONV_CUDA_ROW_GROUP: expected 1, 2 or 4, got {value!r}")
-    return DEFAULT_ROW_GROUP if value == "" else int(value)
+    value = _choice("JITCONV_CUDA_ROW_GROUP", ("1", "2", "4"))
+    return int(value) if value else DEFAULT_ROW_GROUP
 
 
 def _short_row_group(short_tokens, dtype_name):
-    value = os.environ.get("JITCONV_CUDA_SHORT_ROW_GROUP", "")
-    if value not in ("", "1", "2", "4"):
-        raise ValueError(f"JITCONV_CUDA_SHORT_ROW_GROUP: expected 1, 2 or 4, got {value!r}")
+    value = _choice("JITCONV_CUDA_SHORT_ROW_GROUP", ("1", "2", "4"))
     if value:
         return int(value)
     if short_tokens == 1:
@@ -267,23 +271,15 @@ def _short_row_group(short_tokens, dtype_name):
 
 
 def _group_state(short_tokens):
-    value = os.environ.get("JITCONV_CUDA_GROUP_STATE", "")
-    if value not in ("", "0", "1"):
-        raise ValueError(f"JITCONV_CUDA_GROUP_STATE: expected 0 or 1, got {value!r}")
-    if value:
-        return value == "1"
-    return DEFAULT_GROUP_STATE["short" if short_tokens else "general"]
+    return _switch("JITCONV_CUDA_GROUP_STATE",
+                   DEFAULT_GROUP_STATE["short" if short_tokens else "general"])
 
 
 def vector_taps_for(weight):
     """Whether a launch reads each channel's taps as one vector: the setting
     (JITCONV_CUDA_VECTOR_TAPS, default DEFAULT_VECTOR_TAPS) and a (dim, 4) weight with
     contiguous taps, rows of 4 and its first element aligned to 4 elements."""
-    value = os.environ.get("JITCONV_CUDA_VECTOR_TAPS", "")
-    if value not in ("", "0", "1"):
-        raise ValueError(f"JITCONV_CUDA_VECTOR_TAPS: expected 0 or 1, got {value!r}")
-    wanted = value == "1" if value else DEFAULT_VECTOR_TAPS
-    return (wanted and weight.shape[1] == 4 and weight.stride(1) == 1
+    return (_switch("JITCONV_CUDA_VECTOR_TAPS", DEFAULT_VECTOR_TAPS) and weight.shape[1] == 4 and weight.stride(1) == 1
             and (weight.stride(0) == 4 or weight.shape[0] == 1)
             and weight.data_ptr() % (4 * weight.element_size()) == 0)
 
@@ -496,10 +492,7 @@ MAX_LAYOUTS = 64  # then further layouts run the kernel that reads them as argum
 
 
 def _constant_layout():
-    value = os.environ.get("JITCONV_CUDA_CONSTANT_LAYOUT", "")
-    if value not in ("", "0", "1"):
-        raise ValueError(f"JITCONV_CUDA_CONSTANT_LAYOUT: expected 0 or 1, got {value!r}")
-    return DEFAULT_CONSTANT_LAYOUT if value == "" else value == "1"
+    return _switch("JITCONV_CUDA_CONSTANT_LAYOUT", DEFAULT_CONSTANT_LAYOUT)
 
 
 def _layout(args):

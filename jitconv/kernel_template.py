@@ -94,7 +94,18 @@ checked in the kernel), and the window comes by one uniform branch on p0 (as wit
 ``split_window``). On the OpenCL CPU device, which vectorizes across work-items, a lane
 then reads 8 contiguous bytes per row instead of 2: bfloat16 1.21-1.73x and float16
 1.01-1.40x faster on every benchmark workload in same-run comparisons
-(docs/perf-notes.md).
+(docs/perf-notes.md). ``group_state`` gives a backend without ``unit_stride_reads`` the
+same grouped state (CUDA: short kernels, where the host finds the state's channels
+contiguous and aligned).
+
+Three more options of ``kernel_source``, used by the CUDA backend (H200 figures in
+``cuda_backend`` and benchmarks/h200/README.md): ``early_weights`` loads the weights and
+bias right after the pad test instead of after the state part: the state update's
+stores wait for the window's loads, and a load written after a store stays after it (the
+compiler must assume the arrays alias), so late weights cost a further memory round.
+``vector_taps`` reads a channel's 4 taps of a (dim, 4) weight as one vector
+(``load_taps4``, the backend's 4-element vector load; the host checks the layout and the
+alignment). ``group_state``: above.
 """
 
 import numpy as np
@@ -244,13 +255,11 @@ def kernel_source(width, name, backend, channels=1, lookahead=1, word_taps=False
     ``store_row{G}``, and ``aligned_row{G}`` with ``unit_stride_reads``): rows of x and
     out (and with ``unit_stride_reads`` of the conv state) accessed G channels at a time
     (see the module docstring); the host picks it per launch, only where those accesses
-    are aligned. ``early_weights``: the weights and bias are loaded right after the pad
-    test, before the state part, instead of after it (see the module docstring).
-    ``group_state`` (with G > 1): the conv state's window and stores grouped like rows
-    of x, as in the wide kernel of a backend with ``unit_stride_reads`` (the host picks
-    it only for a state whose channels are contiguous and aligned to G). ``vector_taps`` (width 4; a backend that supplies
-    ``load_taps4``): a channel's 4 taps read as one vector of a (dim, 4) weight (the host
-    checks the layout and alignment)."""
+    are aligned. ``early_weights``, ``vector_taps`` (width 4 only; a backend that
+    supplies ``load_taps4``) and ``group_state`` (with G > 1): see the module docstring;
+    the host picks the last two only where the weight's or the state's layout and
+    alignment allow them.
+    """
     G = row_group
     if G not in (1, 2, 4) or channels % G:
         raise ValueError(f"row_group must be 1, 2 or 4 and divide the channel count "
