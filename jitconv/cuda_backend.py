@@ -93,13 +93,13 @@ DEFAULT_VECTOR_TAPS = True
 # float32 / bfloat16 decode-only at dim 2048 0.98x / 0.98x. JITCONV_CUDA_CONSTANT_LAYOUT=0
 # turns it off.
 DEFAULT_CONSTANT_LAYOUT = True
-
-# The weights and bias loaded before the state update instead of after it (kernel_template's
-# early_weights), by kind of kernel: short (decode / spec) and general. The state update's
-# stores wait for the window's loads, and a load placed after a store cannot be moved
-# above it (for the compiler the arrays may alias), so late weights are a further memory
-# round trip. H200, same call: short kernels with the pairs and vector taps 1.00-1.09x;
-# the general kernel 0.93-0.99x (more registers held through the state update). JITCONV_CUDA_EARLY_WEIGHTS=0/1: off / on for every kernel.
+# The weights and bias loaded before the state update instead of after it
+# (kernel_template's early_weights), by kind of kernel: short (decode / spec) and general.
+# The state update's stores wait for the window's loads, and a load placed after a store
+# cannot be moved above it (for the compiler the arrays may alias), so late weights are a
+# further memory round trip. H200, same call: short kernels with the pairs and vector taps
+# 1.00-1.09x; the general kernel 0.93-0.99x (more registers held through the state
+# update). JITCONV_CUDA_EARLY_WEIGHTS=0/1: off / on for every kernel.
 DEFAULT_EARLY_WEIGHTS = {"short": True, "general": False}
 
 _lock = threading.Lock()
@@ -275,20 +275,20 @@ def _group_state(short_tokens):
                    DEFAULT_GROUP_STATE["short" if short_tokens else "general"])
 
 
-def vector_taps_for(weight):
-    """Whether a launch reads each channel's taps as one vector: the setting
-    (JITCONV_CUDA_VECTOR_TAPS, default DEFAULT_VECTOR_TAPS) and a (dim, 4) weight with
-    contiguous taps, rows of 4 and its first element aligned to 4 elements."""
-    return (_switch("JITCONV_CUDA_VECTOR_TAPS", DEFAULT_VECTOR_TAPS) and weight.shape[1] == 4 and weight.stride(1) == 1
-            and (weight.stride(0) == 4 or weight.shape[0] == 1)
-            and weight.data_ptr() % (4 * weight.element_size()) == 0)
-
-
 def _aligned(t, group):
     return rows_aligned(t.data_ptr(), t.element_size(), t.shape, t.stride(), group)
 
 
-def row_group_for(channels, short_tokens, x, target, conv_state=None, dtype_name=None):
+def vector_taps_for(weight):
+    """Whether a launch reads each channel's taps as one vector: the setting
+    (JITCONV_CUDA_VECTOR_TAPS, default DEFAULT_VECTOR_TAPS) and a (dim, 4) weight with
+    contiguous taps in rows of 4 (the kernel reads channel c's at 4 c) and its first
+    element aligned to 4 elements (``kernel_abi.rows_aligned``, taps as the row)."""
+    return (_switch("JITCONV_CUDA_VECTOR_TAPS", DEFAULT_VECTOR_TAPS) and weight.shape[1] == 4
+            and (weight.stride(0) == 4 or weight.shape[0] == 1) and _aligned(weight, 4))
+
+
+def row_group_for(channels, short_tokens, x, target, conv_state, dtype_name):
     """(G, grouped state) of a launch. G: the channels per access of rows of x and out,
     the setting (JITCONV_CUDA_ROW_GROUP, default DEFAULT_ROW_GROUP; for short kernels
     JITCONV_CUDA_SHORT_ROW_GROUP, default DEFAULT_SHORT_ROW_GROUP) halved until it
@@ -300,8 +300,7 @@ def row_group_for(channels, short_tokens, x, target, conv_state=None, dtype_name
     group = _short_row_group(short_tokens, dtype_name) if short_tokens else _row_group_setting()
     while group > 1 and (channels % group or not all(_aligned(t, group) for t in (x, target))):
         group //= 2
-    grouped_state = (group > 1 and conv_state is not None and _group_state(short_tokens)
-                     and _aligned(conv_state, group))
+    grouped_state = group > 1 and _group_state(short_tokens) and _aligned(conv_state, group)
     return group, grouped_state
 
 

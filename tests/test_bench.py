@@ -172,6 +172,7 @@ def test_gpu_table_takes_the_faster_of_triton_with_and_without_pdl():
         {"rows": rows, "device": "GPU", "copy": {"gbps": 1.0}})
     assert panel_rows[0]["pct_triton"] == 25.0 and panel_rows[0]["pct_gathers"] == 100 / 12
 
+
 def test_gpu_host_cost_needs_a_cuda_device():
     """``python -m jitconv.bench_gpu host VLLM_FILE OUT`` (the CUDA call's host cost) says
     why it cannot run where there is no CUDA device, before loading anything."""
