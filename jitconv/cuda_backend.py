@@ -2,12 +2,11 @@
 ``kernels_cuda`` (the same template as the SYCL kernel) launched on torch's current CUDA
 stream. Needs numba-cuda (``pip install 'jitconv[cuda]'``); neither dpctl nor numba-dpex.
 
-Memory: each tensor reaches the kernel as a flat 1-D array from its first to its last
-element (``Tensor.as_strided`` on its own storage, then a numba device array over the
-same memory, made once per address: no copy), with element strides as scalars, the
-layout the SYCL backend uses too.
-fp16/bf16 are viewed as int16 (their bit patterns). The plan's int32 tables are copied
-to the device once per plan and device.
+Memory: each tensor reaches the kernel as the device address of its first element (no
+copy; the kernel takes typed pointers, ``kernels_cuda.pointer_signature``) with element
+strides as scalars, the layout the SYCL backend uses too (there, flat arrays from the
+first to the last element). fp16/bf16 are read as int16 (their bit patterns). The
+plan's int32 tables are copied to the device once per plan and device.
 
 Order: the kernel goes on torch's current stream of x's device, so it is ordered with
 torch's work before and after it; ``run`` does not wait for it.
@@ -16,8 +15,9 @@ numba's CUDA simulator (NUMBA_ENABLE_CUDASIM=1, numba-cuda installed) runs the s
 kernels as Python on the CPU: then "cuda:0" is listed, ``jitconv.set_device("cuda:0")``
 works, and torch CPU tensors go through this backend (tests/test_cuda.py runs that way in
 CI). The simulator checks the kernel's logic (indexing, bounds guard, tables, state
-updates); it cannot check code generation, the LLVM conversion intrinsics (it runs their
-Python twins, see ``bit_conversions``), fastmath, streams or speed.
+updates); it cannot check code generation, the pointer arguments (it passes numpy
+arrays), the LLVM conversion intrinsics (it runs their Python twins, see
+``bit_conversions``), fastmath, streams or speed.
 """
 
 import functools
@@ -373,39 +373,23 @@ def launch_shape(groups, num_blocks, threads):
     return (-(-num_blocks // ty), -(-groups // tx)), (tx, ty)
 
 
-_device_arrays = {}  # (device index, address, extent, dtype) -> numba device array
-_DEVICE_ARRAYS_KEPT = 4096  # then the map starts again (engines reuse few addresses)
-
-
 def _flat(t, sim):
-    """t's elements from its first to its last as a 1-D kernel array (zero-copy). On a
-    GPU the numba array for an address, extent and dtype is made once and kept: making
-    one costs about 17 us of Python (H200 machine), five per launch, while an engine
-    passes the same layer tensors every step. Kept without a reference to the tensor
-    (owner=None): it is only used while a live tensor starts at that address, so it
-    never keeps memory alive and never reads freed memory. Needs the device's context
-    (``launch`` holds it)."""
+    """What the kernel gets for tensor t (zero-copy): on a GPU the address of its first
+    element (the kernel's pointer, read with t's strides), in the simulator t's elements
+    from its first to its last as a 1-D numpy array (over the tensor's CPU memory)."""
+    if not sim:
+        return t.data_ptr()  # an empty tensor's is never read
     bits = t.view(torch.int16) if t.dtype in _SIXTEEN_BIT else t
-    if t.numel() == 0:  # nothing is read or written: any valid memory of the device
-        bits = torch.zeros(1, dtype=bits.dtype, device=t.device)
+    if t.numel() == 0:  # nothing is read or written: any valid memory
+        bits = torch.zeros(1, dtype=bits.dtype)
     extent = 1 + sum((n - 1) * s for n, s in zip(bits.shape, bits.stride()))
-    if sim:
-        return bits.as_strided((extent,), (1,)).numpy()
-    key = (bits.device.index, bits.data_ptr(), extent, bits.dtype)
-    found = _device_arrays.get(key)
-    if found is None:
-        from numba import cuda
-        if len(_device_arrays) >= _DEVICE_ARRAYS_KEPT:
-            _device_arrays.clear()
-        flat = bits.as_strided((extent,), (1,))
-        found = _device_arrays.setdefault(key, cuda.from_cuda_array_interface(
-            flat.__cuda_array_interface__, owner=None, sync=False))
-    return found
+    return bits.as_strided((extent,), (1,)).numpy()
 
 
 def _tables(plan, device, sim):
-    """The plan's tables as one int32 array on ``device`` and their offsets (copied
-    once per plan and device; the plan keeps them)."""
+    """The plan's tables as the kernel's argument (``_flat`` of one int32 tensor on
+    ``device``) and their offsets; copied once per plan and device (the plan keeps the
+    tensor)."""
     cache = plan.__dict__.setdefault("_cuda_tables", {})
     found = cache.get(str(device))
     if found is None:
@@ -472,17 +456,12 @@ def launch(plan, x, weight, bias, conv_state, target, silu, dtype):
     from numba import cuda
     with cuda.gpus[x.device.index]:
         args = _arguments(plan, x, weight, bias, conv_state, target, silu, dim, sim)
-        kernel = kernel_for(args)
-        compiled = kernel.overloads
-        if len(compiled) == 1:
-            # The dispatcher's one compiled kernel (its argument types are fixed by the
-            # dispatcher's key: 1-D contiguous arrays of its dtype, int32 tables, int64
-            # scalars): launched without typing the 25 arguments again (the dispatcher's
-            # call costs about 65 us of Python per launch on the H200 machine).
-            next(iter(compiled.values())).launch(args, grid + (1,), block + (1,),
-                                                 _stream(x.device), 0)
-        else:  # the first launch compiles
-            kernel[grid, block, _stream(x.device)](*args)
+        # The dispatcher's one compiled kernel (kernels_cuda.pointer_signature), launched
+        # with the addresses and scalars as they are: the dispatcher's call would type the
+        # 25 arguments again (about 65 us of Python per launch on the H200 machine) and
+        # would not take addresses for pointers.
+        (compiled,) = kernel_for(args).overloads.values()
+        compiled.launch(args, grid + (1,), block + (1,), _stream(x.device), 0)
 
 
 _LAYOUT_AT = None  # positions of kernels_cuda.LAYOUT_ARGS among the kernel's arguments

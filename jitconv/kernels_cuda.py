@@ -7,7 +7,13 @@ Python twins under numba's CUDA simulator, NUMBA_ENABLE_CUDASIM=1).
 
 Arguments are ``kernel_abi.CONV_ARGS`` followed by ``EXTRA_ARGS`` (dim and the number of
 blocks, for the guard). Thread layout: x over channel groups (neighbouring threads on
-neighbouring channels: coalesced), y over blocks of tokens.
+neighbouring channels: coalesced), y over blocks of tokens. On a GPU each array argument
+is a raw device address (a typed pointer, ``pointer_signature``), not a numba array: a
+numba array is a 7-field struct (56 bytes of kernel parameters), and the kernel's few
+used fields spread over ~500 bytes of parameter space (H200: its decode launches stalled
+on constant-cache misses, ncu imc_miss 2.96 cycles per issued instruction against 1.72
+for vLLM's Triton kernel; pointers: 0.998-1.03x on the benchmark's workloads, same
+call, benchmarks/h200/). The simulator runs Python and keeps numpy arrays.
 
 The silu division is a plain fdiv: numba-cuda compiles with numba's "numpy" error model
 (no zero-divisor check), unlike numba-dpex's default. ``fast_exp`` (the default, see
@@ -84,6 +90,20 @@ def short_tokens_for(width, longest_sequences):
     if non_spec > width - 1 or spec > one_round:
         return 0
     return 1 if max(non_spec, spec) <= 1 else one_round
+
+
+def pointer_signature(dtype_name):
+    """The kernel's numba signature on a GPU: each array of CONV_ARGS as a pointer to its
+    element type (the storage type of ``dtype_name`` for "raw"), each scalar int64."""
+    from numba import from_dtype, types
+    raw = from_dtype(np.dtype(STORAGE[dtype_name]))
+
+    def numba_type(arg):
+        _, ndim, element, _ = arg
+        if not ndim:
+            return types.int64
+        return types.CPointer(raw if element == "raw" else from_dtype(np.dtype(element)))
+    return types.void(*[numba_type(a) for a in CONV_ARGS + EXTRA_ARGS])
 
 
 def _simulating():
@@ -200,10 +220,14 @@ def _row_access(group):
     intrinsic = _intrinsic()
 
     def vector_pointer(context, builder, signature, args):
-        """(pointer to <G x element> at &array[index], the vector's size in bytes)."""
+        """(pointer to <G x element> at &array[index], the vector's size in bytes);
+        ``array`` a typed pointer (``pointer_signature``) or a numba array."""
         array_type = signature.args[0]
-        model = context.data_model_manager[array_type]
-        data = builder.extract_value(args[0], model.get_field_position("data"))
+        if isinstance(array_type, types.CPointer):
+            data = args[0]
+        else:
+            model = context.data_model_manager[array_type]
+            data = builder.extract_value(args[0], model.get_field_position("data"))
         element = builder.gep(data, [args[1]], inbounds=True)
         vector = ir.VectorType(context.get_value_type(array_type.dtype), group)
         return (builder.bitcast(element, vector.as_pointer(data.type.addrspace)),
@@ -255,7 +279,9 @@ def make_conv_kernel(width, dtype_name, channels=1, fastmath=False, lookahead=1,
                      short_tokens=0, row_group=1, layout=None, early_weights=False,
                      group_state=False, vector_taps=False):
     """The CUDA conv kernel for one (width, dtype, channels per thread, lookahead)
-    specialization (a numba-cuda dispatcher; types are taken from the first launch).
+    specialization: a numba-cuda dispatcher, compiled here for ``pointer_signature`` on a
+    GPU (its one overload is launched with device addresses), typed at the first launch
+    in the simulator.
     ``fastmath``: numba's fastmath for the whole kernel; ``fast_exp``: only silu's exp
     and division approximate (``_fast_silu_ops``); ``max_registers``: the registers per
     thread the compiler may use (None: its own choice); ``native_bf16``: bfloat16 rounded
@@ -306,6 +332,7 @@ def make_conv_kernel(width, dtype_name, channels=1, fastmath=False, lookahead=1,
     if vector_taps:
         namespace["load_taps4"] = _row_access(4)[0]
     exec(compile(source, filename, "exec"), namespace)
-    # The simulator's jit takes no register limit (it runs Python).
-    limit = {"max_registers": max_registers} if max_registers and not _simulating() else {}
-    return cuda.jit(fastmath=fastmath, **limit)(namespace[name])
+    if _simulating():  # Python: numpy arrays, no register limit
+        return cuda.jit(fastmath=fastmath)(namespace[name])
+    limit = {"max_registers": max_registers} if max_registers else {}
+    return cuda.jit(pointer_signature(dtype_name), fastmath=fastmath, **limit)(namespace[name])

@@ -10,12 +10,12 @@ Where it runs:
   small dim, since the simulator runs every thread as Python. The simulator checks the
   kernel's logic (indexing, the bounds guard of the rounded-up grid: its arrays are
   exactly as long as the data, so a stray index raises; tables; state updates;
-  channels per thread). It does not check code generation, the LLVM bit-conversion
-  intrinsics (it runs their Python twins: tests/test_bit_conversions.py compares those
-  with torch), fastmath, streams or speed.
+  channels per thread). It does not check code generation, the pointer arguments of the
+  GPU kernels (it passes numpy arrays), the LLVM bit-conversion intrinsics (it runs
+  their Python twins: tests/test_bit_conversions.py compares those with torch),
+  fastmath, streams or speed.
 """
 
-import itertools
 import os
 import sys
 
@@ -265,9 +265,22 @@ def test_layout_needs_every_parameter_once():
             with_layout(f"def k(x, {', '.join(params)}):\n    return dim\n", values)
 
 
+# Layouts of test_row_groups: (x: skip, row stride; out: skip, row stride;
+# JITCONV_CUDA_CHANNELS, JITCONV_CUDA_ROW_GROUP, the largest group the layout allows), in
+# units of the test's DIM. One test per layout: pytest-xdist then spreads their compiles.
+ROW_GROUP_LAYOUTS = (((0, 0), (0, 0), None, "", 2), ((1, 0), (0, 0), None, "", 1),
+                     ((0, 0), (1, 0), None, "", 1), ((0, 2), (0, 1), None, "", 1),
+                     ((0, 2), (2, 4), None, "", 2), ((0, 0), (0, 0), "1", "", 1),
+                     ((0, 0), (0, 0), "4", "4", 4), ((2, 2), (0, 0), "4", "4", 2),
+                     ((0, 0), (4, 4), "4", "4", 4), ((0, 0), (0, 0), "2", "4", 2),
+                     ((0, 0), (0, 0), "4", "1", 4))
+
+
+@pytest.mark.parametrize("layout", ROW_GROUP_LAYOUTS,
+                         ids=[f"layout{i}" for i in range(len(ROW_GROUP_LAYOUTS))])
 @pytest.mark.parametrize("width", [2, 4])
 @pytest.mark.parametrize("dtype_name", list(DTYPES))
-def test_row_groups(cuda_device, monkeypatch, dtype_name, width):
+def test_row_groups(cuda_device, monkeypatch, dtype_name, width, layout):
     """x and out rows accessed G channels at a time (G = JITCONV_CUDA_ROW_GROUP, default
     2, in launches of the general kernel; in short kernels DEFAULT_SHORT_ROW_GROUP: 2 for
     decode, for spec 2 in float32 and 1 in 16 bits), halved until G divides the channels
@@ -279,25 +292,18 @@ def test_row_groups(cuda_device, monkeypatch, dtype_name, width):
     monkeypatch.delenv("JITCONV_CUDA_CHANNELS", raising=False)
     calls = _spy_get_kernel(monkeypatch)
     dtype = DTYPES[dtype_name]
-    # (x: skip, row stride; out: skip, row stride; JITCONV_CUDA_CHANNELS,
-    #  JITCONV_CUDA_ROW_GROUP, the largest group the layout allows)
-    layouts = (((0, DIM), (0, DIM), None, "", 2), ((1, DIM), (0, DIM), None, "", 1),
-               ((0, DIM), (1, DIM), None, "", 1), ((0, DIM + 2), (0, DIM + 1), None, "", 1),
-               ((0, DIM + 2), (2, DIM + 4), None, "", 2), ((0, DIM), (0, DIM), "1", "", 1),
-               ((0, DIM), (0, DIM), "4", "4", 4), ((2, DIM + 2), (0, DIM), "4", "4", 2),
-               ((0, DIM), (4, DIM + 4), "4", "4", 4), ((0, DIM), (0, DIM), "2", "4", 2),
-               ((0, DIM), (0, DIM), "4", "1", 4))
+    (x_skip, x_extra), (out_skip, out_extra), channels, setting, allowed = layout
+    x_at, out_at = (x_skip, DIM + x_extra), (out_skip, DIM + out_extra)
     # (non-spec lengths, spec lengths, JITCONV_CUDA_SHORT_KERNEL, general kernel)
     steps = (([1, 17, 3, 35], [1, 4, 2], "1", True), ([1, 1, 1], [], "1", False),
              ([1, 1, 1], [], "0", True), ([], [2, 1, 2], "1", False),
              ([], [2, 1, 2], "0", True))
     short_group = {1: 2, width: 2 if dtype_name == "float32" else 1}  # by T
-    for (x_at, out_at, channels, setting, allowed), (ns, sp, short, general) in \
-            itertools.product(layouts, steps):
+    for ns, sp, short, general in steps:
         if channels:
             monkeypatch.setenv("JITCONV_CUDA_CHANNELS", channels)
         monkeypatch.setenv("JITCONV_CUDA_SHORT_KERNEL", short)
-        seed = len(calls) + 7 * width
+        seed = len(calls) + 7 * width + 13 * ROW_GROUP_LAYOUTS.index(layout)
         case = mixed_step(torch.Generator().manual_seed(seed), dim=DIM, width=width,
                           dtype=dtype, ns_lengths=ns, sp_lengths=sp, rows="vllm",
                           initial="alternate", usm=True)
@@ -324,11 +330,10 @@ def test_row_groups(cuda_device, monkeypatch, dtype_name, width):
         assert used == [group, 1], (x_at, out_at, channels, setting, ns, sp)
         assert all(torch.equal(a, b) for a, b in zip(*results)), (x_at, out_at, ns, sp)
         monkeypatch.delenv("JITCONV_CUDA_CHANNELS", raising=False)
-    # Grouped general kernels ran for every grouped layout on every step of the general
-    # kernel (the calls with ROW_GROUP 1 never are).
+    # A grouped layout ran grouped general kernels on every step of the general kernel
+    # (the calls with ROW_GROUP 1 never are).
     assert sum(c["row_group"] > 1 for c in calls if not c["short_tokens"]) == \
-        sum(min(int(layout[3] or 2), layout[4]) > 1 for layout in layouts) * \
-        sum(step[3] for step in steps)
+        (min(int(setting or 2), allowed) > 1) * sum(step[3] for step in steps)
     from jitconv.kernel_template import kernel_source
     from jitconv.kernels_cuda import CUDA
     for C, G in ((1, 2), (2, 4), (4, 3)):
@@ -346,8 +351,22 @@ def _in_buffer(buffer, shape, strides, skip, values):
     return view, outside
 
 
+_STATE_STEPS = (([1] * 5, [], 1), ([], [4, 2, 4], 4), ([1, 17, 3], [4, 2], 0))  # T expected
+# (state: storage, skip, grouped if G > 1; weight: storage transposed, skip, vector)
+_STATE_LAYOUTS = ((("SD", 0, True), (False, 0, True)), (("DS", 0, False), (False, 0, True)),
+                  (("SD", 1, False), (False, 0, True)), (("SD odd", 0, False), (False, 0, True)),
+                  (("SD", 0, True), (True, 0, False)), (("SD", 0, True), (False, 1, False)))
+# (width, step, layout): every step and layout at width 4, the first of each at width 3.
+# One test each: pytest-xdist then spreads their compiles.
+STATE_CASES = [(4, step, layout) for step in _STATE_STEPS for layout in _STATE_LAYOUTS] + \
+    [(3, _STATE_STEPS[0], _STATE_LAYOUTS[0])]
+
+
+@pytest.mark.parametrize("width,step,layout", STATE_CASES,
+                         ids=[f"case{i}" for i in range(len(STATE_CASES))])
 @pytest.mark.parametrize("dtype_name", ["float32", "bfloat16"])
-def test_grouped_state_and_vector_taps(cuda_device, monkeypatch, dtype_name):
+def test_grouped_state_and_vector_taps(cuda_device, monkeypatch, dtype_name, width, step,
+                                       layout):
     """Short kernels access the conv state G channels at a time too (their G: 2 for
     decode, for spec 2 in float32 and 1 in 16 bits) where its channels are contiguous and
     aligned to G, and load the weights before the state update; every kernel reads a
@@ -363,50 +382,64 @@ def test_grouped_state_and_vector_taps(cuda_device, monkeypatch, dtype_name):
         monkeypatch.delenv(name, raising=False)
     calls = _spy_get_kernel(monkeypatch)
     dtype = DTYPES[dtype_name]
-    steps = (([1] * 5, [], 1), ([], [4, 2, 4], 4), ([1, 17, 3], [4, 2], 0))  # T expected
-    # (state: storage, skip, grouped if G > 1; weight: storage transposed, skip, vector)
-    layouts = ((("SD", 0, True), (False, 0, True)), (("DS", 0, False), (False, 0, True)),
-               (("SD", 1, False), (False, 0, True)), (("SD odd", 0, False), (False, 0, True)),
-               (("SD", 0, True), (True, 0, False)), (("SD", 0, True), (False, 1, False)))
-    runs = [(4, steps, layouts), (3, steps[:1], layouts[:1])]
-    for width, (ns, sp, T), ((storage, s_skip, grouped), (transposed, w_skip, vector)) in (
-            (w, step, layout) for w, chosen_steps, chosen in runs
-            for step in chosen_steps for layout in chosen):
-        case = mixed_step(torch.Generator().manual_seed(width + len(ns) + 3 * len(sp)),
-                          dim=DIM, width=width, dtype=dtype, ns_lengths=ns, sp_lengths=sp,
-                          rows="vllm", initial="alternate", usm=True)
-        values = case["conv_state"]  # (lines, dim, state_len), channels contiguous
-        lines, _, state_len = values.shape
-        col = DIM + 1 if storage == "SD odd" else DIM
-        shape_strides = ((lines, DIM, state_len), (state_len * col, 1, col)) \
-            if storage.startswith("SD") else ((lines, DIM, state_len), (DIM * state_len, state_len, 1))
-        state_buffer = poisoned((s_skip + lines * state_len * col,), dtype, usm=True)
-        w_buffer = poisoned((w_skip + DIM * width,), dtype, usm=True)
-        w_strides = (1, DIM) if transposed else (width, 1)
-        weight, w_outside = _in_buffer(w_buffer, (DIM, width), w_strides, w_skip, case["weight"])
-        G = 1 if T > 1 and dtype_name != "float32" else 2  # 16-bit spec kernels: 1
-        results = []
-        for setting in ("", "0"):
-            for name in ("JITCONV_CUDA_GROUP_STATE", "JITCONV_CUDA_VECTOR_TAPS",
-                         "JITCONV_CUDA_EARLY_WEIGHTS"):
-                monkeypatch.setenv(name, setting)
-            monkeypatch.setenv("JITCONV_CUDA_SHORT_ROW_GROUP", "1" if setting else "")
-            state_buffer.fill_(POISON)
-            state, s_outside = _in_buffer(state_buffer, *shape_strides, s_skip, values)
-            calls.clear()
-            out = run_and_check(dict(case, conv_state=state, weight=weight), dtype=dtype)
-            chosen = calls[-1]
-            where = (width, ns, sp, storage, s_skip, transposed, w_skip, setting)
-            assert chosen["short_tokens"] == T, where
-            on = setting == ""
-            assert chosen["row_group"] == (G if on or not T else 1), where
-            assert chosen["group_state"] == (on and bool(T) and G > 1 and grouped), where
-            assert chosen["vector_taps"] == (on and width == 4 and vector), where
-            assert chosen["early_weights"] == (on and bool(T)), where
-            assert (bits(state_buffer)[s_outside] == bits(poisoned((1,), dtype))).all(), where
-            assert (bits(w_buffer)[w_outside] == bits(poisoned((1,), dtype))).all(), where
-            results.append((bits(out), bits(state)))
-        assert all(torch.equal(a, b) for a, b in zip(*results)), where
+    ns, sp, T = step
+    (storage, s_skip, grouped), (transposed, w_skip, vector) = layout
+    case = mixed_step(torch.Generator().manual_seed(width + len(ns) + 3 * len(sp)),
+                      dim=DIM, width=width, dtype=dtype, ns_lengths=ns, sp_lengths=sp,
+                      rows="vllm", initial="alternate", usm=True)
+    values = case["conv_state"]  # (lines, dim, state_len), channels contiguous
+    lines, _, state_len = values.shape
+    col = DIM + 1 if storage == "SD odd" else DIM
+    shape_strides = ((lines, DIM, state_len), (state_len * col, 1, col)) \
+        if storage.startswith("SD") else ((lines, DIM, state_len), (DIM * state_len, state_len, 1))
+    state_buffer = poisoned((s_skip + lines * state_len * col,), dtype, usm=True)
+    w_buffer = poisoned((w_skip + DIM * width,), dtype, usm=True)
+    w_strides = (1, DIM) if transposed else (width, 1)
+    weight, w_outside = _in_buffer(w_buffer, (DIM, width), w_strides, w_skip, case["weight"])
+    G = 1 if T > 1 and dtype_name != "float32" else 2  # 16-bit spec kernels: 1
+    results = []
+    for setting in ("", "0"):
+        for name in ("JITCONV_CUDA_GROUP_STATE", "JITCONV_CUDA_VECTOR_TAPS",
+                     "JITCONV_CUDA_EARLY_WEIGHTS"):
+            monkeypatch.setenv(name, setting)
+        monkeypatch.setenv("JITCONV_CUDA_SHORT_ROW_GROUP", "1" if setting else "")
+        state_buffer.fill_(POISON)
+        state, s_outside = _in_buffer(state_buffer, *shape_strides, s_skip, values)
+        calls.clear()
+        out = run_and_check(dict(case, conv_state=state, weight=weight), dtype=dtype)
+        chosen = calls[-1]
+        where = (width, ns, sp, storage, s_skip, transposed, w_skip, setting)
+        assert chosen["short_tokens"] == T, where
+        on = setting == ""
+        assert chosen["row_group"] == (G if on or not T else 1), where
+        assert chosen["group_state"] == (on and bool(T) and G > 1 and grouped), where
+        assert chosen["vector_taps"] == (on and width == 4 and vector), where
+        assert chosen["early_weights"] == (on and bool(T)), where
+        assert (bits(state_buffer)[s_outside] == bits(poisoned((1,), dtype))).all(), where
+        assert (bits(w_buffer)[w_outside] == bits(poisoned((1,), dtype))).all(), where
+        results.append((bits(out), bits(state)))
+    assert all(torch.equal(a, b) for a, b in zip(*results)), where
+
+
+def test_pointer_signature():
+    """On a GPU the kernel takes every array of kernel_abi.CONV_ARGS as a typed pointer
+    (launched with device addresses), in argument order: the dtype's storage type for
+    x, out, weight, bias and state, int32 for the tables; scalars int64."""
+    from numba import types
+    from jitconv.kernel_abi import CONV_ARGS
+    from jitconv.kernels_cuda import EXTRA_ARGS, pointer_signature
+    for dtype_name, raw in (("bfloat16", types.int16), ("float16", types.int16),
+                            ("float32", types.float32)):
+        args = pointer_signature(dtype_name).args
+        assert len(args) == len(CONV_ARGS) + len(EXTRA_ARGS)
+        expected = {"x": raw, "out": raw, "weight": raw, "bias": raw, "state": raw,
+                    "tables": types.int32}
+        for (name, ndim, _, _), numba_type in zip(CONV_ARGS + EXTRA_ARGS, args):
+            if ndim:
+                assert numba_type == types.CPointer(expected.pop(name)), name
+            else:
+                assert numba_type == types.int64, name
+        assert not expected
 
 
 def test_settings_are_checked(monkeypatch):
