@@ -373,7 +373,7 @@ def launch_shape(groups, num_blocks, threads):
     return (-(-num_blocks // ty), -(-groups // tx)), (tx, ty)
 
 
-def _flat(t, sim):
+def _as_kernel_arg(t, sim):
     """What the kernel gets for tensor t (zero-copy): on a GPU the address of its first
     element (the kernel's pointer, read with t's strides), in the simulator t's elements
     from its first to its last as a 1-D numpy array (over the tensor's CPU memory)."""
@@ -398,7 +398,7 @@ def _tables(plan, device, sim):
         tensor = torch.from_numpy(np.concatenate(host + [np.zeros(1, np.int32)]))
         if not sim:
             tensor = tensor.to(device)
-        found = cache.setdefault(str(device), (_flat(tensor, sim), offsets, tensor))
+        found = cache.setdefault(str(device), (_as_kernel_arg(tensor, sim), offsets, tensor))
     return found[0], found[1]
 
 
@@ -497,8 +497,8 @@ def _layout(args):
 def _arguments(plan, x, weight, bias, conv_state, target, silu, dim, sim):
     """The kernel's arguments (``kernel_abi.CONV_ARGS`` and ``kernels_cuda.EXTRA_ARGS``)."""
     tables, offsets = _tables(plan, x.device, sim)
-    xa, oa, wa, sa = (_flat(t, sim) for t in (x, target, weight, conv_state))
-    ba = _flat(bias, sim) if bias is not None else wa  # not read without bias
+    xa, oa, wa, sa = (_as_kernel_arg(t, sim) for t in (x, target, weight, conv_state))
+    ba = _as_kernel_arg(bias, sim) if bias is not None else wa  # not read without bias
     return (xa, 0, x.stride(0), oa, 0, target.stride(0),
             wa, 0, weight.stride(0), weight.stride(1),
             ba, 0, bias.stride(0) if bias is not None else 1,

@@ -94,15 +94,15 @@ def short_tokens_for(width, longest_sequences):
 
 def pointer_signature(dtype_name):
     """The kernel's numba signature on a GPU: each array of CONV_ARGS as a pointer to its
-    element type (the storage type of ``dtype_name`` for "raw"), each scalar int64."""
+    element type (the storage type of ``dtype_name`` for "raw"), each scalar as its type
+    there (int64)."""
     from numba import from_dtype, types
     raw = from_dtype(np.dtype(STORAGE[dtype_name]))
 
     def numba_type(arg):
         _, ndim, element, _ = arg
-        if not ndim:
-            return types.int64
-        return types.CPointer(raw if element == "raw" else from_dtype(np.dtype(element)))
+        scalar = raw if element == "raw" else from_dtype(np.dtype(element))
+        return types.CPointer(scalar) if ndim else scalar
     return types.void(*[numba_type(a) for a in CONV_ARGS + EXTRA_ARGS])
 
 
@@ -192,9 +192,10 @@ _row_ops = {}  # row group G -> (load_row{G}, store_row{G}), made once per G
 
 def _row_access(group):
     """(load, store) of the kernel with row group G = ``group`` (2 or 4): elements index
-    .. index + G - 1 of a 16- or 32-bit array read or written as one vector access (PTX
-    ld/st.global.v2 / .v4), where the kernel's scalar code makes G. &array[index] must
-    be aligned to the vector's size: the host picks such a kernel only then
+    .. index + G - 1 of a 16- or 32-bit kernel argument (a typed pointer) read or written
+    as one vector access (PTX ld/st.global.v2 / .v4), where the kernel's scalar code
+    makes G. &array[index] must be aligned to the vector's size: the host picks such a
+    kernel only then
     (``cuda_backend``); a misaligned vector access is a fault on a GPU. The simulator
     runs their Python twins, which check that index is a multiple of G (the part of the
     alignment a twin can see: it runs on copies of the arrays)."""
@@ -221,15 +222,10 @@ def _row_access(group):
 
     def vector_pointer(context, builder, signature, args):
         """(pointer to <G x element> at &array[index], the vector's size in bytes);
-        ``array`` a typed pointer (``pointer_signature``) or a numba array."""
-        array_type = signature.args[0]
-        if isinstance(array_type, types.CPointer):
-            data = args[0]
-        else:
-            model = context.data_model_manager[array_type]
-            data = builder.extract_value(args[0], model.get_field_position("data"))
+        ``array`` is a kernel argument, a typed pointer (``pointer_signature``)."""
+        data = args[0]
         element = builder.gep(data, [args[1]], inbounds=True)
-        vector = ir.VectorType(context.get_value_type(array_type.dtype), group)
+        vector = ir.VectorType(context.get_value_type(signature.args[0].dtype), group)
         return (builder.bitcast(element, vector.as_pointer(data.type.addrspace)),
                 group * context.get_abi_sizeof(vector.element))
 

@@ -13,9 +13,10 @@ python3 -c "import sys, numpy, numba, numba_cuda, torch, triton; print(sys.versi
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,power.draw --format=csv | tee -a $OUT/versions.txt
 T="python3 -m pytest -q -p no:cacheprovider -rs"
 # The grid compiles a kernel per layout (numba-cuda, 1-2 s each): spread it over the
-# machine's cores with pytest-xdist (in its image); the ninth session's two runs of this
-# were cut at 390 s / 245 s with a few slow tests still running (test-grid-9th-session.txt),
-# so give it more, or run the grid and the rest (-k "not test_mixed_grid") in two calls.
+# machine's cores with pytest-xdist (in its image). With the slow tests split per layout
+# (tenth session) the grid took about 140 s and the rest about 260 s with 15 workers
+# (test-grid-10th-session.txt); in calls of 10 minutes at most, run the grid and the
+# rest (-k "not test_mixed_grid") in two calls.
 $T -n 15 --durations=30 tests/test_cuda.py tests/test_bit_conversions.py 2>&1 \
   | tee $OUT/grid.log | tail -40
 # The defaults (C and L per launch, fast exp) beside C = 4 and four channels per row
