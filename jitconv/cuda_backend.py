@@ -387,9 +387,9 @@ def _as_kernel_arg(t, sim):
 
 
 def _tables(plan, device, sim):
-    """The plan's tables as the kernel's argument (``_flat`` of one int32 tensor on
-    ``device``) and their offsets; copied once per plan and device (the plan keeps the
-    tensor)."""
+    """The plan's tables as the kernel's argument (``_as_kernel_arg`` of one int32
+    tensor on ``device``) and their offsets; copied once per plan and device (the plan
+    keeps the tensor)."""
     cache = plan.__dict__.setdefault("_cuda_tables", {})
     found = cache.get(str(device))
     if found is None:

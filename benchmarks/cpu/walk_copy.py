@@ -4,7 +4,7 @@ channel of a block of B consecutive rows (the conv kernel's index space: channel
 against the device memcpy of the same bytes, on the prefill-heavy step's shape (4096
 rows; dim 2048 and 8192). Also: B = 16 in an nd-range of work-groups of L channels with a
 work-group barrier after every 4 rows. Wall time of submit + wait (the kernels take
-milliseconds), median of 7 per round, rounds rotated; outputs checked.
+milliseconds; ``bench.median_time``) per round, rounds rotated; outputs checked.
 
 On opencl:cpu the runtime runs a work-group's vectors of lanes one after another, each
 through all B rows of its block: B rows of x and B of out are walked at once (2B
@@ -15,11 +15,10 @@ streams). Needs numba-dpex.
 
 import argparse
 import statistics
-import time
 
 import numpy as np
 
-import jitconv  # noqa: F401  (the virtual environment's import setup)
+from jitconv import bench  # also the virtual environment's import setup
 
 
 def kernels():
@@ -50,18 +49,6 @@ def kernels():
                 kapi.group_barrier(nd.get_group())
 
     return copy_flat, copy_walk, copy_walk_barrier
-
-
-def median_wall(fn, queue, n=7):
-    fn()
-    queue.wait()
-    times = []
-    for _ in range(n):
-        start = time.perf_counter()
-        fn()
-        queue.wait()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def main():
@@ -108,7 +95,8 @@ def main():
         for r in range(args.rounds * len(names)):
             k = r % len(names)
             for name in names[k:] + names[:k]:
-                times[name].append(median_wall(runs[name], queue))
+                run = runs[name]
+                times[name].append(bench.median_time(lambda: (run(), queue.wait())))
         t = {name: statistics.median(v) for name, v in times.items()}
         moved = 2 * 4 * n
         print(f"dim {dim} ({moved / 2 ** 20:.0f} MiB read + written): " + " | ".join(
