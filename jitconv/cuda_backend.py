@@ -102,10 +102,26 @@ DEFAULT_CONSTANT_LAYOUT = True
 # update). JITCONV_CUDA_EARLY_WEIGHTS=0/1: off / on for every kernel.
 DEFAULT_EARLY_WEIGHTS = {"short": True, "general": False}
 
+# What a kernel with a compiled-in layout also fixes, by setting (each 0 / 1):
+# JITCONV_CUDA_COMPACT_ARGS: the layout's 16 parameters dropped from its signature (it
+# takes the 9 per-call ones: the kernel parameters a launch reads then lie in 72 bytes,
+# not 200); JITCONV_CUDA_FIXED_BLOCK: its thread block's shape compiled in (no blockDim
+# reads; with one row of token blocks per thread block the block's record address is
+# uniform across the block); JITCONV_CUDA_EXACT_GRID: with that shape, no bounds guard
+# where the grid rounds nothing up (dim a multiple of the block's channels: the first
+# load then waits for nothing but the block id). H200, same call (twelfth session,
+# benchmarks/h200/same-call-12th-session.json): the first two against neither
+# 1.005-1.044x on 16 small and mixed workloads (bfloat16 decode-only at dim 2048 3.21 ->
+# 3.07 us); the third against the first two 1.00-1.04x on 15 of 16 rows (one 0.96x,
+# within that row's spread between calls), prefill 1.00-1.01x.
+DEFAULT_COMPACT_ARGS = True
+DEFAULT_FIXED_BLOCK = True
+DEFAULT_EXACT_GRID = True
+
 _lock = threading.Lock()
 _kernels = {}  # (width, dtype, channels, fastmath, lookahead, fast exp, max registers,
 #                 native bf16 rounding, short tokens, row group, layout, early weights,
-#                 grouped state, vector taps)
+#                 grouped state, vector taps, block shape, compact args, exact grid)
 #                 -> dispatcher
 _streams = {}  # (device index, cudaStream_t) -> numba external stream
 
@@ -332,7 +348,8 @@ def native_bf16(device):
 def get_kernel(width, dtype_name, channels, fastmath=False, lookahead=DEFAULT_LOOKAHEAD,
                fast_exp=DEFAULT_FAST_EXP, max_registers=DEFAULT_MAX_REGISTERS or None,
                bf16_instruction=False, short_tokens=0, row_group=1, layout=None,
-               early_weights=False, group_state=False, vector_taps=False):
+               early_weights=False, group_state=False, vector_taps=False, block=None,
+               compact_args=True, exact_grid=True):
     """The dispatcher of one specialization, made once per process. ``bf16_instruction``:
     bfloat16 rounded by the GPU's instruction (``native_bf16`` of the device);
     ``short_tokens``: the kernel for launches of sequences of at most that many tokens
@@ -343,11 +360,12 @@ def get_kernel(width, dtype_name, channels, fastmath=False, lookahead=DEFAULT_LO
     weights and bias loaded before the state update (``_early_weights``);
     ``group_state``: the conv state accessed ``row_group`` channels at a time too (only
     for aligned states, ``row_group_for``); ``vector_taps``: each channel's taps as one
-    vector load (``vector_taps_for``)."""
+    vector load (``vector_taps_for``); ``block``, ``compact_args``, ``exact_grid``: see
+    ``kernels_cuda.make_conv_kernel`` (with a ``layout`` only; DEFAULT_COMPACT_ARGS)."""
     bf16_instruction = bf16_instruction and dtype_name == "bfloat16"  # others: one kernel
     key = (width, dtype_name, channels, fastmath, lookahead, fast_exp, max_registers,
            bf16_instruction, short_tokens, row_group, layout, early_weights, group_state,
-           vector_taps)
+           vector_taps, block, compact_args, exact_grid)
     kernel = _kernels.get(key)
     if kernel is None:
         with _lock:
@@ -359,7 +377,8 @@ def get_kernel(width, dtype_name, channels, fastmath=False, lookahead=DEFAULT_LO
                                                           max_registers, bf16_instruction,
                                                           short_tokens, row_group,
                                                           layout, early_weights,
-                                                          group_state, vector_taps)
+                                                          group_state, vector_taps, block,
+                                                          compact_args, exact_grid)
     return kernel
 
 
@@ -442,26 +461,52 @@ def launch(plan, x, weight, bias, conv_state, target, silu, dtype):
                                            dtype)
     grid, block = launch_shape(dim // channels, plan.num_blocks, _threads())
 
-    def kernel_for(args):
-        return get_kernel(width, dtype, channels, _fastmath(), _lookahead(plan.longest_block),
-                          _fast_exp(), _max_registers(), native_bf16(x.device),
-                          short_tokens, row_group, _layout(args),
-                          _early_weights(short_tokens), group_state,
-                          vector_taps_for(weight))
+    def kernel_and_args():
+        args = _arguments(plan, x, weight, bias, conv_state, target, silu, dim, sim)
+        layout = _layout(args)
+        compact = layout is not None and _compact_args()
+        kernel = get_kernel(width, dtype, channels, _fastmath(), _lookahead(plan.longest_block),
+                            _fast_exp(), _max_registers(), native_bf16(x.device),
+                            short_tokens, row_group, layout, _early_weights(short_tokens),
+                            group_state, vector_taps_for(weight),
+                            block if layout is not None and _fixed_block() else None,
+                            compact, _exact_grid())
+        if compact:  # the layout's values are in the kernel: pass the per-call ones
+            args = tuple(args[i] for i in _call_at())
+        return kernel, args
 
     if sim:
-        args = _arguments(plan, x, weight, bias, conv_state, target, silu, dim, sim)
-        kernel_for(args)[grid, block](*args)
+        kernel, args = kernel_and_args()
+        kernel[grid, block](*args)
         return
     from numba import cuda
     with cuda.gpus[x.device.index]:
-        args = _arguments(plan, x, weight, bias, conv_state, target, silu, dim, sim)
+        kernel, args = kernel_and_args()
         # The dispatcher's one compiled kernel (kernels_cuda.pointer_signature), launched
         # with the addresses and scalars as they are: the dispatcher's call would type the
-        # 25 arguments again (about 65 us of Python per launch on the H200 machine) and
+        # arguments again (about 65 us of Python per launch on the H200 machine) and
         # would not take addresses for pointers.
-        (compiled,) = kernel_for(args).overloads.values()
+        (compiled,) = kernel.overloads.values()
         compiled.launch(args, grid + (1,), block + (1,), _stream(x.device), 0)
+
+
+def _compact_args():
+    return _switch("JITCONV_CUDA_COMPACT_ARGS", DEFAULT_COMPACT_ARGS)
+
+
+def _fixed_block():
+    return _switch("JITCONV_CUDA_FIXED_BLOCK", DEFAULT_FIXED_BLOCK)
+
+
+def _exact_grid():
+    return _switch("JITCONV_CUDA_EXACT_GRID", DEFAULT_EXACT_GRID)
+
+
+@functools.lru_cache(maxsize=None)
+def _call_at():
+    """Positions of kernels_cuda.CALL_ARGS among the kernel's arguments."""
+    from .kernels_cuda import ARG_NAMES, CALL_ARGS
+    return tuple(ARG_NAMES.index(n) for n in CALL_ARGS)
 
 
 _LAYOUT_AT = None  # positions of kernels_cuda.LAYOUT_ARGS among the kernel's arguments

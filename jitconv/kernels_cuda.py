@@ -6,8 +6,11 @@ and which conversions run (LLVM intrinsics on a GPU, their
 Python twins under numba's CUDA simulator, NUMBA_ENABLE_CUDASIM=1).
 
 Arguments are ``kernel_abi.CONV_ARGS`` followed by ``EXTRA_ARGS`` (dim and the number of
-blocks, for the guard). Thread layout: x over channel groups (neighbouring threads on
-neighbouring channels: coalesced), y over blocks of tokens. On a GPU each array argument
+blocks, for the guard); a kernel with a compiled-in layout (``with_layout``) takes only
+the per-call ones, ``CALL_ARGS``, and may have its thread block's shape compiled in too
+(``cuda_index``: then no blockDim reads, and no guard where the grid is exact). Thread
+layout: x over channel groups (neighbouring threads on neighbouring channels:
+coalesced), y over blocks of tokens. On a GPU each array argument
 is a raw device address (a typed pointer, ``pointer_signature``), not a numba array: a
 numba array is a 7-field struct (56 bytes of kernel parameters), and the kernel's few
 used fields spread over ~500 bytes of parameter space (H200: its decode launches stalled
@@ -20,8 +23,8 @@ The silu division is a plain fdiv: numba-cuda compiles with numba's "numpy" erro
 ``cuda_backend``) makes silu's exp and division the GPU's approximate instructions;
 ``fastmath`` compiles the whole kernel with numba's fastmath (measured on the H200, see
 benchmarks/h200/). bfloat16 results are rounded by the GPU's own conversion instruction
-on compute capability 8.0 and later (``_bf16_store``), and the kernel is compiled for at most ``max_registers`` registers
-per thread (``cuda_backend.DEFAULT_MAX_REGISTERS``).
+on compute capability 8.0 and later (``_bf16_store``), and the kernel is compiled for at
+most ``max_registers`` registers per thread (``cuda_backend.DEFAULT_MAX_REGISTERS``).
 """
 
 import linecache
@@ -40,14 +43,27 @@ from .kernel_abi import (CONV_ARGS, FLAG_BLOCK_ROWS, FLAG_INITIAL_STATE, FLAG_SE
                          FLAG_SPEC, STORAGE, SUPPORTED_WIDTHS, TABLES)
 from .kernel_template import Backend, kernel_source, window_value  # noqa: E402
 
-CUDA = Backend(
-    name="cuda", index_arg="", extra_args=", dim, num_blocks",
-    index="    g = cuda.blockIdx.y * cuda.blockDim.x + cuda.threadIdx.x  # channel group\n"
-          "    b = cuda.blockIdx.x * cuda.blockDim.y + cuda.threadIdx.y  # block\n"
-          "    c = g * {C}  # first of the work-item's channels\n"
-          "    if c >= dim or b >= num_blocks:\n"
-          "        return  # the grid is rounded up to whole thread blocks",
-    one_round_record=True, reuse_state_loads=True, split_window=True)
+
+def cuda_index(block=None, exact=False):
+    """The CUDA backend's index code (``Backend.index``): x threads over channel groups,
+    y threads over blocks of tokens. ``block`` (tx, ty): the thread block's shape compiled
+    in (kernels with a compiled-in layout, whose launches all have that shape), None: read
+    from blockDim. ``exact``: the grid has exactly one thread per channel group and token
+    block (ty = 1, the groups a multiple of tx: ``launch_shape`` then rounds nothing up),
+    so no bounds guard."""
+    tx, ty = block or ("cuda.blockDim.x", "cuda.blockDim.y")
+    b = "cuda.blockIdx.x" if ty == 1 else f"cuda.blockIdx.x * {ty} + cuda.threadIdx.y"
+    index = (f"    g = cuda.blockIdx.y * {tx} + cuda.threadIdx.x  # channel group\n"
+             f"    b = {b}  # block\n"
+             "    c = g * {C}  # first of the work-item's channels")
+    if exact:
+        return index
+    return (index + "\n    if c >= dim or b >= num_blocks:\n"
+            "        return  # the grid is rounded up to whole thread blocks")
+
+
+CUDA = Backend(name="cuda", index_arg="", extra_args=", dim, num_blocks", index=cuda_index(),
+               one_round_record=True, reuse_state_loads=True, split_window=True)
 EXTRA_ARGS = (("dim", 0, "int64", None), ("num_blocks", 0, "int64", None))
 # New-state values read from x per round of loads: width - 1 + this (the template's
 # state_chunk). With one more than the window's width - 1, a spec sequence of 1 + 3
@@ -66,16 +82,28 @@ LAYOUT_ARGS = tuple(a[0] for a in CONV_ARGS + EXTRA_ARGS
                     if not a[1] and a[0] not in TABLES + ("num_blocks",))
 
 
-def with_layout(source, layout):
-    """``source`` with the LAYOUT_ARGS parameters renamed (still passed, unused) and
-    bound to the values of ``layout`` (ints, in LAYOUT_ARGS order) at the body's top."""
+ARG_NAMES = tuple(a[0] for a in CONV_ARGS + EXTRA_ARGS)
+# What a kernel with a compiled-in layout takes: the per-call arguments only.
+CALL_ARGS = tuple(name for name in ARG_NAMES if name not in LAYOUT_ARGS)
+
+
+def with_layout(source, layout, compact=True):
+    """``source`` with the LAYOUT_ARGS parameters bound to the values of ``layout`` (ints,
+    in LAYOUT_ARGS order) at the body's top and dropped from the parameter list (the
+    kernel then takes CALL_ARGS; ``compact`` False: kept, renamed, unused)."""
     head, body = source.split("):\n", 1)  # the def's parameter list ends here
+    start, params = head.split("(", 1)
+    names = [p.strip() for p in params.split(",")]
     for param in LAYOUT_ARGS:
-        head, found = re.subn(rf"\b{param}\b", f"_{param}", head)
-        if found != 1:  # the template's parameter list changed: bind nothing silently
-            raise ValueError(f"kernel source: parameter {param!r} found {found} times")
+        if names.count(param) != 1:  # the template's parameter list changed: bind nothing
+            raise ValueError(f"kernel source: parameter {param!r} found "
+                             f"{names.count(param)} times")
+    if compact:
+        names = [p for p in names if p not in LAYOUT_ARGS]
+    else:
+        names = [f"_{p}" if p in LAYOUT_ARGS else p for p in names]
     values = "".join(f"    {param} = {int(value)}\n" for param, value in zip(LAYOUT_ARGS, layout))
-    return head + "):\n" + values + body
+    return f"{start}({', '.join(names)}):\n" + values + body
 
 
 def short_tokens_for(width, longest_sequences):
@@ -92,8 +120,9 @@ def short_tokens_for(width, longest_sequences):
     return 1 if max(non_spec, spec) <= 1 else one_round
 
 
-def pointer_signature(dtype_name):
-    """The kernel's numba signature on a GPU: each array of CONV_ARGS as a pointer to its
+def pointer_signature(dtype_name, names=ARG_NAMES):
+    """The kernel's numba signature on a GPU for the arguments ``names`` (ARG_NAMES, or
+    CALL_ARGS for a compiled-in layout): each array of CONV_ARGS as a pointer to its
     element type (the storage type of ``dtype_name`` for "raw"), each scalar as its type
     there (int64)."""
     from numba import from_dtype, types
@@ -103,7 +132,8 @@ def pointer_signature(dtype_name):
         _, ndim, element, _ = arg
         scalar = raw if element == "raw" else from_dtype(np.dtype(element))
         return types.CPointer(scalar) if ndim else scalar
-    return types.void(*[numba_type(a) for a in CONV_ARGS + EXTRA_ARGS])
+    by_name = {a[0]: a for a in CONV_ARGS + EXTRA_ARGS}
+    return types.void(*[numba_type(by_name[name]) for name in names])
 
 
 def _simulating():
@@ -273,7 +303,8 @@ def _fast_silu_ops():
 def make_conv_kernel(width, dtype_name, channels=1, fastmath=False, lookahead=1,
                      fast_exp=False, max_registers=None, native_bf16=False,
                      short_tokens=0, row_group=1, layout=None, early_weights=False,
-                     group_state=False, vector_taps=False):
+                     group_state=False, vector_taps=False, block=None,
+                     compact_args=True, exact_grid=True):
     """The CUDA conv kernel for one (width, dtype, channels per thread, lookahead)
     specialization: a numba-cuda dispatcher, compiled here for ``pointer_signature`` on a
     GPU (its one overload is launched with device addresses), typed at the first launch
@@ -291,7 +322,13 @@ def make_conv_kernel(width, dtype_name, channels=1, fastmath=False, lookahead=1,
     all of them read from the arguments; ``early_weights``: the weights and bias loaded
     before the state update; ``group_state``: the conv state's window and stores
     ``row_group`` channels at a time too (``kernel_template``; aligned states only);
-    ``vector_taps``: a channel's 4 taps as one vector load ((dim, 4) weights, aligned)."""
+    ``vector_taps``: a channel's 4 taps as one vector load ((dim, 4) weights, aligned);
+    ``block``: the thread block's shape (tx, ty) compiled in (``cuda_index``; with a
+    ``layout`` only, whose launches all have one shape), None: read from blockDim;
+    ``exact_grid``: with ``block``, no bounds guard where the launch's grid rounds
+    nothing up (``cuda_index``); ``compact_args``: with a ``layout``, the layout's
+    parameters dropped from the signature (``with_layout``).
+    With a ``layout`` the kernel takes CALL_ARGS, else ARG_NAMES."""
     if width not in SUPPORTED_WIDTHS:
         raise ValueError(f"width must be one of {SUPPORTED_WIDTHS}, got {width}")
     name = (f"jitconv_conv_w{width}_{dtype_name}_c{channels}_l{lookahead}"
@@ -302,13 +339,25 @@ def make_conv_kernel(width, dtype_name, channels=1, fastmath=False, lookahead=1,
             f"{f'_g{row_group}' if row_group > 1 else ''}"
             f"{'_ew' if early_weights else ''}{'_gs' if group_state else ''}"
             f"{'_vt' if vector_taps else ''}"
-            f"{f'_k{hash(layout) % 10 ** 10}' if layout is not None else ''}")
-    source = kernel_source(width, name, CUDA, channels, lookahead,
+            f"{f'_k{hash(layout) % 10 ** 10}' if layout is not None else ''}"
+            f"{f'_b{block[0]}x{block[1]}' if block else ''}"
+            f"{'_ca' if layout is not None and compact_args else ''}"
+            f"{'_ng' if block and exact_grid else ''}")
+    if block and layout is None:
+        raise ValueError("block: a thread block shape is compiled in only with a layout")
+    exact = False
+    if block:
+        groups = layout[LAYOUT_ARGS.index("dim")] // channels
+        exact = exact_grid and block[1] == 1 and groups % block[0] == 0
+    backend = CUDA._replace(index=cuda_index(block, exact)) if block else CUDA
+    source = kernel_source(width, name, backend, channels, lookahead,
                            state_chunk=width - 1 + STATE_CHUNK_EXTRA, short_tokens=short_tokens,
                            row_group=row_group, early_weights=early_weights,
                            group_state=group_state, vector_taps=vector_taps)
+    names = ARG_NAMES
     if layout is not None:
-        source = with_layout(source, layout)
+        source = with_layout(source, layout, compact_args)
+        names = CALL_ARGS if compact_args else ARG_NAMES
     filename = f"<jitconv cuda kernel {name}>"
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
     load, store = _converters(dtype_name, native_bf16)
@@ -331,4 +380,5 @@ def make_conv_kernel(width, dtype_name, channels=1, fastmath=False, lookahead=1,
     if _simulating():  # Python: numpy arrays, no register limit
         return cuda.jit(fastmath=fastmath)(namespace[name])
     limit = {"max_registers": max_registers} if max_registers else {}
-    return cuda.jit(pointer_signature(dtype_name), fastmath=fastmath, **limit)(namespace[name])
+    return cuda.jit(pointer_signature(dtype_name, names), fastmath=fastmath,
+                    **limit)(namespace[name])

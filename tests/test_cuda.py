@@ -88,6 +88,45 @@ def test_lookahead(cuda_device, monkeypatch, lookahead):
         run_and_check(case, dtype=dtype, out=poisoned(tuple(case["x"].shape), dtype, usm=True))
 
 
+@pytest.mark.parametrize("dim", [DIM, 64])
+@pytest.mark.parametrize("threads", [32, 128])
+@pytest.mark.parametrize("dtype_name", ["float32", "bfloat16"])
+def test_thread_block_shapes(cuda_device, monkeypatch, threads, dim, dtype_name):
+    """A kernel with a compiled-in layout takes the per-call arguments only and its
+    thread block's shape as constants: grids rounded up in x (channel groups short of a
+    block row) and in y (4 rows of token blocks per thread block at 128 threads), or
+    exact (dim 64 at 32 threads: 32 groups of 2 channels, one row; no bounds guard then).
+    Results equal the reference's and, bit for bit, those of the kernel that takes every
+    argument, reads blockDim and keeps the guard (JITCONV_CUDA_COMPACT_ARGS=0,
+    JITCONV_CUDA_FIXED_BLOCK=0, JITCONV_CUDA_EXACT_GRID=0), on a general and a short
+    (decode) launch."""
+    monkeypatch.setenv("JITCONV_CUDA_THREADS", str(threads))
+    monkeypatch.setenv("JITCONV_CUDA_CHANNELS", "2")
+    monkeypatch.delenv("JITCONV_CUDA_CONSTANT_LAYOUT", raising=False)
+    monkeypatch.setattr(cuda_backend, "_layouts", set())
+    calls = _spy_get_kernel(monkeypatch)
+    dtype = DTYPES[dtype_name]
+    for seed, (ns, sp) in enumerate((([3, 17, 1, 0], [2, 4]), ([1, 1, 1, 1, 1], []))):
+        case = mixed_step(torch.Generator().manual_seed(seed + 90), dim=dim, width=4,
+                          dtype=dtype, ns_lengths=ns, sp_lengths=sp, rows="vllm",
+                          initial="alternate", usm=True)
+        results = []
+        for setting in ("", "0"):
+            for name in ("COMPACT_ARGS", "FIXED_BLOCK", "EXACT_GRID"):
+                monkeypatch.setenv(f"JITCONV_CUDA_{name}", setting)
+            state = case["conv_state"].clone()
+            out = run_and_check(dict(case, conv_state=state), dtype=dtype,
+                                out=poisoned(tuple(case["x"].shape), dtype, usm=True))
+            results.append((bits(out), bits(state)))
+        assert all(torch.equal(a, b) for a, b in zip(*results)), (ns, sp)
+        fixed, read = calls[-2], calls[-1]
+        _, expected = cuda_backend.launch_shape(dim // 2, 1, threads)
+        assert fixed["layout"] is not None and fixed["compact_args"] and fixed["exact_grid"]
+        assert fixed["block"] == expected
+        assert expected == ((32, 1) if threads == 32 else (32, 4) if dim < 128 else (96, 1))
+        assert read["block"] is None and not read["compact_args"] and not read["exact_grid"]
+
+
 @pytest.mark.parametrize("lookahead", [1, 2, 4, 8, 16])
 @pytest.mark.parametrize("rows", ["vllm", "shuffled"])
 def test_group_edges(cuda_device, monkeypatch, lookahead, rows):
@@ -253,13 +292,19 @@ def test_layout_compiled_in(cuda_device, monkeypatch, dtype_name):
 
 
 def test_layout_needs_every_parameter_once():
-    """with_layout binds each of LAYOUT_ARGS by renaming it in the kernel's parameter
-    list: a source where one is missing (or there twice) is refused, not half bound."""
+    """with_layout binds each of LAYOUT_ARGS at the body's top and drops it from the
+    kernel's parameter list (compact: the kernel takes the per-call arguments only), or
+    keeps it renamed and unused; a source where one is missing (or there twice) is
+    refused, not half bound."""
     from jitconv.kernels_cuda import LAYOUT_ARGS, with_layout
     values = range(len(LAYOUT_ARGS))
-    source = f"def k(x, {', '.join(LAYOUT_ARGS)}):\n    return dim\n"
+    source = f"def k(x, {', '.join(LAYOUT_ARGS)}, n):\n    return dim\n"
     bound = with_layout(source, values)
-    assert f"    dim = {LAYOUT_ARGS.index('dim')}\n" in bound and "_dim" in bound
+    assert bound.startswith("def k(x, n):\n")
+    assert f"    dim = {LAYOUT_ARGS.index('dim')}\n" in bound
+    kept = with_layout(source, values, compact=False)
+    assert kept.startswith(f"def k(x, {', '.join('_' + p for p in LAYOUT_ARGS)}, n):\n")
+    assert f"    dim = {LAYOUT_ARGS.index('dim')}\n" in kept
     for params in (LAYOUT_ARGS[1:], LAYOUT_ARGS + ("dim",)):
         with pytest.raises(ValueError, match="parameter"):
             with_layout(f"def k(x, {', '.join(params)}):\n    return dim\n", values)
@@ -424,22 +469,29 @@ def test_grouped_state_and_vector_taps(cuda_device, monkeypatch, dtype_name, wid
 def test_pointer_signature():
     """On a GPU the kernel takes every array of kernel_abi.CONV_ARGS as a typed pointer
     (launched with device addresses), in argument order: the dtype's storage type for
-    x, out, weight, bias and state, int32 for the tables; scalars int64."""
+    x, out, weight, bias and state, int32 for the tables; scalars int64. A kernel with a
+    compiled-in layout takes the per-call arguments only (CALL_ARGS), typed the same."""
     from numba import types
     from jitconv.kernel_abi import CONV_ARGS
-    from jitconv.kernels_cuda import EXTRA_ARGS, pointer_signature
+    from jitconv.kernels_cuda import CALL_ARGS, EXTRA_ARGS, LAYOUT_ARGS, pointer_signature
+    assert CALL_ARGS == ("x", "out", "weight", "bias", "state", "tables", "rows", "blocks",
+                         "num_blocks")
+    assert not set(CALL_ARGS) & set(LAYOUT_ARGS)
     for dtype_name, raw in (("bfloat16", types.int16), ("float16", types.int16),
                             ("float32", types.float32)):
-        args = pointer_signature(dtype_name).args
-        assert len(args) == len(CONV_ARGS) + len(EXTRA_ARGS)
-        expected = {"x": raw, "out": raw, "weight": raw, "bias": raw, "state": raw,
-                    "tables": types.int32}
-        for (name, ndim, _, _), numba_type in zip(CONV_ARGS + EXTRA_ARGS, args):
-            if ndim:
-                assert numba_type == types.CPointer(expected.pop(name)), name
-            else:
-                assert numba_type == types.int64, name
-        assert not expected
+        for names in (None, CALL_ARGS):
+            chosen = [a for a in CONV_ARGS + EXTRA_ARGS if names is None or a[0] in names]
+            args = (pointer_signature(dtype_name) if names is None else
+                    pointer_signature(dtype_name, names)).args
+            assert len(args) == len(chosen)
+            expected = {"x": raw, "out": raw, "weight": raw, "bias": raw, "state": raw,
+                        "tables": types.int32}
+            for (name, ndim, _, _), numba_type in zip(chosen, args):
+                if ndim:
+                    assert numba_type == types.CPointer(expected.pop(name)), name
+                else:
+                    assert numba_type == types.int64, name
+            assert not expected
 
 
 def test_settings_are_checked(monkeypatch):
@@ -495,6 +547,26 @@ def test_settings_are_checked(monkeypatch):
             cuda_backend._short_kernel()
             cuda_backend._row_group_setting()
             cuda_backend._constant_layout()
+        monkeypatch.delenv(name)
+
+
+def test_compiled_layout_settings_are_checked(monkeypatch):
+    """The three 0 / 1 settings of kernels with a compiled-in layout: their defaults when
+    unset, off with 0, anything else refused with the setting's name."""
+    for name, read, default in (
+            ("JITCONV_CUDA_COMPACT_ARGS", cuda_backend._compact_args,
+             cuda_backend.DEFAULT_COMPACT_ARGS),
+            ("JITCONV_CUDA_FIXED_BLOCK", cuda_backend._fixed_block,
+             cuda_backend.DEFAULT_FIXED_BLOCK),
+            ("JITCONV_CUDA_EXACT_GRID", cuda_backend._exact_grid,
+             cuda_backend.DEFAULT_EXACT_GRID)):
+        monkeypatch.delenv(name, raising=False)
+        assert read() is default is True
+        monkeypatch.setenv(name, "0")
+        assert read() is False
+        monkeypatch.setenv(name, "on")
+        with pytest.raises(ValueError, match=name):
+            read()
         monkeypatch.delenv(name)
 
 

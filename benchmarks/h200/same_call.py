@@ -1,0 +1,114 @@
+"""Kernel variants of the CUDA backend timed in one process, in turn, beside vLLM's Triton
+ops: the comparison the H200 notes call "same call" (a variant's effect is read against
+its baseline timed minutes apart on the same GPU, not across machine calls).
+
+    python3 benchmarks/h200/same_call.py --vllm-file .vllm/causal_conv1d.py \
+        --out DIR --variant base:JITCONV_CUDA_COMPACT_ARGS=0,JITCONV_CUDA_FIXED_BLOCK=0 \
+        --variant new: [--workload "decode-only 64"] [--rounds 3] [--reps 60]
+
+A variant is NAME:VAR=VALUE,... (settings of cuda_backend, read per launch; an empty list:
+the defaults). Each round times every variant, then vLLM's calls (without programmatic
+dependent launch), on every workload, dtype and dim, with bench_gpu.device_time_us (L2
+flushed before each repetition, median of --reps); the result per row is the median over
+rounds. Outputs of every variant are compared bit for bit with the first variant's
+(outputs and conv state) before timing. Writes DIR/same_call.json and prints a table.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import sys
+
+import torch
+
+import jitconv
+from jitconv.bench import WORKLOADS, make_step
+from jitconv.bench_gpu import _plan, device_time_us, load_vllm_triton, vllm_calls
+
+
+def parse_variant(text):
+    name, _, settings = text.partition(":")
+    env = dict(item.split("=", 1) for item in settings.split(",") if item)
+    return name, env
+
+
+def with_env(env, fn):
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        return fn()
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def outputs(step, env):
+    state = step["conv_state"].clone()
+    out = with_env(env, lambda: jitconv.causal_conv1d_mixed(**dict(step, conv_state=state)))
+    torch.cuda.synchronize()
+    return out.view(torch.int16 if out.element_size() == 2 else torch.int32), \
+        state.view(torch.int16 if state.element_size() == 2 else torch.int32)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--vllm-file", required=True)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--variant", action="append", required=True)
+    parser.add_argument("--workload", action="append")
+    parser.add_argument("--dim", type=int, action="append")
+    parser.add_argument("--dtype", action="append")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--reps", type=int, default=60)
+    args = parser.parse_args(argv)
+    variants = [parse_variant(v) for v in args.variant]
+    device = torch.device(jitconv.set_device("cuda:0"))
+    vt = load_vllm_triton(args.vllm_file)
+    vt._platform.is_arch_support_pdl = lambda: False
+    flush = torch.empty(256 << 20, dtype=torch.uint8, device=device)
+    cases = []
+    for dim in args.dim or (2048, 8192):
+        for dtype_name in args.dtype or ("bfloat16", "float32"):
+            for name in args.workload or WORKLOADS:
+                step = make_step(name, dim, getattr(torch, dtype_name))
+                first = outputs(step, variants[0][1])
+                for vname, env in variants[1:]:
+                    got = outputs(step, env)
+                    same = all(torch.equal(a, b) for a, b in zip(first, got))
+                    if not same:
+                        sys.exit(f"{name} {dtype_name} {dim}: variant {vname} differs from "
+                                 f"{variants[0][0]}")
+                runs = {vname: (env, _plan(step)) for vname, env in variants}
+                runs["vllm triton"] = ({}, vllm_calls(vt, step, device, gathers=False)[0])
+                cases.append(((name, dtype_name, dim), runs))
+    times = {}
+    for r in range(args.rounds):
+        for key, runs in cases:
+            for vname, (env, fn) in runs.items():
+                us, _ = with_env(env, lambda: device_time_us(fn, flush, args.reps))
+                times.setdefault(key, {}).setdefault(vname, []).append(us)
+        print(f"round {r + 1} of {args.rounds} done", flush=True)
+    rows = []
+    base = variants[0][0]
+    for (name, dtype_name, dim), by_variant in times.items():
+        row = {"workload": name, "dtype": dtype_name, "dim": dim,
+               "us": {v: statistics.median(t) for v, t in by_variant.items()},
+               "rounds": by_variant}
+        rows.append(row)
+        cells = "  ".join(f"{v} {u:7.2f}" for v, u in row["us"].items())
+        speed = "  ".join(f"{v}/{base} {row['us'][base] / row['us'][v]:.3f}x"
+                          for v, _ in variants[1:])
+        print(f"{name:22s} {dtype_name:8s} {dim:5d}  {cells}  {speed}  "
+              f"triton/{base} {row['us']['vllm triton'] / row['us'][base]:.3f}", flush=True)
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "same_call.json"), "w") as f:
+        json.dump({"device": torch.cuda.get_device_name(), "variants": dict(variants),
+                   "reps": args.reps, "rounds": args.rounds, "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
