@@ -4,13 +4,17 @@ its baseline timed minutes apart on the same GPU, not across machine calls).
 
     python3 benchmarks/h200/same_call.py --vllm-file .vllm/causal_conv1d.py \
         --out DIR --variant base:JITCONV_CUDA_COMPACT_ARGS=0,JITCONV_CUDA_FIXED_BLOCK=0 \
-        --variant new: [--workload "decode-only 64"] [--rounds 3] [--reps 60]
+        --variant new: [--workload "decode-only 64"] [--rounds 3] [--reps 60] \
+        [--flush fill|synced-fill]
 
 A variant is NAME:VAR=VALUE,... (settings of cuda_backend, read per launch; an empty list:
 the defaults). Each round times every variant, then vLLM's calls (without programmatic
 dependent launch), on every workload, dtype and dim, with bench_gpu.device_time_us (L2
 flushed before each repetition, median of --reps); the result per row is the median over
-rounds. Outputs of every variant are compared bit for bit with the first variant's
+rounds. ``--flush synced-fill`` waits for the L2 flush to finish before each repetition's
+call (the default, ``fill``, launches the call right behind it, as bench_gpu does), to see
+whether a difference between kernels comes from starting behind the fill's writes.
+Outputs of every variant are compared bit for bit with the first variant's
 (outputs and conv state) before timing. Writes DIR/same_call.json and prints a table.
 """
 
@@ -54,6 +58,15 @@ def outputs(step, env):
         state.view(torch.int16 if state.element_size() == 2 else torch.int32)
 
 
+def _after_sync(fn):
+    """``fn`` behind a wait for the GPU's earlier work (the flush): device_time_us counts
+    only kernel durations, so the wait itself is not timed."""
+    def run():
+        torch.cuda.synchronize()
+        return fn()
+    return run
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--vllm-file", required=True)
@@ -64,6 +77,7 @@ def main(argv=None):
     parser.add_argument("--dtype", action="append")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--reps", type=int, default=60)
+    parser.add_argument("--flush", choices=("fill", "synced-fill"), default="fill")
     args = parser.parse_args(argv)
     variants = [parse_variant(v) for v in args.variant]
     device = torch.device(jitconv.set_device("cuda:0"))
@@ -84,6 +98,8 @@ def main(argv=None):
                                  f"{variants[0][0]}")
                 runs = {vname: (env, _plan(step)) for vname, env in variants}
                 runs["vllm triton"] = ({}, vllm_calls(vt, step, device, gathers=False)[0])
+                if args.flush == "synced-fill":
+                    runs = {v: (env, _after_sync(fn)) for v, (env, fn) in runs.items()}
                 cases.append(((name, dtype_name, dim), runs))
     times = {}
     for r in range(args.rounds):
@@ -107,7 +123,8 @@ def main(argv=None):
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "same_call.json"), "w") as f:
         json.dump({"device": torch.cuda.get_device_name(), "variants": dict(variants),
-                   "reps": args.reps, "rounds": args.rounds, "rows": rows}, f, indent=1)
+                   "reps": args.reps, "rounds": args.rounds, "flush": args.flush,
+                   "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":
