@@ -465,12 +465,12 @@ def launch(plan, x, weight, bias, conv_state, target, silu, dtype):
         args = _arguments(plan, x, weight, bias, conv_state, target, silu, dim, sim)
         layout = _layout(args)
         compact = layout is not None and _compact_args()
+        fixed = block if layout is not None and _fixed_block() else None
         kernel = get_kernel(width, dtype, channels, _fastmath(), _lookahead(plan.longest_block),
                             _fast_exp(), _max_registers(), native_bf16(x.device),
                             short_tokens, row_group, layout, _early_weights(short_tokens),
                             group_state, vector_taps_for(weight),
-                            block if layout is not None and _fixed_block() else None,
-                            compact, _exact_grid())
+                            fixed, compact, _exact_grid() if fixed else True)
         if compact:  # the layout's values are in the kernel: pass the per-call ones
             args = tuple(args[i] for i in _call_at())
         return kernel, args

@@ -29,7 +29,6 @@ most ``max_registers`` registers per thread (``cuda_backend.DEFAULT_MAX_REGISTER
 
 import linecache
 import math
-import re
 
 import numpy as np
 
@@ -331,6 +330,12 @@ def make_conv_kernel(width, dtype_name, channels=1, fastmath=False, lookahead=1,
     With a ``layout`` the kernel takes CALL_ARGS, else ARG_NAMES."""
     if width not in SUPPORTED_WIDTHS:
         raise ValueError(f"width must be one of {SUPPORTED_WIDTHS}, got {width}")
+    if block and layout is None:
+        raise ValueError("block: a thread block shape is compiled in only with a layout")
+    exact = False
+    if block:
+        groups = layout[LAYOUT_ARGS.index("dim")] // channels
+        exact = exact_grid and block[1] == 1 and groups % block[0] == 0
     name = (f"jitconv_conv_w{width}_{dtype_name}_c{channels}_l{lookahead}"
             f"{'_fast' if fastmath else ''}{'_fastexp' if fast_exp else ''}"
             f"{f'_r{max_registers}' if max_registers else ''}"
@@ -342,13 +347,7 @@ def make_conv_kernel(width, dtype_name, channels=1, fastmath=False, lookahead=1,
             f"{f'_k{hash(layout) % 10 ** 10}' if layout is not None else ''}"
             f"{f'_b{block[0]}x{block[1]}' if block else ''}"
             f"{'_ca' if layout is not None and compact_args else ''}"
-            f"{'_ng' if block and exact_grid else ''}")
-    if block and layout is None:
-        raise ValueError("block: a thread block shape is compiled in only with a layout")
-    exact = False
-    if block:
-        groups = layout[LAYOUT_ARGS.index("dim")] // channels
-        exact = exact_grid and block[1] == 1 and groups % block[0] == 0
+            f"{'_ng' if exact else ''}")
     backend = CUDA._replace(index=cuda_index(block, exact)) if block else CUDA
     source = kernel_source(width, name, backend, channels, lookahead,
                            state_chunk=width - 1 + STATE_CHUNK_EXTRA, short_tokens=short_tokens,

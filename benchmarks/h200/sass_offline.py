@@ -147,6 +147,8 @@ def triton_decode_kernel(out, vllm_file, dtype="bf16", dim=2048):
 
 
 def main(argv):
+    if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
+        sys.exit("NUMBA_ENABLE_CUDASIM=1: the simulator compiles nothing; unset it")
     out_dir = Path(argv[0])
     out_dir.mkdir(parents=True, exist_ok=True)
     if argv[1] == "--triton":
