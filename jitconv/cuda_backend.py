@@ -363,6 +363,8 @@ def get_kernel(width, dtype_name, channels, fastmath=False, lookahead=DEFAULT_LO
     vector load (``vector_taps_for``); ``block``, ``compact_args``, ``exact_grid``: see
     ``kernels_cuda.make_conv_kernel`` (with a ``layout`` only; DEFAULT_COMPACT_ARGS)."""
     bf16_instruction = bf16_instruction and dtype_name == "bfloat16"  # others: one kernel
+    compact_args = compact_args and layout is not None  # no effect without: one key
+    exact_grid = exact_grid and block is not None
     key = (width, dtype_name, channels, fastmath, lookahead, fast_exp, max_registers,
            bf16_instruction, short_tokens, row_group, layout, early_weights, group_state,
            vector_taps, block, compact_args, exact_grid)
@@ -470,7 +472,7 @@ def launch(plan, x, weight, bias, conv_state, target, silu, dtype):
                             _fast_exp(), _max_registers(), native_bf16(x.device),
                             short_tokens, row_group, layout, _early_weights(short_tokens),
                             group_state, vector_taps_for(weight),
-                            fixed, compact, _exact_grid() if fixed else True)
+                            fixed, compact, _exact_grid())
         if compact:  # the layout's values are in the kernel: pass the per-call ones
             args = tuple(args[i] for i in _call_at())
         return kernel, args

@@ -353,10 +353,9 @@ def make_conv_kernel(width, dtype_name, channels=1, fastmath=False, lookahead=1,
                            state_chunk=width - 1 + STATE_CHUNK_EXTRA, short_tokens=short_tokens,
                            row_group=row_group, early_weights=early_weights,
                            group_state=group_state, vector_taps=vector_taps)
-    names = ARG_NAMES
     if layout is not None:
         source = with_layout(source, layout, compact_args)
-        names = CALL_ARGS if compact_args else ARG_NAMES
+    names = CALL_ARGS if layout is not None and compact_args else ARG_NAMES
     filename = f"<jitconv cuda kernel {name}>"
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
     load, store = _converters(dtype_name, native_bf16)

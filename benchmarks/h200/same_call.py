@@ -27,6 +27,7 @@ import sys
 import torch
 
 import jitconv
+from jitconv.__main__ import _bits
 from jitconv.bench import WORKLOADS, make_step
 from jitconv.bench_gpu import _plan, device_time_us, load_vllm_triton, vllm_calls
 
@@ -54,8 +55,7 @@ def outputs(step, env):
     state = step["conv_state"].clone()
     out = with_env(env, lambda: jitconv.causal_conv1d_mixed(**dict(step, conv_state=state)))
     torch.cuda.synchronize()
-    return out.view(torch.int16 if out.element_size() == 2 else torch.int32), \
-        state.view(torch.int16 if state.element_size() == 2 else torch.int32)
+    return _bits(out), _bits(state)
 
 
 def _after_sync(fn):

@@ -32,9 +32,8 @@ ARCH = (9, 0)
 
 def _tool(name):
     """nvdisasm / ptxas: from the toolkit, else from Triton's wheel."""
-    for folder in (CUDA_HOME / "bin",):
-        if (folder / name).exists():
-            return str(folder / name)
+    if (CUDA_HOME / "bin" / name).exists():
+        return str(CUDA_HOME / "bin" / name)
     import triton
     found = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / name
     if not found.exists():
@@ -106,6 +105,8 @@ def triton_decode_kernel(out, vllm_file, dtype="bf16", dim=2048):
     from triton.compiler import ASTSource
     sys.modules.setdefault("torch", types.ModuleType("torch"))  # the file imports it
     sys.modules["torch"].Tensor = object
+    # vLLM's imports replaced as bench_gpu.load_vllm_triton does (that one needs torch
+    # and a GPU); the layout below is the bench's decode-only step (state_len 6).
     text = Path(vllm_file).read_text()
     text = text.replace("from vllm.platforms import current_platform", "")
     text = text.replace("from vllm.triton_utils import tl, triton",
