@@ -95,6 +95,7 @@ def device_time_us(fn, flush, reps):
     """Median over ``reps`` of the summed durations of the GPU work one ``fn()`` launches
     (fills and metadata copies excepted), L2 flushed before each; and the names."""
     from torch.profiler import ProfilerActivity, profile
+    flush.zero_()  # a flush's first call may copy what later ones reuse; not counted
     fn()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -102,18 +103,22 @@ def device_time_us(fn, flush, reps):
         torch.cuda.synchronize()
     per_call = len(_device_events(prof))
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        flush.zero_()
+        torch.cuda.synchronize()
+    per_flush = len(_device_events(prof))  # 1 for a fill; more for a flush that queues
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(reps):
             flush.zero_()
             fn()
         torch.cuda.synchronize()
     events = _device_events(prof)
-    group = per_call + 1
+    group = per_call + per_flush
     if len(events) != reps * group:
-        raise RuntimeError(f"expected {reps} x ({per_call} + flush) GPU activities, got "
-                           f"{len(events)}")
+        raise RuntimeError(f"expected {reps} x ({per_call} + {per_flush} flush) GPU "
+                           f"activities, got {len(events)}")
     times, names = [], set()
     for i in range(reps):
-        counted = [e for e in events[i * group + 1:(i + 1) * group]
+        counted = [e for e in events[i * group + per_flush:(i + 1) * group]
                    if not any(k in e[0] for k in _NOT_COUNTED)]
         names.update(e[0][:60] for e in counted)
         times.append(sum(e[2] for e in counted) / 1e3)

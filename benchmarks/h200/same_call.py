@@ -5,7 +5,7 @@ its baseline timed minutes apart on the same GPU, not across machine calls).
     python3 benchmarks/h200/same_call.py --vllm-file .vllm/causal_conv1d.py \
         --out DIR --variant base:JITCONV_CUDA_COMPACT_ARGS=0,JITCONV_CUDA_FIXED_BLOCK=0 \
         --variant new: [--workload "decode-only 64"] [--rounds 3] [--reps 60] \
-        [--flush fill|synced-fill]
+        [--flush fill|synced-fill|queued]
 
 A variant is NAME:VAR=VALUE,... (settings of cuda_backend, read per launch; an empty list:
 the defaults). Each round times every variant, then vLLM's calls (without programmatic
@@ -14,6 +14,11 @@ flushed before each repetition, median of --reps); the result per row is the med
 rounds. ``--flush synced-fill`` waits for the L2 flush to finish before each repetition's
 call (the default, ``fill``, launches the call right behind it, as bench_gpu does), to see
 whether a difference between kernels comes from starting behind the fill's writes.
+``--flush queued`` has the GPU spin (``torch.cuda._sleep``, about 0.5 ms) before each
+fill, so that the call is launched while the GPU is still busy and its kernels start right
+behind the fill whatever the host spends per call (with ``fill`` a call whose host path
+is longer than the fill starts on an idle GPU), as in an engine whose GPU runs behind its
+host.
 Outputs of every variant are compared bit for bit with the first variant's
 (outputs and conv state) before timing. Writes DIR/same_call.json and prints a table.
 """
@@ -67,6 +72,19 @@ def _after_sync(fn):
     return run
 
 
+class QueuedFlush:
+    """The fill behind a GPU spin: ``zero_()`` as the flush tensor's, for device_time_us
+    (which counts the flush's GPU activities, spin included, and leaves them out)."""
+    CYCLES = 1_000_000  # about 0.5 ms at the H200's clock: longer than a call's host path
+
+    def __init__(self, tensor):
+        self.tensor = tensor
+
+    def zero_(self):
+        torch.cuda._sleep(self.CYCLES)
+        self.tensor.zero_()
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--vllm-file", required=True)
@@ -77,13 +95,15 @@ def main(argv=None):
     parser.add_argument("--dtype", action="append")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--reps", type=int, default=60)
-    parser.add_argument("--flush", choices=("fill", "synced-fill"), default="fill")
+    parser.add_argument("--flush", choices=("fill", "synced-fill", "queued"), default="fill")
     args = parser.parse_args(argv)
     variants = [parse_variant(v) for v in args.variant]
     device = torch.device(jitconv.set_device("cuda:0"))
     vt = load_vllm_triton(args.vllm_file)
     vt._platform.is_arch_support_pdl = lambda: False
     flush = torch.empty(256 << 20, dtype=torch.uint8, device=device)
+    if args.flush == "queued":
+        flush = QueuedFlush(flush)
     cases = []
     for dim in args.dim or (2048, 8192):
         for dtype_name in args.dtype or ("bfloat16", "float32"):
