@@ -93,7 +93,10 @@ def _device_events(prof):
 
 def device_time_us(fn, flush, reps):
     """Median over ``reps`` of the summed durations of the GPU work one ``fn()`` launches
-    (fills and metadata copies excepted), L2 flushed before each; and the names."""
+    (fills and metadata copies excepted), L2 flushed before each; and the names.
+    ``flush``: anything with ``zero_()`` (the fill tensor, or a wrapper that launches
+    more GPU work); its own activities are counted once and left out of every
+    repetition."""
     from torch.profiler import ProfilerActivity, profile
     flush.zero_()  # a flush's first call may copy what later ones reuse; not counted
     fn()
