@@ -473,16 +473,17 @@ def test_pointer_signature():
     compiled-in layout takes the per-call arguments only (CALL_ARGS), typed the same."""
     from numba import types
     from jitconv.kernel_abi import CONV_ARGS
-    from jitconv.kernels_cuda import CALL_ARGS, EXTRA_ARGS, LAYOUT_ARGS, pointer_signature
+    from jitconv.kernels_cuda import (ARG_NAMES, CALL_ARGS, EXTRA_ARGS, LAYOUT_ARGS,
+                                      pointer_signature)
     assert CALL_ARGS == ("x", "out", "weight", "bias", "state", "tables", "rows", "blocks",
                          "num_blocks")
     assert not set(CALL_ARGS) & set(LAYOUT_ARGS)
     for dtype_name, raw in (("bfloat16", types.int16), ("float16", types.int16),
                             ("float32", types.float32)):
-        for names in (None, CALL_ARGS):
-            chosen = [a for a in CONV_ARGS + EXTRA_ARGS if names is None or a[0] in names]
-            args = (pointer_signature(dtype_name) if names is None else
-                    pointer_signature(dtype_name, names)).args
+        assert pointer_signature(dtype_name) == pointer_signature(dtype_name, ARG_NAMES)
+        for names in (ARG_NAMES, CALL_ARGS):
+            chosen = [a for a in CONV_ARGS + EXTRA_ARGS if a[0] in names]
+            args = pointer_signature(dtype_name, names).args
             assert len(args) == len(chosen)
             expected = {"x": raw, "out": raw, "weight": raw, "bias": raw, "state": raw,
                         "tables": types.int32}
