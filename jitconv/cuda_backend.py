@@ -117,11 +117,19 @@ DEFAULT_EARLY_WEIGHTS = {"short": True, "general": False}
 DEFAULT_COMPACT_ARGS = True
 DEFAULT_FIXED_BLOCK = True
 DEFAULT_EXACT_GRID = True
+# Decode launches whose every sequence with a cache line holds one token and has its
+# window at column 0 (a plain decode step: _plan_uniform_decode) run a decode kernel with
+# those two fields as constants (kernel_template's uniform_decode): H200, same call,
+# decode-only 64 1.05-1.14x (bfloat16 3.06 -> 2.69 us at dim 2048, Triton 2.88; float32
+# 3.58 -> 3.14 us, Triton 3.49), other launches unchanged (benchmarks/h200/).
+# JITCONV_CUDA_UNIFORM_DECODE=0 turns it off.
+DEFAULT_UNIFORM_DECODE = True
 
 _lock = threading.Lock()
 _kernels = {}  # (width, dtype, channels, fastmath, lookahead, fast exp, max registers,
 #                 native bf16 rounding, short tokens, row group, layout, early weights,
-#                 grouped state, vector taps, block shape, compact args, exact grid)
+#                 grouped state, vector taps, block shape, compact args, exact grid,
+#                 uniform decode)
 #                 -> dispatcher
 _streams = {}  # (device index, cudaStream_t) -> numba external stream
 
@@ -349,7 +357,7 @@ def get_kernel(width, dtype_name, channels, fastmath=False, lookahead=DEFAULT_LO
                fast_exp=DEFAULT_FAST_EXP, max_registers=DEFAULT_MAX_REGISTERS or None,
                bf16_instruction=False, short_tokens=0, row_group=1, layout=None,
                early_weights=False, group_state=False, vector_taps=False, block=None,
-               compact_args=True, exact_grid=True):
+               compact_args=True, exact_grid=True, uniform_decode=False):
     """The dispatcher of one specialization, made once per process. ``bf16_instruction``:
     bfloat16 rounded by the GPU's instruction (``native_bf16`` of the device);
     ``short_tokens``: the kernel for launches of sequences of at most that many tokens
@@ -361,13 +369,14 @@ def get_kernel(width, dtype_name, channels, fastmath=False, lookahead=DEFAULT_LO
     ``group_state``: the conv state accessed ``row_group`` channels at a time too (only
     for aligned states, ``row_group_for``); ``vector_taps``: each channel's taps as one
     vector load (``vector_taps_for``); ``block``, ``compact_args``, ``exact_grid``: see
-    ``kernels_cuda.make_conv_kernel`` (with a ``layout`` only; DEFAULT_COMPACT_ARGS)."""
+    ``kernels_cuda.make_conv_kernel`` (with a ``layout`` only; DEFAULT_COMPACT_ARGS);
+    ``uniform_decode``: see there (chosen by ``_uniform_decode``)."""
     bf16_instruction = bf16_instruction and dtype_name == "bfloat16"  # others: one kernel
     compact_args = compact_args and layout is not None  # no effect without: one key
     exact_grid = exact_grid and block is not None
     key = (width, dtype_name, channels, fastmath, lookahead, fast_exp, max_registers,
            bf16_instruction, short_tokens, row_group, layout, early_weights, group_state,
-           vector_taps, block, compact_args, exact_grid)
+           vector_taps, block, compact_args, exact_grid, uniform_decode)
     kernel = _kernels.get(key)
     if kernel is None:
         with _lock:
@@ -380,7 +389,8 @@ def get_kernel(width, dtype_name, channels, fastmath=False, lookahead=DEFAULT_LO
                                                           short_tokens, row_group,
                                                           layout, early_weights,
                                                           group_state, vector_taps, block,
-                                                          compact_args, exact_grid)
+                                                          compact_args, exact_grid,
+                                                          uniform_decode)
     return kernel
 
 
@@ -435,6 +445,29 @@ def _plan_short_tokens(plan):
     return found
 
 
+def _plan_uniform_decode(plan):
+    """Whether every sequence of the plan with a cache line holds one token and has its
+    window at column 0 (``kernel_template``'s uniform_decode; a plain decode step),
+    worked out once per plan from its block records."""
+    found = plan.__dict__.get("_cuda_uniform_decode")
+    if found is None:
+        from .kernel_abi import BLOCK_FIELDS
+        records = np.asarray(plan._host_tables[1]).reshape(-1, len(BLOCK_FIELDS))
+        at = BLOCK_FIELDS.index
+        real = records[records[:, at("line")] >= 0]
+        found = plan.__dict__.setdefault("_cuda_uniform_decode", bool(
+            len(real) and (real[:, at("seq_len")] == 1).all() and (real[:, at("off")] == 0).all()))
+    return found
+
+
+def _uniform_decode(plan, short_tokens):
+    """The uniform decode kernel for this launch: the setting (JITCONV_CUDA_UNIFORM_DECODE,
+    default DEFAULT_UNIFORM_DECODE), a decode kernel (short_tokens 1) and a plan whose
+    sequences allow it (``_plan_uniform_decode``)."""
+    return (short_tokens == 1 and _switch("JITCONV_CUDA_UNIFORM_DECODE", DEFAULT_UNIFORM_DECODE)
+            and _plan_uniform_decode(plan))
+
+
 def _stream(device):
     """numba's handle on torch's current stream of ``device``."""
     from numba import cuda
@@ -472,7 +505,7 @@ def launch(plan, x, weight, bias, conv_state, target, silu, dtype):
                             _fast_exp(), _max_registers(), native_bf16(x.device),
                             short_tokens, row_group, layout, _early_weights(short_tokens),
                             group_state, vector_taps_for(weight),
-                            fixed, compact, _exact_grid())
+                            fixed, compact, _exact_grid(), _uniform_decode(plan, short_tokens))
         if compact:  # the layout's values are in the kernel: pass the per-call ones
             args = tuple(args[i] for i in _call_at())
         return kernel, args

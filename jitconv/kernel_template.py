@@ -106,6 +106,17 @@ compiler must assume the arrays alias), so late weights cost a further memory ro
 ``vector_taps`` reads a channel's 4 taps of a (dim, 4) weight as one vector
 (``load_taps4``, the backend's 4-element vector load; the host checks the layout and the
 alignment). ``group_state``: above.
+
+``uniform_decode`` (decode kernels, T = 1) takes the sequence's length as 1 and the
+window's column as 0 instead of reading them from the record, for steps where every
+sequence with a cache line is so (a plain decode step; the host checks). Read, they
+are loaded after the pad test (the compiler moves the loads of fields only the non-pad
+path uses behind it), and the window's loads, the branches around the token's load and
+the state stores' addresses wait for them. H200, same call, decode-only 64: bfloat16
+3.06 -> 2.69 us / 4.74 -> 4.51 us, float32 3.58 -> 3.14 / 7.04 -> 6.45 us (dim 2048 /
+8192), outputs and states bit-identical; the record as two 16-byte loads (every field
+in the first round, branches kept) gained nothing there and made float32 spec-only and
+decode-heavy launches 0.88-0.95x as fast (benchmarks/h200/README.md).
 """
 
 import numpy as np
@@ -240,7 +251,7 @@ _SHORT_STATE_PART = """{state_offsets}
 
 def kernel_source(width, name, backend, channels=1, lookahead=1, word_taps=False,
                   state_chunk=None, short_tokens=0, row_group=1, early_weights=False,
-                  group_state=False, vector_taps=False):
+                  group_state=False, vector_taps=False, uniform_decode=False):
     """The Python source of the conv kernel for one width, backend, channel count and
     lookahead (tokens whose loads are issued before the first of their stores).
     ``word_taps`` (width 4, 16-bit storage, a backend with ``unit_stride_reads`` that
@@ -258,9 +269,13 @@ def kernel_source(width, name, backend, channels=1, lookahead=1, word_taps=False
     are aligned. ``early_weights``, ``vector_taps`` (width 4 only; a backend that
     supplies ``load_taps4``) and ``group_state`` (with G > 1): see the module docstring;
     the host picks the last two only where the weight's or the state's layout and
-    alignment allow them.
+    alignment allow them. ``uniform_decode`` (with T = 1): every sequence with a cache
+    line holds one token and its window starts at column 0 (see the module docstring);
+    the host picks it only for steps that are so.
     """
     G = row_group
+    if uniform_decode and short_tokens != 1:
+        raise ValueError(f"uniform_decode needs short_tokens 1, got {short_tokens}")
     if G not in (1, 2, 4) or channels % G:
         raise ValueError(f"row_group must be 1, 2 or 4 and divide the channel count "
                          f"{channels}, got {row_group}")
@@ -505,10 +520,16 @@ def kernel_source(width, name, backend, channels=1, lookahead=1, word_taps=False
         state = state_part(True)
     elif backend.unit_stride_reads:
         state = branch(1, "state_stride_c == 1", deeper(state_part(True)), state)
-    record = "\n".join(ind + line for line in (
-        "p0 = 0  # one block per sequence" if short_tokens else
-        "p0 = tables[U(blk + 2)]  # position of the block's first token in its sequence",
-        "n = tables[U(blk + 3)]", "off = tables[U(blk + 5)]"))
+    fields = ["p0 = 0  # one block per sequence" if short_tokens else
+              "p0 = tables[U(blk + 2)]  # position of the block's first token in its sequence"]
+    if uniform_decode:
+        fields += ["# Every sequence with a cache line holds one token and its window starts",
+                   "# at column 0 (the host checked the step): constants, so the window's",
+                   "# loads, the x load and the state stores wait for no field of the record.",
+                   "n = 1", "off = 0"]
+    else:
+        fields += ["n = tables[U(blk + 3)]", "off = tables[U(blk + 5)]"]
+    record = "\n".join(ind + line for line in fields)
 
     def from_registers(depth, count):
         """The block's ``count`` tokens at most from the state update's first round (v0..

@@ -303,7 +303,7 @@ def make_conv_kernel(width, dtype_name, channels=1, fastmath=False, lookahead=1,
                      fast_exp=False, max_registers=None, native_bf16=False,
                      short_tokens=0, row_group=1, layout=None, early_weights=False,
                      group_state=False, vector_taps=False, block=None,
-                     compact_args=True, exact_grid=True):
+                     compact_args=True, exact_grid=True, uniform_decode=False):
     """The CUDA conv kernel for one (width, dtype, channels per thread, lookahead)
     specialization: a numba-cuda dispatcher, compiled here for ``pointer_signature`` on a
     GPU (its one overload is launched with device addresses), typed at the first launch
@@ -326,7 +326,10 @@ def make_conv_kernel(width, dtype_name, channels=1, fastmath=False, lookahead=1,
     ``layout`` only, whose launches all have one shape), None: read from blockDim;
     ``exact_grid``: with ``block``, no bounds guard where the launch's grid rounds
     nothing up (``cuda_index``); ``compact_args``: with a ``layout``, the layout's
-    parameters dropped from the signature (``with_layout``).
+    parameters dropped from the signature (``with_layout``); ``uniform_decode``: with
+    ``short_tokens`` 1, every sequence with a cache line taken to hold one token with its
+    window at column 0 (``kernel_template``; only for launches whose step is so:
+    ``cuda_backend``).
     With a ``layout`` the kernel takes CALL_ARGS, else ARG_NAMES."""
     if width not in SUPPORTED_WIDTHS:
         raise ValueError(f"width must be one of {SUPPORTED_WIDTHS}, got {width}")
@@ -347,12 +350,13 @@ def make_conv_kernel(width, dtype_name, channels=1, fastmath=False, lookahead=1,
             f"{f'_k{hash(layout) % 10 ** 10}' if layout is not None else ''}"
             f"{f'_b{block[0]}x{block[1]}' if block else ''}"
             f"{'_ca' if layout is not None and compact_args else ''}"
-            f"{'_ng' if exact else ''}")
+            f"{'_ng' if exact else ''}{'_ud' if uniform_decode else ''}")
     backend = CUDA._replace(index=cuda_index(block, exact)) if block else CUDA
     source = kernel_source(width, name, backend, channels, lookahead,
                            state_chunk=width - 1 + STATE_CHUNK_EXTRA, short_tokens=short_tokens,
                            row_group=row_group, early_weights=early_weights,
-                           group_state=group_state, vector_taps=vector_taps)
+                           group_state=group_state, vector_taps=vector_taps,
+                           uniform_decode=uniform_decode)
     if layout is not None:
         source = with_layout(source, layout, compact_args)
     names = CALL_ARGS if layout is not None and compact_args else ARG_NAMES

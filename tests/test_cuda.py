@@ -230,6 +230,52 @@ def test_short_kernels(cuda_device, monkeypatch, dtype_name, width, rows):
         assert all(torch.equal(a, b) for a, b in zip(*results)), (ns, sp)
 
 
+@pytest.mark.parametrize("width", [2, 4])
+@pytest.mark.parametrize("dtype_name", list(DTYPES))
+def test_uniform_decode(cuda_device, monkeypatch, dtype_name, width):
+    """Decode launches whose every sequence with a cache line holds one token and has its
+    window at column 0 run the uniform decode kernel (pads of any length allowed:
+    sequence 4 is a pad of 9 tokens); a sequence of 0 tokens with a cache line, or a
+    window offset (non_spec_num_accepted_tokens or num_accepted_tokens > 1), gives the
+    decode kernel that reads them. Results equal the reference's and, bit for bit, those
+    of the decode kernel without it (JITCONV_CUDA_UNIFORM_DECODE=0)."""
+    monkeypatch.delenv("JITCONV_CUDA_SHORT_KERNEL", raising=False)
+    calls = _spy_get_kernel(monkeypatch)
+    dtype = DTYPES[dtype_name]
+    # (non-spec lengths, spec lengths, extra state columns, accepted counts to set, uniform)
+    cases = (([1, 1, 1, 1, 9, 1], [1, 1], 0, {}, True),
+             ([1, 1], [], 1, {"non_spec_num_accepted_tokens": [1, 1]}, True),
+             ([1, 1, 0, 1], [1], 0, {}, False),
+             ([1, 1, 1], [], 1, {"non_spec_num_accepted_tokens": [1, 2, 1]}, False),
+             ([], [1, 1, 1], 2, {"num_accepted_tokens": [1, 3, 1]}, False))
+    for i, (ns, sp, extra, accepted, expected) in enumerate(cases):
+        gen = torch.Generator().manual_seed(100 * width + 10 * i + len(dtype_name))
+        case = mixed_step(gen, dim=DIM, width=width, dtype=dtype, ns_lengths=ns,
+                          sp_lengths=sp, initial="alternate", extra_state_columns=extra,
+                          extra_lines=2, usm=True, non_spec_accepted=bool(accepted) and bool(ns))
+        if len(ns) > 4:
+            case["non_spec_state_indices"][4] = -1  # a pad of 9 tokens
+        for key, values in accepted.items():
+            case[key] = torch.tensor(values, dtype=torch.int32)
+        results = []
+        for uniform in ("1", "0"):
+            monkeypatch.setenv("JITCONV_CUDA_UNIFORM_DECODE", uniform)
+            calls.clear()
+            state = case["conv_state"].clone()
+            out = run_and_check(dict(case, conv_state=state), dtype=dtype,
+                                out=poisoned(tuple(case["x"].shape), dtype, usm=True))
+            results.append((bits(out), bits(state)))
+            assert [(c["short_tokens"], c["uniform_decode"]) for c in calls] == \
+                [(1, expected and uniform == "1")], (ns, sp, accepted, uniform)
+        assert all(torch.equal(a, b) for a, b in zip(*results)), (ns, sp, accepted)
+    from jitconv.kernel_template import kernel_source
+    from jitconv.kernels_cuda import CUDA
+    for T in (0, width):  # only the decode kernel has one token per sequence
+        with pytest.raises(ValueError, match="uniform_decode needs short_tokens 1"):
+            kernel_source(width, "k", CUDA, 2, 4, state_chunk=width, short_tokens=T,
+                          uniform_decode=True)
+
+
 def _rows_view(rows, dim, dtype, skip, row_stride):
     """A (rows, dim) view of a poisoned buffer on the device: it starts ``skip`` elements
     in and its rows are ``row_stride`` apart (channels contiguous)."""
@@ -597,6 +643,12 @@ def test_short_kernel_settings_are_checked(monkeypatch):
         assert call(1) is False
     monkeypatch.setenv("JITCONV_CUDA_VECTOR_TAPS", "0")
     assert cuda_backend.vector_taps_for(weight) is False
+    assert cuda_backend.DEFAULT_UNIFORM_DECODE is True
+    assert cuda_backend._uniform_decode(None, 0) is False  # not a decode kernel: no plan read
+    monkeypatch.setenv("JITCONV_CUDA_UNIFORM_DECODE", "yes")
+    with pytest.raises(ValueError, match="JITCONV_CUDA_UNIFORM_DECODE"):
+        cuda_backend._uniform_decode(None, 1)
+    monkeypatch.delenv("JITCONV_CUDA_UNIFORM_DECODE")
     for name, call in zip(names, (lambda: cuda_backend._short_row_group(1, "float32"),
                                   lambda: cuda_backend._group_state(1),
                                   lambda: cuda_backend._early_weights(1),
