@@ -182,6 +182,20 @@ def test_automatic_lookahead(cuda_device, monkeypatch):
             assert [c["lookahead"] for c in calls] == [expected]
 
 
+def _runs_with(monkeypatch, calls, case, dtype, setting, values):
+    """``case`` run once per value of the setting, each run checked against the
+    reference: per value, ((out bits, conv_state bits), the get_kernel calls it made)."""
+    runs = []
+    for value in values:
+        monkeypatch.setenv(setting, value)
+        calls.clear()
+        state = case["conv_state"].clone()
+        out = run_and_check(dict(case, conv_state=state), dtype=dtype,
+                            out=poisoned(tuple(case["x"].shape), dtype, usm=True))
+        runs.append(((bits(out), bits(state)), list(calls)))
+    return runs
+
+
 @pytest.mark.parametrize("rows", ["vllm", "shuffled", "plain"])
 @pytest.mark.parametrize("width", [2, 3, 4, 5])
 @pytest.mark.parametrize("dtype_name", list(DTYPES))
@@ -216,18 +230,13 @@ def test_short_kernels(cuda_device, monkeypatch, dtype_name, width, rows):
             case["non_spec_state_indices"][5] = -1  # a pad of 9 tokens (one block)
         if sp:
             case["spec_state_indices"][0] = -1  # a spec pad (its whole block-table row)
-        results = []
-        for short in ("1", "0"):
-            monkeypatch.setenv("JITCONV_CUDA_SHORT_KERNEL", short)
-            calls.clear()
-            state = case["conv_state"].clone()
-            out = run_and_check(dict(case, conv_state=state), dtype=dtype,
-                                out=poisoned(tuple(case["x"].shape), dtype, usm=True))
-            results.append((bits(out), bits(state)))
-            chosen = [c["short_tokens"] for c in calls]
+        runs = _runs_with(monkeypatch, calls, case, dtype, "JITCONV_CUDA_SHORT_KERNEL", "10")
+        for short, (_, used) in zip("10", runs):
+            chosen = [c["short_tokens"] for c in used]
             assert chosen == [expected if short == "1" else 0], (ns, sp, short)
-            assert [c["channels"] for c in calls] == [cuda_backend.DEFAULT_CHANNELS[dtype_name]]
-        assert all(torch.equal(a, b) for a, b in zip(*results)), (ns, sp)
+            assert [c["channels"] for c in used] == [cuda_backend.DEFAULT_CHANNELS[dtype_name]]
+        (first, _), (second, _) = runs
+        assert all(torch.equal(a, b) for a, b in zip(first, second)), (ns, sp)
 
 
 @pytest.mark.parametrize("width", [2, 4])
@@ -257,17 +266,12 @@ def test_uniform_decode(cuda_device, monkeypatch, dtype_name, width):
             case["non_spec_state_indices"][4] = -1  # a pad of 9 tokens
         for key, values in accepted.items():
             case[key] = torch.tensor(values, dtype=torch.int32)
-        results = []
-        for uniform in ("1", "0"):
-            monkeypatch.setenv("JITCONV_CUDA_UNIFORM_DECODE", uniform)
-            calls.clear()
-            state = case["conv_state"].clone()
-            out = run_and_check(dict(case, conv_state=state), dtype=dtype,
-                                out=poisoned(tuple(case["x"].shape), dtype, usm=True))
-            results.append((bits(out), bits(state)))
-            assert [(c["short_tokens"], c["uniform_decode"]) for c in calls] == \
+        runs = _runs_with(monkeypatch, calls, case, dtype, "JITCONV_CUDA_UNIFORM_DECODE", "10")
+        for uniform, (_, used) in zip("10", runs):
+            assert [(c["short_tokens"], c["uniform_decode"]) for c in used] == \
                 [(1, expected and uniform == "1")], (ns, sp, accepted, uniform)
-        assert all(torch.equal(a, b) for a, b in zip(*results)), (ns, sp, accepted)
+        (first, _), (second, _) = runs
+        assert all(torch.equal(a, b) for a, b in zip(first, second)), (ns, sp, accepted)
     from jitconv.kernel_template import kernel_source
     from jitconv.kernels_cuda import CUDA
     for T in (0, width):  # only the decode kernel has one token per sequence

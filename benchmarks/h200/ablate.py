@@ -19,7 +19,7 @@ import sys
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # same_call.py
 import same_call  # noqa: E402
 from jitconv import cuda_backend, kernels_cuda  # noqa: E402
 
