@@ -5,11 +5,12 @@ decorator, and the numba intrinsics the SPIR-V kernel uses: the fp16/bf16 bit
 conversions (``bit_conversions``), a plain fdiv, OpenCL's native_exp and native_divide
 (the fast silu: the default for fp16/bf16, ``kernel_abi.fast_silu``), the 32-bit-word
 read of 16-bit elements, the 64-bit read of a width-4 16-bit weight's taps, and the
-wide kernels' row accesses (``_row_access``: C channels of a row as one integer word). The SYCL backend
-takes the template's ``unit_stride_reads`` (stride-specific read paths that the OpenCL
-CPU compiler turns into vector loads instead of gathers). Each (width, dtype) has the
-one-channel kernel, and the 16-bit dtypes also a wide one (``kernel_abi.WIDE_CHANNELS``)
-that the host launches where its accesses are aligned (``launching.wide_fits``).
+wide kernels' row accesses (``_row_access``: C channels of a row as one integer word).
+The SYCL backend takes the template's ``unit_stride_reads`` (stride-specific read paths
+that the OpenCL CPU compiler turns into vector loads instead of gathers). Each (width,
+dtype) has the one-channel kernel, and the 16-bit dtypes also a wide one
+(``kernel_abi.WIDE_CHANNELS``) that the host launches where its accesses are aligned
+(``launching.wide_fits``).
 
 No host logic lives here. The public ops (``ops.py``) validate inputs, ``batch.py`` builds
 the tables (token rows, one record per block); ``launching.py`` compiles and submits.
