@@ -11,18 +11,17 @@ import numpy as np
 SUPPORTED_WIDTHS = (2, 3, 4, 5, 6, 7, 8)
 
 # silu's math, per dtype: "exact" (math.exp, IEEE division, the full bf16 rounding) or
-# "fast" (OpenCL's native_exp and, for bfloat16, native_divide, whose accuracy is the
-# device's choice: native_exp here within 1e-5 of exp in float32). The fast one is the
-# default for the 16-bit dtypes only: its error is far below half an ulp of their
-# outputs (measured on opencl:cpu: 1 ulp at most, in a few per mille of bfloat16 and
-# ~1.5% of float16 outputs, all within the contract's tolerances), and it made them
-# faster on opencl:cpu (docs/perf-notes.md); float32 keeps the exact math by default.
-# (A bf16 rounding without its NaN check was 8-10% faster still on the CPU, but only
-# x86's NaNs survive it: a GPU's canonical NaN 0x7FFFFFFF would round to -0.0, and no
-# Intel GPU could be checked, so it is not used.) JITCONV_FAST_EXP (read once per process)
-# overrides the default for every dtype: "0" the exact math, "1" the fast one (float32
-# then gets native_exp and keeps the IEEE division). Each variant is its own kernel with
-# its own cache key; the shipped kernels are the defaults'.
+# "fast" (OpenCL's native_exp, whose accuracy is the device's choice: here within 1e-5 of
+# exp in float32). The fast one is the default for the 16-bit dtypes only: its error is
+# far below half an ulp of their outputs (measured on opencl:cpu: 1 ulp at most, in a few
+# per mille of bfloat16 and ~1.5% of float16 outputs, all within the contract's
+# tolerances), and it made them faster on opencl:cpu (docs/perf-notes.md); float32 keeps
+# the exact math by default. (A bf16 rounding without its NaN check was 8-10% faster
+# still on the CPU, but only x86's NaNs survive it: a GPU's canonical NaN 0x7FFFFFFF would
+# round to -0.0, and no Intel GPU could be checked, so it is not used.)
+# JITCONV_FAST_EXP (read once per process) overrides the default for every dtype: "0" the
+# exact math, "1" the fast one (float32 then gets native_exp only). Each variant is its
+# own kernel with its own cache key; the shipped kernels are the defaults'.
 DEFAULT_FAST_SILU = {"float32": False, "float16": True, "bfloat16": True}
 FAST_EXP = os.environ.get("JITCONV_FAST_EXP")  # None or "": the per-dtype default
 

@@ -2,15 +2,14 @@
 compiled for SYCL devices. Only what is SYCL's lives here: the work-item's index
 (``item.get_id``: the range is exact, so no bounds guard), numba-dpex's device-function
 decorator, and the numba intrinsics the SPIR-V kernel uses: the fp16/bf16 bit
-conversions (``bit_conversions``), a plain fdiv, OpenCL's native_exp and native_divide
-(the fast silu: the default for fp16/bf16, ``kernel_abi.fast_silu``), the 32-bit-word
-read of 16-bit elements, the 64-bit read of a width-4 16-bit weight's taps, and the
-wide kernels' row accesses (``_row_access``: C channels of a row as one integer word).
-The SYCL backend takes the template's ``unit_stride_reads`` (stride-specific read paths
-that the OpenCL CPU compiler turns into vector loads instead of gathers). Each (width,
-dtype) has the one-channel kernel, and the 16-bit dtypes also a wide one
-(``kernel_abi.WIDE_CHANNELS``) that the host launches where its accesses are aligned
-(``launching.wide_fits``).
+conversions (``bit_conversions``), a plain fdiv, OpenCL's native_exp (the fast silu: the
+default for fp16/bf16, ``kernel_abi.fast_silu``), the 32-bit-word read of 16-bit
+elements, the 64-bit read of a width-4 16-bit weight's taps, and the wide kernels' row
+accesses (``_row_access``: C channels of a row as one integer word). The SYCL backend
+takes the template's ``unit_stride_reads`` (stride-specific read paths that the OpenCL
+CPU compiler turns into vector loads instead of gathers). Each (width, dtype) has the
+one-channel kernel, and the 16-bit dtypes also a wide one (``kernel_abi.WIDE_CHANNELS``)
+that the host launches where its accesses are aligned (``launching.wide_fits``).
 
 No host logic lives here. The public ops (``ops.py``) validate inputs, ``batch.py`` builds
 the tables (token rows, one record per block); ``launching.py`` compiles and submits.
@@ -64,24 +63,6 @@ def _native_exp(typingctx, value):
         fn.calling_convention = "spir_func"
         return builder.call(fn, args, cconv="spir_func")
     return types.float32(types.float32), codegen
-
-
-@intrinsic
-def _native_divide(typingctx, a, b):
-    """OpenCL's native_divide (float32), the SPIR builtin: the device's fastest division,
-    accuracy implementation-defined. The division of bfloat16's fast silu
-    (``kernel_abi.fast_silu``): on opencl:cpu, same run against the plain fdiv, 1.10-1.18x
-    on prefill and mixed steps on an AVX-512 Xeon (a 512-bit vdivps is slow there),
-    1.00-1.04x on an AVX2 AMD; outputs within 1 ulp of the fdiv kernel's, 0.3% of them
-    differ (docs/perf-notes.md). float16 keeps the IEEE division (1.07-1.09x, but 2-6% of
-    its outputs 1 ulp off) and so does float32's opt-in fast silu (JITCONV_FAST_EXP=1:
-    native_divide's error is a fraction of a 16-bit ulp, not of float32's tolerance)."""
-    def codegen(context, builder, signature, args):
-        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_F32, [_F32, _F32]),
-                                            "_Z13native_divideff")
-        fn.calling_convention = "spir_func"
-        return builder.call(fn, args, cconv="spir_func")
-    return types.float32(types.float32, types.float32), codegen
 
 
 def _data_pointer(context, builder, signature, args):
@@ -270,9 +251,7 @@ def make_conv_kernel(width, dtype_name, fast=None, wide=False, **backend_options
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
     load, store, strided = _converters(dtype_name)
     namespace = {
-        "U": np.uint64, "exp": _native_exp if fast else math.exp,
-        # only bfloat16's fast silu divides with native_divide (_native_divide: why)
-        "fdiv": _native_divide if fast and dtype_name == "bfloat16" else _fdiv,
+        "U": np.uint64, "fdiv": _fdiv, "exp": _native_exp if fast else math.exp,
         "load": load, "store": store, "strided": strided, "element": _element,
         "load_taps16": _load_taps16, "taps16_aligned": _taps16_aligned, "tap16": _tap16,
         "_window_value": _window_value,
