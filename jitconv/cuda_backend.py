@@ -433,31 +433,35 @@ def _tables(plan, device, sim):
     return found[0], found[1]
 
 
-def _plan_short_tokens(plan):
-    """The short kernel a plan's launches can run (``kernels_cuda.short_tokens_for``),
-    worked out once per plan: it depends only on the step's metadata, and every layer
-    runs the plan."""
-    found = plan.__dict__.get("_cuda_short_tokens")
+def _once_per_plan(plan, name, compute):
+    """``compute()``, worked out once per plan and kept on it under ``name``: what depends
+    only on the step's metadata, which every layer's launch of the plan shares."""
+    found = plan.__dict__.get(name)
     if found is None:
-        from .kernels_cuda import short_tokens_for
-        found = plan.__dict__.setdefault(
-            "_cuda_short_tokens", short_tokens_for(plan.geometry.width, plan.longest_sequences))
+        found = plan.__dict__.setdefault(name, compute())
     return found
+
+
+def _plan_short_tokens(plan):
+    """The short kernel a plan's launches can run (``kernels_cuda.short_tokens_for``)."""
+    def compute():
+        from .kernels_cuda import short_tokens_for
+        return short_tokens_for(plan.geometry.width, plan.longest_sequences)
+    return _once_per_plan(plan, "_cuda_short_tokens", compute)
 
 
 def _plan_uniform_decode(plan):
     """Whether every sequence of the plan with a cache line holds one token and has its
-    window at column 0 (``kernel_template``'s uniform_decode; a plain decode step),
-    worked out once per plan from its block records."""
-    found = plan.__dict__.get("_cuda_uniform_decode")
-    if found is None:
+    window at column 0 (``kernel_template``'s uniform_decode; a plain decode step), from
+    the plan's block records."""
+    def compute():
         from .kernel_abi import BLOCK_FIELDS
         records = np.asarray(plan._host_tables[1]).reshape(-1, len(BLOCK_FIELDS))
         at = BLOCK_FIELDS.index
         real = records[records[:, at("line")] >= 0]
-        found = plan.__dict__.setdefault("_cuda_uniform_decode", bool(
-            len(real) and (real[:, at("seq_len")] == 1).all() and (real[:, at("off")] == 0).all()))
-    return found
+        return bool(len(real) and (real[:, at("seq_len")] == 1).all()
+                    and (real[:, at("off")] == 0).all())
+    return _once_per_plan(plan, "_cuda_uniform_decode", compute)
 
 
 def _uniform_decode(plan, short_tokens):
