@@ -18,6 +18,7 @@ from .kernel_abi import SUPPORTED_WIDTHS  # noqa: E402
 from .ops import (causal_conv1d_fn, causal_conv1d_mixed, causal_conv1d_update,  # noqa: E402
                   plan)
 from .step_plan import StepPlan  # noqa: E402
+from .device_check import DeviceCheckError  # noqa: E402
 # Submodules as attributes: `jitconv.vllm.gdn_conv_step` works after `import jitconv`.
 from . import reference, steps, vllm  # noqa: E402
 
@@ -26,5 +27,5 @@ __all__ = [
     "devices",
     "get_device", "set_device", "get_queue", "empty", "zeros", "copy_counts",
     "reset_copy_counts", "set_allow_copies", "set_pool_limit", "pool_bytes", "CopyRequiredError",
-    "DeviceNotFoundError", "SUPPORTED_WIDTHS", "reference", "steps", "vllm",
+    "DeviceNotFoundError", "DeviceCheckError", "SUPPORTED_WIDTHS", "reference", "steps", "vllm",
 ]

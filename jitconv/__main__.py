@@ -31,8 +31,19 @@ def info(_args):
     print(f"runtime libraries: {_bootstrap.runtime_lib_dir()} "
           f"({len(_bootstrap.preloaded)} preloaded by jitconv)")
     for var in ("JITCONV_DEVICE", "ONEAPI_DEVICE_SELECTOR", "OCL_ICD_FILENAMES",
-                "LD_LIBRARY_PATH"):
+                "LD_LIBRARY_PATH", _bootstrap.CPU_TARGET_VARIABLE):
         print(f"  {var}={os.environ.get(var, '')}")
+    vendor, flags = _bootstrap.host_cpu()
+    target = _bootstrap.cpu_target_arch(vendor, flags) if vendor else None
+    print(f"host CPU: {vendor or 'unknown'}; CPU runtime target: "
+          + (f"{_bootstrap.cpu_target_set} (set by jitconv)" if _bootstrap.cpu_target_set
+             else f"{os.environ[_bootstrap.CPU_TARGET_VARIABLE]} (set before jitconv; "
+                  f"jitconv's choice would be {target or 'none'})"
+             if _bootstrap.CPU_TARGET_VARIABLE in os.environ
+             else "the runtime's own choice"))
+    from jitconv import device_check
+    print(f"device check: {'on' if device_check.ENABLED else 'OFF (JITCONV_DEVICE_CHECK=0)'}"
+          f", verdicts in {device_check.verdict_dir()}")
     print(f"devices: {jitconv.devices()}")
     print(f"current device: {jitconv.get_device()}")
     from jitconv import kernel_cache, launching
@@ -167,10 +178,42 @@ def demo(args):
     return 0 if ok else 1
 
 
+def device_checks(queue):
+    """The device check (``jitconv.device_check``) of every kernel jitconv may launch on
+    ``queue``'s device, run now whatever the stored verdicts say: prints one verdict per
+    kernel and returns how many failed."""
+    from jitconv import device_check, kernel_cache, launching
+    failed = 0
+    print(f"device check on {queue.sycl_device.filter_string} ({queue.sycl_device.name}, "
+          f"driver {queue.sycl_device.driver_version}); verdicts kept in "
+          f"{device_check.verdict_dir()}"
+          + ("" if device_check.ENABLED else "; the automatic check is OFF "
+             "(JITCONV_DEVICE_CHECK=0)"))
+    for width, dtype, wide in kernel_cache.specializations():
+        t0 = time.perf_counter()
+        try:
+            launching.check_kernel(width, dtype, queue, wide)
+            verdict = "passed"
+        except device_check.DeviceCheckError as exc:
+            failed += 1
+            verdict = "FAILED: " + str(exc).splitlines()[0].split("known-answer step: ")[-1]
+        except launching.KernelUnavailableError:
+            verdict = "no kernel (not shipped, and numba-dpex is not installed)"
+        print(f"  width {width} {dtype:9s} {'wide' if wide else '    '} {verdict} "
+              f"({(time.perf_counter() - t0) * 1e3:.0f} ms)", flush=True)
+    if failed:
+        print(str(device_check.refusal(queue.sycl_device.filter_string)))
+    return failed
+
+
 def check(args):
-    """Run a small mixed step per (width, dtype) and compare with the float64 reference:
-    a quick "does this installation work" (used for the dpctl-only environment in CI)."""
+    """The device check of every kernel, then a small mixed step per (width, dtype)
+    through the public op, compared with the float64 reference: "does this installation
+    compute right" (also run in the dpctl-only environments in CI)."""
     from jitconv import kernel_cache, launching
+    if device_checks(jitconv.get_queue()):
+        print("check: FAILED (the device check refused this device)")
+        return 1
     failures = 0
     for width in [int(w) for w in args.widths.split(",")]:
         for name in args.dtypes.split(","):
@@ -185,7 +228,7 @@ def check(args):
                   f"{'OK' if ok else 'FAILED'}", flush=True)
     import dpctl
     used = {(w, d) for w in args.widths.split(",") for d in args.dtypes.split(",")}
-    origins = sorted({where.split(" (")[0] for w, d, where in kernel_origins(False)
+    origins = sorted({where.split(" (")[0] for w, d, _wide, where in kernel_origins(False)
                       if (str(w), d) in used})
     print(f"dpctl {dpctl.__version__}, device {jitconv.get_device()}, kernels: "
           f"{launching.stats['cache_hits']} from the SPIR-V cache ({', '.join(origins)}), "
@@ -265,7 +308,8 @@ def main(argv=None):
     d.add_argument("--reps", type=int, default=10)
     d.add_argument("--seed", type=int, default=0)
     add("info", help="versions and SYCL devices")
-    c = add("check", help="verify a small mixed step per width and dtype")
+    c = add("check", help="run the device check of every kernel, then verify a small "
+                          "mixed step per width and dtype")
     c.add_argument("--widths", default="2,3,4,5")
     c.add_argument("--dtypes", default="float32,float16,bfloat16")
     c.add_argument("--dim", type=int, default=256)

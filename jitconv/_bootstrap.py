@@ -24,7 +24,18 @@ What it does, before dpctl is imported (and only then):
    threading layers need each other's symbols, so neither can be bound eagerly before the
    other is loaded.
 
-Variables the user set are respected; JITCONV_NO_BOOTSTRAP=1 disables all of this.
+3. On a CPU that is not Intel's, with a CPU runtime older than 2026, and only if
+   CL_CONFIG_CPU_TARGET_ARCH is unset, set it to the widest instruction set the CPU reports
+   (``cpu_target_arch``). The 2024.2 OpenCL CPU runtime does not know AMD Zen 5 ("SYCL CPU
+   RT Warning: Unknown host CPU") and then compiles silu wrongly in 12 of every 16 vector
+   lanes; told the target, it compiles right. The 2026 runtimes compute right there on
+   their own, and their own choice was as fast or faster than ``skx`` (docs/performance.md):
+   they are left alone, as Intel CPUs are. The runtime reads the variable when it starts,
+   so this must happen before dpctl loads it.
+
+Variables the user set are respected; JITCONV_NO_BOOTSTRAP=1 disables all of this. Whatever
+the runtime then compiles, every kernel passes the device check (``device_check``) before
+its first launch.
 """
 
 import csv
@@ -63,6 +74,75 @@ _preloaded_for = set()
 preloaded = []  # sonames this module loaded, for `python -m jitconv info`
 dpctl_imported_first = False  # dpctl was imported before jitconv could prepare it
 icd_set = None  # the OCL_ICD_FILENAMES value we set, if we set one
+cpu_target_set = None  # the CL_CONFIG_CPU_TARGET_ARCH value we set, if we set one
+
+CPU_TARGET_VARIABLE = "CL_CONFIG_CPU_TARGET_ARCH"
+# The Intel OpenCL CPU runtime's targets, widest first, each with the CPU flags (as Linux
+# names them in /proc/cpuinfo) that its code uses: skx = AVX-512 (F, CD, BW, DQ, VL),
+# core-avx2 = AVX2 with FMA and BMI2, corei7-avx = AVX, corei7 = SSE4.2.
+CPU_TARGETS = (
+    ("skx", frozenset({"avx512f", "avx512cd", "avx512bw", "avx512dq", "avx512vl"})),
+    ("core-avx2", frozenset({"avx2", "fma", "bmi1", "bmi2"})),
+    ("corei7-avx", frozenset({"avx", "sse4_2", "popcnt"})),
+    ("corei7", frozenset({"sse4_2", "popcnt"})),
+)
+
+
+def cpu_target_arch(vendor, flags):
+    """The CL_CONFIG_CPU_TARGET_ARCH to set for a CPU of ``vendor`` (cpuinfo's vendor_id)
+    with feature ``flags``: None for Intel CPUs (the runtime knows them), else the widest
+    target whose instructions the CPU has (None if it lacks even SSE4.2)."""
+    if vendor == "GenuineIntel":
+        return None
+    flags = set(flags)
+    for target, needs in CPU_TARGETS:
+        if needs <= flags:
+            return target
+    return None
+
+
+def host_cpu(path="/proc/cpuinfo"):
+    """(vendor_id, set of flags) of the first CPU in ``path``; (None, set()) where there is
+    no such file (not Linux) or it names neither."""
+    vendor, flags = None, set()
+    try:
+        with open(path) as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                key = key.strip()
+                if key == "vendor_id" and vendor is None:
+                    vendor = value.strip()
+                elif key == "flags":
+                    flags = set(value.split())
+                    break
+    except OSError:
+        pass
+    return vendor, flags
+
+
+KNOWS_HOSTS_FROM = 2026  # CPU runtimes of this year and later pick their own target
+
+
+def cpu_runtime_year():
+    """The release year of the installed Intel OpenCL CPU runtime (intel-opencl-rt's
+    version starts with it), or None when it is not a pip distribution (oneAPI, conda)."""
+    try:
+        return int(metadata.version(_ICD_DISTRIBUTION).split(".")[0])
+    except (metadata.PackageNotFoundError, ValueError):
+        return None
+
+
+def _set_cpu_target():
+    global cpu_target_set
+    if CPU_TARGET_VARIABLE in os.environ:
+        return
+    year = cpu_runtime_year()
+    if year is not None and year >= KNOWS_HOSTS_FROM:
+        return
+    vendor, flags = host_cpu()
+    target = cpu_target_arch(vendor, flags) if vendor else None
+    if target is not None:
+        os.environ[CPU_TARGET_VARIABLE] = cpu_target_set = target
 
 
 def _requirement_names(dist):
@@ -227,6 +307,7 @@ def bootstrap():
     if os.environ.get("JITCONV_NO_BOOTSTRAP") == "1":
         return
     dpctl_imported_first = "dpctl" in sys.modules
+    _set_cpu_target()
     libs = runtime_libraries()
     icd = libs.get("libintelocl.so")
     if "OCL_ICD_FILENAMES" not in os.environ and icd is not None:

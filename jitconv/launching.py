@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import kernel_cache
+from . import device_check, kernel_cache
 from .kernel_abi import CONV_ARGS, STORAGE, TABLES, WIDE_CHANNELS, rows_aligned
 from . import device as devices
 
@@ -106,14 +106,15 @@ def _program(queue, spirv, name):
 
 
 def _build(width, dtype_name, queue, wide):
-    """Disk cache first (no numba-dpex import at all), else compile and store."""
+    """Disk cache first (no numba-dpex import at all), else compile and store. Returns
+    (kernel, its SPIR-V)."""
     entry = kernel_cache.load(width, dtype_name, wide)
     if entry is not None:
         spirv, name, path = entry
         try:
             kernel = _program(queue, spirv, name)
             stats["cache_hits"] += 1
-            return kernel
+            return kernel, spirv
         except Exception as exc:  # dpctl could not build it for this device
             kernel_cache.rejected.append((str(path), f"build failed: {exc}"))
             warnings.warn(f"jitconv: ignoring the {kernel_cache.origin(path)} kernel "
@@ -126,22 +127,25 @@ def _build(width, dtype_name, queue, wide):
             f"installed to compile one; run `python -m jitconv build-kernels` where "
             f"numba-dpex is installed and point JITCONV_CACHE_DIR at the result"
             + (f" (ignored: {kernel_cache.rejected})" if kernel_cache.rejected else ""))
-    kernel, _path = compile_and_store(width, dtype_name, queue, required=False, wide=wide)
-    return kernel
+    return compile_and_store(width, dtype_name, queue, required=False, wide=wide,
+                             with_spirv=True)
 
 
 _warned_dirs = set()  # unwritable cache directories already reported in this process
 
 
-def compile_and_store(width, dtype_name, queue, directory=None, required=True, wide=False):
+def compile_and_store(width, dtype_name, queue, directory=None, required=True, wide=False,
+                      with_spirv=False):
     """Compile with numba-dpex, build (only what builds is stored), store the SPIR-V.
-    Returns (kernel, path of the stored SPIR-V). With ``required=False`` a cache that
-    cannot be written (read-only, no home directory) costs a warning, once per
-    directory, and the kernel is still returned (path None): compiled once, not cached."""
+    Returns (kernel, path of the stored SPIR-V), or (kernel, SPIR-V bytes) ``with_spirv``.
+    With ``required=False`` a cache that cannot be written (read-only, no home directory)
+    costs a warning, once per directory, and the kernel is still returned (path None):
+    compiled once, not cached."""
     spirv, name = compile_spirv(width, dtype_name, queue, wide)
     kernel = _program(queue, spirv, name)
     try:
-        return kernel, kernel_cache.store(width, dtype_name, spirv, name, directory, wide)
+        path = kernel_cache.store(width, dtype_name, spirv, name, directory, wide)
+        return kernel, spirv if with_spirv else path
     except OSError as exc:
         if required:
             raise
@@ -153,7 +157,7 @@ def compile_and_store(width, dtype_name, queue, directory=None, required=True, w
                 f"jitconv: cannot write the kernel cache {where} ({exc}); kernels are "
                 f"compiled in every new process until it is writable. Set "
                 f"JITCONV_CACHE_DIR to a writable directory.", RuntimeWarning, stacklevel=2)
-        return kernel, None
+        return kernel, spirv if with_spirv else None
 
 
 def get_conv_kernel(width, dtype_name, queue=None, wide=False):
@@ -168,8 +172,34 @@ def get_conv_kernel(width, dtype_name, queue=None, wide=False):
         with _lock:
             kernel = _built.get(key)
             if kernel is None:
-                kernel = _built[key] = _build(width, dtype_name, queue, wide)
+                refused = device_check.refusal(key[0])
+                if refused is not None:
+                    raise refused
+                kernel, spirv = _build(width, dtype_name, queue, wide)
+                # Before its first launch: a kernel that fails is never kept or launched.
+                device_check.verify(queue, width, dtype_name, wide, spirv,
+                                    _known_answer_launch(kernel, queue, dtype_name, wide))
+                _built[key] = kernel
     return kernel
+
+
+def check_kernel(width, dtype_name, queue, wide=False):
+    """Build one specialization for ``queue`` and run its device check now, whatever the
+    stored verdicts say (``python -m jitconv check``). Raises DeviceCheckError on a wrong
+    answer (the device is then refused in this process)."""
+    kernel, spirv = _build(width, dtype_name, queue, wide)
+    device_check.verify(queue, width, dtype_name, wide, spirv,
+                        _known_answer_launch(kernel, queue, dtype_name, wide), force=True)
+
+
+def _known_answer_launch(kernel, queue, dtype_name, wide):
+    """How the device check launches ``kernel``: once, on its own arrays, waited for, and
+    not counted as a submit of the caller's."""
+    def launch(views, tables_view, offsets, num_blocks, dim, has_bias, silu):
+        values = _pack(views, table_args(tables_view, offsets), has_bias, silu)
+        grid = (num_blocks, dim // WIDE_CHANNELS[dtype_name] if wide else dim)
+        _submit(kernel, queue, values, grid, wait=True)
+    return launch
 
 
 def wide_fits(views, dim, dtype_name):
@@ -300,18 +330,25 @@ def set_out(values, address, shape):
 def submit_packed(kernel, queue, values, grid, wait):
     """Submit the conv kernel with packed parameters (from ``_pack``: USM memory objects
     or, on the C path, plain addresses where a pointer goes) over ``grid``."""
+    if device_check.refused_any():  # a device failed its check: launch nothing there
+        refused = device_check.refusal(queue.sycl_device.filter_string)
+        if refused is not None:
+            raise refused
     sink = getattr(_recording, "events", None)
-    if _c_submit is not None:
-        event = _c_submit(kernel, queue, values, _POINTERS, grid, wait,
-                          keep_event=sink is not None)
-    else:
-        args = [v if p else ctypes.c_int64(v) for v, p in zip(values, _POINTERS)]
-        event = queue.submit(kernel, args, list(grid))
-        if wait:
-            event.wait()
+    event = _submit(kernel, queue, values, grid, wait, keep_event=sink is not None)
     if sink is not None:
         sink.append(event)
     stats["submitted"] += 1
+
+
+def _submit(kernel, queue, values, grid, wait, keep_event=False):
+    if _c_submit is not None:
+        return _c_submit(kernel, queue, values, _POINTERS, grid, wait, keep_event=keep_event)
+    args = [v if p else ctypes.c_int64(v) for v, p in zip(values, _POINTERS)]
+    event = queue.submit(kernel, args, list(grid))
+    if wait:
+        event.wait()
+    return event
 
 
 _recording = threading.local()

@@ -65,7 +65,9 @@ def test_shipped_kernels_run_without_compiling(sycl_device, tmp_path):
     stats = json.loads(done.stdout.strip().splitlines()[-1])
     assert stats["compiled"] == 0 and stats["cache_hits"] == 1 and stats["correct"]
     assert stats["numba_dpex"] is False
-    assert list(tmp_path.iterdir()) == [], "nothing is written to the user cache"
+    # No kernel is written to the user cache: only the device check's verdict.
+    assert [p.name for p in tmp_path.iterdir()] == ["checks"]
+    assert len(list((tmp_path / "checks").glob("*.json"))) == 1
     info = subprocess.run([sys.executable, "-m", "jitconv", "info"], env=env,
                           capture_output=True, text=True, timeout=300)
     assert info.returncode == 0, info.stderr[-3000:]
