@@ -4,23 +4,25 @@ Kernels are written in Python with numba-dpex and JIT-compiled for the device dp
 selects (an Intel GPU through Level Zero, or the Intel OpenCL CPU device).
 """
 
-__version__ = "0.1.0"
+from jitconv.version import __version__  # noqa: E402,F401
 
 # torch first: our runtime bootstrap loads oneAPI libraries, and torch must keep its own.
 import torch  # noqa: F401,E402
 
-from .device import (DeviceNotFoundError, devices, get_device, get_queue,  # noqa: E402
+from jitconv.device import (DeviceNotFoundError, devices, get_device, get_queue,  # noqa: E402
                       set_device)
-from .bridge import (CopyRequiredError, copy_counts, reset_copy_counts,  # noqa: E402
+from jitconv.memory.bridge import (CopyRequiredError, copy_counts, reset_copy_counts,  # noqa: E402
                      set_allow_copies)
-from .usm import empty, pool_bytes, set_pool_limit, zeros  # noqa: E402
-from .kernel_abi import SUPPORTED_WIDTHS  # noqa: E402
-from .ops import (causal_conv1d_fn, causal_conv1d_mixed, causal_conv1d_update,  # noqa: E402
+from jitconv.memory.usm import empty, pool_bytes, set_pool_limit, zeros  # noqa: E402
+from jitconv.kernels.abi import SUPPORTED_WIDTHS  # noqa: E402
+from jitconv.api.ops import (causal_conv1d_fn, causal_conv1d_mixed, causal_conv1d_update,  # noqa: E402
                   plan)
-from .step_plan import StepPlan  # noqa: E402
-from .device_check import DeviceCheckError  # noqa: E402
+from jitconv.api.plan import StepPlan  # noqa: E402
+from jitconv.backends.sycl.device_check import DeviceCheckError  # noqa: E402
 # Submodules as attributes: `jitconv.vllm.gdn_conv_step` works after `import jitconv`.
-from . import reference, steps, vllm  # noqa: E402
+from jitconv import reference
+from jitconv.testing import steps
+from jitconv import vllm  # noqa: E402
 
 __all__ = [
     "causal_conv1d_fn", "causal_conv1d_update", "causal_conv1d_mixed", "plan", "StepPlan",

@@ -13,13 +13,13 @@ import torch
 
 import jitconv
 from jitconv import reference
-from jitconv.steps import mixed_step, split_step
+from jitconv.testing.steps import mixed_step, split_step
 
 
 def info(_args):
     from importlib.metadata import PackageNotFoundError, version
 
-    from jitconv import _bootstrap
+    from jitconv.backends.sycl import bootstrap
     print(f"jitconv {jitconv.__version__}  (python {platform.python_version()}, "
           f"{platform.machine()})")
     for pkg in ("torch", "numpy", "numba", "llvmlite", "numba-dpex", "dpctl", "dpnp",
@@ -28,25 +28,26 @@ def info(_args):
             print(f"  {pkg:16s} {version(pkg)}")
         except PackageNotFoundError:
             print(f"  {pkg:16s} not installed")
-    print(f"runtime libraries: {_bootstrap.runtime_lib_dir()} "
-          f"({len(_bootstrap.preloaded)} preloaded by jitconv)")
+    print(f"runtime libraries: {bootstrap.runtime_lib_dir()} "
+          f"({len(bootstrap.preloaded)} preloaded by jitconv)")
     for var in ("JITCONV_DEVICE", "ONEAPI_DEVICE_SELECTOR", "OCL_ICD_FILENAMES",
-                "LD_LIBRARY_PATH", _bootstrap.CPU_TARGET_VARIABLE):
+                "LD_LIBRARY_PATH", bootstrap.CPU_TARGET_VARIABLE):
         print(f"  {var}={os.environ.get(var, '')}")
-    vendor, flags = _bootstrap.host_cpu()
-    target = _bootstrap.cpu_target_arch(vendor, flags) if vendor else None
+    vendor, flags = bootstrap.host_cpu()
+    target = bootstrap.cpu_target_arch(vendor, flags) if vendor else None
     print(f"host CPU: {vendor or 'unknown'}; CPU runtime target: "
-          + (f"{_bootstrap.cpu_target_set} (set by jitconv)" if _bootstrap.cpu_target_set
-             else f"{os.environ[_bootstrap.CPU_TARGET_VARIABLE]} (set before jitconv; "
+          + (f"{bootstrap.cpu_target_set} (set by jitconv)" if bootstrap.cpu_target_set
+             else f"{os.environ[bootstrap.CPU_TARGET_VARIABLE]} (set before jitconv; "
                   f"jitconv's choice would be {target or 'none'})"
-             if _bootstrap.CPU_TARGET_VARIABLE in os.environ
+             if bootstrap.CPU_TARGET_VARIABLE in os.environ
              else "the runtime's own choice"))
-    from jitconv import device_check
+    from jitconv.backends.sycl import device_check
     print(f"device check: {'on' if device_check.ENABLED else 'OFF (JITCONV_DEVICE_CHECK=0)'}"
           f", verdicts in {device_check.verdict_dir()}")
     print(f"devices: {jitconv.devices()}")
     print(f"current device: {jitconv.get_device()}")
-    from jitconv import kernel_cache, launching
+    from jitconv.backends.sycl import kernel_cache
+    from jitconv.backends.sycl import launching
     for directory in kernel_cache.search_dirs():
         count = len(list(directory.glob("*.spv"))) if directory.exists() else 0
         print(f"kernel cache: {directory} ({count} SPIR-V files)")
@@ -64,7 +65,7 @@ def info(_args):
 def kernel_origins(compiler):
     """(width, dtype, wide, where its SPIR-V comes from) for every supported
     specialization (``kernel_cache.specializations``)."""
-    from jitconv import kernel_cache
+    from jitconv.backends.sycl import kernel_cache
     rows = []
     for width, dtype, wide in kernel_cache.specializations():
         entry = kernel_cache.load(width, dtype, wide)
@@ -166,7 +167,7 @@ def demo(args):
         timings[name] = (time.perf_counter() - t0) / reps
     num_tokens = step["x"].shape[0]
     moved = 2 * num_tokens * args.dim * out.element_size()  # read x, write out
-    from jitconv import launching
+    from jitconv.backends.sycl import launching
     how = ("includes the JIT compile" if launching.stats["compiled"]
            else "kernel loaded from the SPIR-V cache")
     print(f"time: first call {cold * 1e3:.0f} ms ({how}); warm one call "
@@ -179,10 +180,12 @@ def demo(args):
 
 
 def device_checks(queue):
-    """The device check (``jitconv.device_check``) of every kernel jitconv may launch on
+    """The device check (``jitconv.backends.sycl.device_check``) of every kernel jitconv may launch on
     ``queue``'s device, run now whatever the stored verdicts say: prints one verdict per
     kernel and returns how many failed."""
-    from jitconv import device_check, kernel_cache, launching
+    from jitconv.backends.sycl import device_check
+    from jitconv.backends.sycl import kernel_cache
+    from jitconv.backends.sycl import launching
     failed = 0
     print(f"device check on {queue.sycl_device.filter_string} ({queue.sycl_device.name}, "
           f"driver {queue.sycl_device.driver_version}); verdicts kept in "
@@ -210,7 +213,8 @@ def check(args):
     """The device check of every kernel, then a small mixed step per (width, dtype)
     through the public op, compared with the float64 reference: "does this installation
     compute right" (also run in the dpctl-only environments in CI)."""
-    from jitconv import kernel_cache, launching
+    from jitconv.backends.sycl import kernel_cache
+    from jitconv.backends.sycl import launching
     if device_checks(jitconv.get_queue()):
         print("check: FAILED (the device check refused this device)")
         return 1
@@ -243,7 +247,8 @@ def check(args):
 
 def build_kernels(args):
     """Compile the standard specializations with numba-dpex and store their SPIR-V."""
-    from jitconv import kernel_cache, launching
+    from jitconv.backends.sycl import kernel_cache
+    from jitconv.backends.sycl import launching
     if not launching.have_compiler():
         print("build-kernels needs numba-dpex (pip install jitconv's pinned stack)")
         return 2
@@ -276,8 +281,29 @@ def build_kernels(args):
     return 0
 
 
+def kernel_text(backend, width, dtype, wide=False, kind="general", math=None):
+    """The generated Python source of one kernel specialization (``show-kernel``)."""
+    if backend == "sycl":
+        from jitconv.backends.sycl import source
+        fast = {None: None, "exact": False, "fast": True}[math]
+        return source.name_and_source(width, dtype, fast, wide)[1]
+    import dataclasses
+
+    from jitconv.backends.cuda import launching, source
+    spec = launching.kind_spec(width, dtype, kind)
+    if math is not None:
+        spec = dataclasses.replace(spec, fast_exp=math == "fast")
+    return source.name_and_source(spec)[1]
+
+
+def show_kernel(args):
+    sys.stdout.write(kernel_text(args.backend, args.width, args.dtype, args.wide, args.kind,
+                                 args.math))
+    return 0
+
+
 def bench(args):
-    from jitconv import bench as benchmark
+    from jitconv.bench import cpu as benchmark
     result = benchmark.run(dims=[int(d) for d in args.dims.split(",")],
                            dtypes=args.dtypes.split(","),
                            workloads=args.workloads.split(";") if args.workloads else None,
@@ -328,6 +354,16 @@ def main(argv=None):
     p.add_argument("--layers", type=int, default=48,
                    help="layers of the plan-vs-one-shot step (0: skip it)")
     p.add_argument("--layer-dim", type=int, default=8192)
+    k = add("show-kernel", help="print the generated source of one kernel")
+    k.add_argument("backend", choices=["sycl", "cuda"])
+    k.add_argument("--width", type=int, default=4)
+    k.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    k.add_argument("--wide", action="store_true",
+                   help="SYCL: the wide kernel (4 channels per work-item, 16-bit dtypes)")
+    k.add_argument("--kind", default="general", choices=["general", "decode", "spec"],
+                   help="CUDA: the kernel of launches of this kind (default options)")
+    k.add_argument("--math", choices=["exact", "fast"],
+                   help="silu's exp and division (default: the backend's for the dtype)")
     b = add("build-kernels", help="precompile kernels to SPIR-V (persistent)")
     where = b.add_mutually_exclusive_group()
     where.add_argument("--dir", help="directory to write (default: the user cache, "
@@ -345,7 +381,7 @@ def main(argv=None):
         except jitconv.DeviceNotFoundError as exc:
             parser.error(f"--device: {exc}")
     jobs = {"demo": demo, "info": info, "check": check, "bench": bench,
-            "build-kernels": build_kernels}
+            "build-kernels": build_kernels, "show-kernel": show_kernel}
     return jobs[args.command](args)
 
 

@@ -88,7 +88,7 @@ def pytest_sessionfinish(session, exitstatus):
     import sys
 
     import jitconv
-    from jitconv import launching
+    from jitconv.backends.sycl import launching
     with open(path, "w") as f:
         json.dump({"jitconv_file": jitconv.__file__, "stats": launching.stats,
                    "numba_dpex": "numba_dpex" in sys.modules,

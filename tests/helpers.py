@@ -1,15 +1,18 @@
-"""Shared test helpers: random inputs, engine steps (from ``jitconv.steps``, which the
+"""Shared test helpers: random inputs, engine steps (from ``jitconv.testing.steps``, which the
 demo and the benchmark use too), state layouts, and the comparisons every kernel test
 makes (outputs against the float64 reference within the dtype's tolerance, states
 bit-exact)."""
+
+import itertools
 
 import numpy as np
 import torch
 
 import jitconv
 from jitconv import reference
+from jitconv.reference import causal_conv1d_reference
 # One place for steps and their metadata, shared with the demo and the benchmark.
-from jitconv.steps import (DATA_KEYS, cumulative, fn_arguments, mixed_step,  # noqa: F401
+from jitconv.testing.steps import (DATA_KEYS, cumulative, fn_arguments, mixed_step,  # noqa: F401
                            random_values as randn, split_step, token_rows)
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -89,7 +92,7 @@ def gdn_metadata(step, num_actual_tokens=None, lines=lambda t: t):
 def wide_choices(monkeypatch):
     """The ``wide`` argument of every SYCL kernel lookup (launching.get_conv_kernel) from
     here on, in a list: which kernel each launch chose."""
-    from jitconv import launching
+    from jitconv.backends.sycl import launching
     chosen = []
     lookup = launching.get_conv_kernel
 
@@ -98,3 +101,97 @@ def wide_choices(monkeypatch):
         return lookup(width, dtype_name, queue, wide)
     monkeypatch.setattr(launching, "get_conv_kernel", spy)
     return chosen
+
+
+# ------------------------------------------------------------------ the mixed grid
+# (shared by the SYCL tests, the CUDA tests and the baseline's)
+
+def build_mixed(seed, *, dtype, width, dim, layout="SD", use_bias=True, pads=True,
+                shuffle=True, usm=False, non_spec=True, spec=True, spec_2d=True,
+                non_spec_accepted=False, strided=False):
+    """kwargs for one mixed step; the same names serve jitconv and the reference.
+    Non-spec lengths {1, 2, width-1, 8, 129} in random order, six ragged spec sequences
+    of 1 + (0..4) tokens, one pad of each kind, 2 spare state columns, 3 unused lines."""
+    gen = torch.Generator().manual_seed(seed)
+    ns_lengths = [1, 2, width - 1, 8, 129] if non_spec else []
+    ns_lengths = [ns_lengths[i] for i in torch.randperm(len(ns_lengths), generator=gen)]
+    sp_lengths = torch.randint(1, 6, (6,), generator=gen).tolist() if spec else []
+    return mixed_step(gen, dim=dim, width=width, dtype=dtype, ns_lengths=ns_lengths,
+                      sp_lengths=sp_lengths, rows="shuffled" if shuffle else "plain",
+                      ns_pads=int(pads), sp_pads=int(pads), initial="alternate",
+                      spec_columns=4 if spec_2d else 1, extra_state_columns=2,
+                      extra_lines=3, layout=layout, bias=use_bias, usm=usm,
+                      strided=strided, non_spec_accepted=non_spec_accepted)
+
+
+def used_lines(case):
+    lines = []
+    for key in ("non_spec_state_indices", "spec_state_indices"):
+        if key in case:
+            t = case[key]
+            lines += (t[:, 0] if t.dim() == 2 else t).tolist()
+    return [line for line in lines if line >= 0]
+
+
+def run_and_check(case, *, dtype, activation="silu", out=None):
+    before = bits(case["conv_state"])
+    ref_out, ref_state = causal_conv1d_reference(activation=activation, **case)
+    result = jitconv.causal_conv1d_mixed(activation=activation, out=out, **case)
+    if out is not None:
+        assert result is out
+    assert_outputs_close(result, ref_out, dtype)
+    assert_state_exact(case["conv_state"], ref_state)
+    unused = torch.ones(case["conv_state"].shape[0], dtype=torch.bool)
+    unused[used_lines(case)] = False
+    assert torch.equal(bits(case["conv_state"])[unused], before[unused])
+    return result
+
+
+GRID = list(itertools.product(
+    DTYPES, (2, 3, 4, 5), ("SD", "DS"), (False, True), (False, True),
+    (("silu", True), (None, False), ("silu", False), (None, True))))
+
+
+def grid_ids(grid):
+    return ["-".join(str(v) for v in p[:5]) + f"-{p[5][0]}-bias{p[5][1]}" for p in grid]
+
+
+def check_grid_case(params, dim, usm=False, on_device=None):
+    """One case of GRID (its index is the seed): built, run with a poisoned out, and
+    compared with the reference. ``on_device``: a check of the built case's tensors."""
+    dtype_name, width, layout, pads, shuffle, (activation, use_bias) = params
+    dtype = DTYPES[dtype_name]
+    seed = GRID.index(params)
+    case = build_mixed(seed, dtype=dtype, width=width, dim=dim, layout=layout,
+                       use_bias=use_bias, pads=pads, shuffle=shuffle, usm=usm,
+                       spec_2d=bool(seed % 2), strided=bool(seed % 3 == 0))
+    if on_device is not None:
+        on_device(case)
+    out = poisoned(tuple(case["x"].shape), dtype, usm=usm)
+    run_and_check(case, dtype=dtype, activation=activation, out=out)
+
+
+def check_mixed_equals_split(case):
+    """The mixed call and its two halves as separate calls agree bit for bit (outputs
+    of each half's rows, and the states)."""
+    split_state = case["conv_state"].clone()
+    mixed = jitconv.causal_conv1d_mixed(**case)
+    non_spec_only, spec_only = split_step(case, conv_state=split_state)
+    out_ns = jitconv.causal_conv1d_mixed(**non_spec_only)
+    out_sp = jitconv.causal_conv1d_mixed(**spec_only)
+    ns_rows, sp_rows = token_rows(case, "non_spec"), token_rows(case, "spec")
+    assert torch.equal(bits(mixed)[ns_rows], bits(out_ns)[ns_rows])
+    assert torch.equal(bits(mixed)[sp_rows], bits(out_sp)[sp_rows])
+    assert torch.equal(bits(case["conv_state"]), bits(split_state))
+
+
+def tune(monkeypatch, **values):
+    """Tuning values other than the table's (``jitconv.kernels.tuning``) for one test,
+    checked as ``tuning.override`` checks them; a value None restores the table's."""
+    from jitconv.kernels import tuning
+    for name, value in values.items():
+        if value is None:
+            monkeypatch.delitem(tuning._overrides, name, raising=False)
+        else:
+            tuning._check(name, value)
+            monkeypatch.setitem(tuning._overrides, name, value)

@@ -2,11 +2,10 @@
 
 import pytest
 
-from jitconv.baseline import causal_conv1d_mixed_torch
+from jitconv.testing.baseline import causal_conv1d_mixed_torch
 from jitconv.reference import causal_conv1d_reference
 
-from helpers import DTYPES, assert_outputs_close, assert_state_exact
-from test_mixed import build_mixed
+from helpers import DTYPES, assert_outputs_close, assert_state_exact, build_mixed
 
 
 @pytest.mark.parametrize("dtype_name", list(DTYPES))

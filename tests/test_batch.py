@@ -4,8 +4,8 @@
 import numpy as np
 import pytest
 
-from jitconv.batch import Part, build_batch
-from jitconv.steps import cumulative
+from jitconv.api.batch import Part, build_batch
+from jitconv.testing.steps import cumulative
 
 
 def part(lengths, rows, spec=False):
@@ -46,7 +46,7 @@ def test_block_records_carry_their_sequence_and_row_flags():
     # Sequence rows: consecutive (0-39), out of order (45, 44, 43), consecutive across
     # blocks (60-94); a wrong "consecutive sequence" bit makes the kernel compute the rows
     # of the window and of the new state instead of loading them: wrong rows read.
-    from jitconv.kernel_abi import (BLOCK_FIELDS, FLAG_BLOCK_ROWS, FLAG_INITIAL_STATE,
+    from jitconv.kernels.abi import (BLOCK_FIELDS, FLAG_BLOCK_ROWS, FLAG_INITIAL_STATE,
                                     FLAG_SEQ_ROWS)
     rows = list(range(40)) + [45, 44, 43] + list(range(60, 95))
     p = part([40, 3, 35], rows)

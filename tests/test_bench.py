@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import jitconv
-from jitconv import bench
-from jitconv.baseline import causal_conv1d_mixed_torch
+from jitconv.bench import cpu as bench
+from jitconv.testing.baseline import causal_conv1d_mixed_torch
 from jitconv.reference import TOLERANCE
 
 from helpers import bits
@@ -114,19 +114,20 @@ def test_bench_workloads_compute_the_same_thing_both_ways(sycl_device):
 
 
 def test_gpu_table_default_variant_and_lookaheads():
-    """bench_gpu: --lookaheads takes "auto" (cuda_backend's choice per launch) and L values;
-    the table's default column is the automatic variant (channels and lookahead), or in
-    results from before them C = DEFAULT_CHANNELS, L = auto or DEFAULT_LOOKAHEAD."""
-    from jitconv import bench_gpu, cuda_backend
+    """bench_gpu: --lookaheads takes "auto" (the tuning table's choice per launch) and L
+    values; the table's default column is the automatic variant (channels and lookahead),
+    or in results from before them the table's channels, L = auto or its long lookahead."""
+    from jitconv.bench import gpu as bench_gpu
+    from jitconv.kernels import tuning
     assert bench_gpu._lookaheads("auto, 8") == ("auto", 8)
     assert bench_gpu._lookaheads(None) is None
     with pytest.raises(SystemExit, match="--lookaheads"):
         bench_gpu._lookaheads("3")
-    mode = "fast exp" if cuda_backend.DEFAULT_FAST_EXP else "exact"
-    C = cuda_backend.DEFAULT_CHANNELS["bfloat16"]
+    table = tuning.CudaTuning()
+    mode = "fast exp" if table.fast_exp else "exact"
+    C = table.channels
     row = dict(dim=2048, dtype="bfloat16", workload="decode-only 64", pct_copy=10.0)
-    fixed = dict(row, variant=bench_gpu.variant_name(C, cuda_backend.DEFAULT_LOOKAHEAD, mode),
-                 us=3.0)
+    fixed = dict(row, variant=bench_gpu.variant_name(C, table.long_lookahead, mode), us=3.0)
     auto = dict(row, variant=bench_gpu.variant_name(C, bench_gpu.AUTO, mode), us=5.0)
     triton = dict(row, variant="vllm triton", us=4.0)
 
@@ -146,7 +147,7 @@ def test_gpu_table_takes_the_faster_of_triton_with_and_without_pdl():
     """vLLM's calls are timed with programmatic dependent launch on and off (on GPUs where
     vLLM turns it on): the table's Triton columns, the ratios and the plot take the
     faster of the two, and the cell says when it was the one without PDL."""
-    from jitconv import bench_gpu
+    from jitconv.bench import gpu as bench_gpu
     row = dict(dim=2048, dtype="bfloat16", workload="mixed step")
     ours = dict(row, variant=bench_gpu.variant_name(bench_gpu.AUTO, bench_gpu.AUTO, "fast exp"),
                 us=6.0, pct_copy=30.0)
@@ -174,10 +175,11 @@ def test_gpu_table_takes_the_faster_of_triton_with_and_without_pdl():
 
 
 def test_gpu_host_cost_needs_a_cuda_device():
-    """``python -m jitconv.bench_gpu host VLLM_FILE OUT`` (the CUDA call's host cost) says
+    """``python -m jitconv.bench.gpu host VLLM_FILE OUT`` (the CUDA call's host cost) says
     why it cannot run where there is no CUDA device, before loading anything."""
-    from jitconv import bench_gpu, cuda_backend
-    if cuda_backend.devices():
+    from jitconv.bench import gpu as bench_gpu
+    from jitconv.backends.cuda import devices as cuda_devices
+    if cuda_devices.devices():
         pytest.skip("a CUDA device is present")
     with pytest.raises(SystemExit, match="no CUDA device"):
         bench_gpu.main(["host", "missing/causal_conv1d.py", "out"])

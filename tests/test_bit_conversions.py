@@ -1,4 +1,4 @@
-"""The fp16/bf16 conversions of the kernels (jitconv.bit_conversions): the LLVM IR the
+"""The fp16/bf16 conversions of the kernels (jitconv.kernels.bit_conversions): the LLVM IR the
 intrinsics emit (compiled here by numba for the CPU: the same IR the SYCL and CUDA
 kernels get) and the Python twins numba's CUDA simulator runs instead, both against
 torch's own conversions, bit for bit, on random values and the edge cases (ties,
@@ -10,7 +10,7 @@ import torch
 from numba import njit
 from numba.core.extending import intrinsic
 
-from jitconv import bit_conversions
+from jitconv.kernels import bit_conversions
 
 INTRINSICS = bit_conversions.intrinsics(intrinsic)
 PYTHON = bit_conversions.python_converters()

@@ -23,18 +23,19 @@ import pytest
 import torch
 
 import jitconv
-from jitconv import cuda_backend
+from jitconv.backends.cuda import devices as cuda_devices
+from jitconv.backends.cuda import launching as cuda_backend
+from jitconv.kernels import tuning
 from jitconv.reference import causal_conv1d_reference
-from jitconv.steps import mixed_step
+from jitconv.testing.steps import mixed_step
 
-from helpers import (DTYPES, POISON, assert_outputs_close, assert_state_exact, bits,
-                     cumulative, poisoned, randn)
-from test_mixed import (GRID, build_mixed, check_grid_case, check_mixed_equals_split,
-                        grid_ids, run_and_check)
+from helpers import (DTYPES, GRID, POISON, assert_outputs_close, assert_state_exact, bits,
+                     build_mixed, check_grid_case, check_mixed_equals_split, cumulative,
+                     grid_ids, poisoned, randn, run_and_check, tune)
 
-SIM = cuda_backend.simulating()
-pytestmark = pytest.mark.skipif(not cuda_backend.devices(),
-                                reason=f"no CUDA device: {cuda_backend.why_unavailable()}")
+SIM = cuda_devices.simulating()
+pytestmark = pytest.mark.skipif(not cuda_devices.devices(),
+                                reason=f"no CUDA device: {cuda_devices.why_unavailable()}")
 DIM = 12 if SIM else 136  # 12: divisible by 4, not a multiple of 32 (grid rounding)
 # The simulator takes every 8th case of the grid (all dtypes, widths, layouts appear).
 CASES = GRID[::8] if SIM else GRID
@@ -42,25 +43,29 @@ CASES = GRID[::8] if SIM else GRID
 
 @pytest.fixture(scope="module")
 def cuda_device():
-    device = jitconv.set_device(cuda_backend.devices()[0])
+    device = jitconv.set_device(cuda_devices.devices()[0])
     yield device
 
 
 def test_runs_without_the_sycl_stack_when_hidden(cuda_device):
-    """In the simulator run dpctl and numba-dpex are hidden (conftest): the CUDA path
-    must not need them (the H200 image has neither)."""
+    """In the simulator run dpctl, dpnp and numba-dpex are hidden (conftest): jitconv's
+    import and a whole step on the CUDA device must not need them (the H200 image has
+    none of them). Fails if any of the CUDA path reaches for dpctl or USM memory."""
     if os.environ.get("JITCONV_TEST_HIDE_SYCL") != "1":
         pytest.skip("SYCL stack not hidden in this run")
-    with pytest.raises(ImportError):
-        import dpctl  # noqa: F401
+    from jitconv.backends.sycl import devices as sycl_devices
+    from jitconv.memory import usm
+    assert sycl_devices.dpctl is None and usm.dpm is None  # jitconv saw no SYCL runtime
+    assert jitconv.devices() == [cuda_device]
+    case = build_mixed(1, dtype=torch.float32, width=4, dim=DIM, usm=True)
+    run_and_check(case, dtype=torch.float32)
     assert "numba_dpex" not in sys.modules or sys.modules["numba_dpex"] is None
-    assert cuda_device in jitconv.devices()
 
 
 @pytest.mark.parametrize("params", CASES, ids=grid_ids(CASES))
 def test_mixed_grid(cuda_device, params):
     def on_cuda(case):
-        assert case["x"].device == cuda_backend.torch_device(cuda_device)
+        assert case["x"].device == cuda_devices.torch_device(cuda_device)
     check_grid_case(params, dim=DIM, usm=True, on_device=on_cuda)
 
 
@@ -69,8 +74,8 @@ def test_mixed_grid(cuda_device, params):
 @pytest.mark.parametrize("dtype_name", ["float32", "bfloat16"])
 def test_channels_per_thread(cuda_device, monkeypatch, channels, dim, dtype_name):
     """C contiguous channels per thread (halved until it divides dim)."""
-    monkeypatch.setenv("JITCONV_CUDA_CHANNELS", str(channels))
-    used = cuda_backend.channels_for(dim)
+    tune(monkeypatch, channels=channels)
+    used = cuda_backend.channels_for(dim, channels)
     assert dim % used == 0 and used <= channels
     dtype = DTYPES[dtype_name]
     case = build_mixed(channels * 100 + dim, dtype=dtype, width=4, dim=dim, usm=True,
@@ -82,7 +87,7 @@ def test_channels_per_thread(cuda_device, monkeypatch, channels, dim, dtype_name
 def test_lookahead(cuda_device, monkeypatch, lookahead):
     """L tokens loaded before their stores: groups of L, then single tokens (prefill
     blocks of 16 and shorter sequences exercise both)."""
-    monkeypatch.setenv("JITCONV_CUDA_LOOKAHEAD", str(lookahead))
+    tune(monkeypatch, lookahead=lookahead)
     for seed, dtype in ((lookahead, torch.float32), (lookahead + 50, torch.bfloat16)):
         case = build_mixed(seed, dtype=dtype, width=4, dim=12, usm=True, strided=True)
         run_and_check(case, dtype=dtype, out=poisoned(tuple(case["x"].shape), dtype, usm=True))
@@ -97,12 +102,9 @@ def test_thread_block_shapes(cuda_device, monkeypatch, threads, dim, dtype_name)
     block row) and in y (4 rows of token blocks per thread block at 128 threads), or
     exact (dim 64 at 32 threads: 32 groups of 2 channels, one row; no bounds guard then).
     Results equal the reference's and, bit for bit, those of the kernel that takes every
-    argument, reads blockDim and keeps the guard (JITCONV_CUDA_COMPACT_ARGS=0,
-    JITCONV_CUDA_FIXED_BLOCK=0, JITCONV_CUDA_EXACT_GRID=0), on a general and a short
-    (decode) launch."""
-    monkeypatch.setenv("JITCONV_CUDA_THREADS", str(threads))
-    monkeypatch.setenv("JITCONV_CUDA_CHANNELS", "2")
-    monkeypatch.delenv("JITCONV_CUDA_CONSTANT_LAYOUT", raising=False)
+    argument, reads blockDim and keeps the guard (tuning: compact_args, fixed_block and
+    exact_grid False), on a general and a short (decode) launch."""
+    tune(monkeypatch, threads=threads, channels=2)
     monkeypatch.setattr(cuda_backend, "_layouts", set())
     calls = _spy_get_kernel(monkeypatch)
     dtype = DTYPES[dtype_name]
@@ -111,9 +113,8 @@ def test_thread_block_shapes(cuda_device, monkeypatch, threads, dim, dtype_name)
                           dtype=dtype, ns_lengths=ns, sp_lengths=sp, rows="vllm",
                           initial="alternate", usm=True)
         results = []
-        for setting in ("", "0"):
-            for name in ("COMPACT_ARGS", "FIXED_BLOCK", "EXACT_GRID"):
-                monkeypatch.setenv(f"JITCONV_CUDA_{name}", setting)
+        for on in (True, False):
+            tune(monkeypatch, compact_args=on, fixed_block=on, exact_grid=on)
             state = case["conv_state"].clone()
             out = run_and_check(dict(case, conv_state=state), dtype=dtype,
                                 out=poisoned(tuple(case["x"].shape), dtype, usm=True))
@@ -134,7 +135,7 @@ def test_group_edges(cuda_device, monkeypatch, lookahead, rows):
     stores, then single tokens; blocks of 16): sequences of 0 tokens (the state rule
     only), 1, L - 1, L, L + 1, 16, 17 and longer; spec sequences of up to 9 tokens (more
     than one round of new-state reads from x)."""
-    monkeypatch.setenv("JITCONV_CUDA_LOOKAHEAD", str(lookahead))
+    tune(monkeypatch, lookahead=lookahead)
     L = lookahead
     ns = [0, 1, max(L - 1, 1), L, L + 1, 0, 16, 17, 2 * L + 3, 35]
     for seed, dtype in ((L, torch.float32), (L + 50, torch.bfloat16)):
@@ -147,32 +148,30 @@ def test_group_edges(cuda_device, monkeypatch, lookahead, rows):
 
 
 def _spy_get_kernel(monkeypatch):
-    """The arguments of every cuda_backend.get_kernel call, in order, as dicts by
-    parameter name (defaults filled in): which kernel each launch chose."""
-    import inspect
+    """The KernelSpec of every cuda_backend.get_kernel call, in order, as dicts by field
+    name: which kernel each launch chose."""
+    import dataclasses
     calls = []
     real = cuda_backend.get_kernel
-    signature = inspect.signature(real)
 
-    def spy(*args, **kwargs):
-        bound = signature.bind(*args, **kwargs)
-        bound.apply_defaults()
-        calls.append(dict(bound.arguments))
-        return real(*args, **kwargs)
+    def spy(spec):
+        calls.append(dataclasses.asdict(spec))
+        return real(spec)
 
     monkeypatch.setattr(cuda_backend, "get_kernel", spy)
     return calls
 
 
 def test_automatic_lookahead(cuda_device, monkeypatch):
-    """Without JITCONV_CUDA_LOOKAHEAD a launch whose blocks hold at most SHORT_LOOKAHEAD
-    tokens (decode and short spec steps) gets that lookahead, any other the default;
-    both give the reference's result."""
-    monkeypatch.delenv("JITCONV_CUDA_LOOKAHEAD", raising=False)
+    """With the automatic lookahead (the table's) a launch whose blocks hold at most
+    short_lookahead tokens (decode and short spec steps) gets that lookahead, any other
+    long_lookahead; both give the reference's result."""
     calls = _spy_get_kernel(monkeypatch)
-    short = cuda_backend.SHORT_LOOKAHEAD
+    table = tuning.CudaTuning()
+    short = table.short_lookahead
+    assert table.lookahead == 0  # automatic
     for ns, sp, expected in (([1, 1, 1], [short, 2, 1], short),
-                             ([1, short + 1], [1], cuda_backend.DEFAULT_LOOKAHEAD)):
+                             ([1, short + 1], [1], table.long_lookahead)):
         for dtype in (torch.float32, torch.bfloat16):
             calls.clear()
             case = mixed_step(torch.Generator().manual_seed(len(ns)), dim=DIM, width=4,
@@ -187,7 +186,7 @@ def _runs_with(monkeypatch, calls, case, dtype, setting, values):
     reference: per value, ((out bits, conv_state bits), the get_kernel calls it made)."""
     runs = []
     for value in values:
-        monkeypatch.setenv(setting, value)
+        tune(monkeypatch, **{setting: value})
         calls.clear()
         state = case["conv_state"].clone()
         out = run_and_check(dict(case, conv_state=state), dtype=dtype,
@@ -204,10 +203,9 @@ def test_short_kernels(cuda_device, monkeypatch, dtype_name, width, rows):
     the state update's one round when non-spec sequences hold 0..width-1 tokens and spec
     ones up to that round (pads of any length: sequence 5 is a pad of 9 tokens, and the
     first spec sequence a pad). Results equal the reference's and, bit for bit, the
-    general kernel's (JITCONV_CUDA_SHORT_KERNEL=0). One more token in one sequence, and
+    general kernel's (tuning short_kernel False). One more token in one sequence, and
     the general kernel runs."""
-    from jitconv.kernels_cuda import STATE_CHUNK_EXTRA
-    monkeypatch.delenv("JITCONV_CUDA_CHANNELS", raising=False)
+    from jitconv.backends.cuda.source import STATE_CHUNK_EXTRA
     calls = _spy_get_kernel(monkeypatch)
     dtype, S = DTYPES[dtype_name], width - 1
     K = S + STATE_CHUNK_EXTRA
@@ -230,11 +228,11 @@ def test_short_kernels(cuda_device, monkeypatch, dtype_name, width, rows):
             case["non_spec_state_indices"][5] = -1  # a pad of 9 tokens (one block)
         if sp:
             case["spec_state_indices"][0] = -1  # a spec pad (its whole block-table row)
-        runs = _runs_with(monkeypatch, calls, case, dtype, "JITCONV_CUDA_SHORT_KERNEL", "10")
-        for short, (_, used) in zip("10", runs):
+        runs = _runs_with(monkeypatch, calls, case, dtype, "short_kernel", (True, False))
+        for short, (_, used) in zip((True, False), runs):
             chosen = [c["short_tokens"] for c in used]
-            assert chosen == [expected if short == "1" else 0], (ns, sp, short)
-            assert [c["channels"] for c in used] == [cuda_backend.DEFAULT_CHANNELS[dtype_name]]
+            assert chosen == [expected if short else 0], (ns, sp, short)
+            assert [c["channels"] for c in used] == [tuning.CudaTuning().channels]
         (first, _), (second, _) = runs
         assert all(torch.equal(a, b) for a, b in zip(first, second)), (ns, sp)
 
@@ -247,8 +245,7 @@ def test_uniform_decode(cuda_device, monkeypatch, dtype_name, width):
     sequence 4 is a pad of 9 tokens); a sequence of 0 tokens with a cache line, or a
     window offset (non_spec_num_accepted_tokens or num_accepted_tokens > 1), gives the
     decode kernel that reads them. Results equal the reference's and, bit for bit, those
-    of the decode kernel without it (JITCONV_CUDA_UNIFORM_DECODE=0)."""
-    monkeypatch.delenv("JITCONV_CUDA_SHORT_KERNEL", raising=False)
+    of the decode kernel without it (tuning uniform_decode False)."""
     calls = _spy_get_kernel(monkeypatch)
     dtype = DTYPES[dtype_name]
     # (non-spec lengths, spec lengths, extra state columns, accepted counts to set, uniform)
@@ -266,14 +263,14 @@ def test_uniform_decode(cuda_device, monkeypatch, dtype_name, width):
             case["non_spec_state_indices"][4] = -1  # a pad of 9 tokens
         for key, values in accepted.items():
             case[key] = torch.tensor(values, dtype=torch.int32)
-        runs = _runs_with(monkeypatch, calls, case, dtype, "JITCONV_CUDA_UNIFORM_DECODE", "10")
-        for uniform, (_, used) in zip("10", runs):
+        runs = _runs_with(monkeypatch, calls, case, dtype, "uniform_decode", (True, False))
+        for uniform, (_, used) in zip((True, False), runs):
             assert [(c["short_tokens"], c["uniform_decode"]) for c in used] == \
-                [(1, expected and uniform == "1")], (ns, sp, accepted, uniform)
+                [(1, expected and uniform)], (ns, sp, accepted, uniform)
         (first, _), (second, _) = runs
         assert all(torch.equal(a, b) for a, b in zip(first, second)), (ns, sp, accepted)
-    from jitconv.kernel_template import kernel_source
-    from jitconv.kernels_cuda import CUDA
+    from jitconv.kernels.template import kernel_source
+    from jitconv.backends.cuda.source import CUDA
     for T in (0, width):  # only the decode kernel has one token per sequence
         with pytest.raises(ValueError, match="uniform_decode needs short_tokens 1"):
             kernel_source(width, "k", CUDA, 2, 4, state_chunk=width, short_tokens=T,
@@ -293,10 +290,9 @@ def test_layout_compiled_in(cuda_device, monkeypatch, dtype_name):
     (kernels_cuda.LAYOUT_ARGS, by default): each launch's kernel holds exactly that
     launch's values, on general and short (decode) kernels, strided and contiguous
     layouts, with and without bias, either state layout. Results equal the reference's
-    and, bit for bit, those of JITCONV_CUDA_CONSTANT_LAYOUT=0 (the values read as
+    and, bit for bit, those of tuning constant_layout False (the values read as
     arguments). Past MAX_LAYOUTS layouts a process runs the argument-reading kernel."""
-    from jitconv.kernels_cuda import LAYOUT_ARGS
-    monkeypatch.delenv("JITCONV_CUDA_CONSTANT_LAYOUT", raising=False)
+    from jitconv.backends.cuda.source import LAYOUT_ARGS
     monkeypatch.setattr(cuda_backend, "_layouts", set())  # earlier tests' layouts count
     calls = _spy_get_kernel(monkeypatch)
     dtype = DTYPES[dtype_name]
@@ -311,8 +307,8 @@ def test_layout_compiled_in(cuda_device, monkeypatch, dtype_name):
                           initial="alternate", strided=strided, bias=bias, layout=layout,
                           usm=True)
         results = []
-        for setting in ("", "0"):
-            monkeypatch.setenv("JITCONV_CUDA_CONSTANT_LAYOUT", setting)
+        for on in (True, False):
+            tune(monkeypatch, constant_layout=on)
             state = case["conv_state"].clone()
             out = run_and_check(dict(case, conv_state=state), dtype=dtype,
                                 activation=activation)
@@ -330,7 +326,7 @@ def test_layout_compiled_in(cuda_device, monkeypatch, dtype_name):
     assert len(seen) == 4
     # Past MAX_LAYOUTS, new layouts read their values as arguments; known ones keep theirs.
     monkeypatch.setattr(cuda_backend, "MAX_LAYOUTS", len(cuda_backend._layouts))
-    monkeypatch.setenv("JITCONV_CUDA_CONSTANT_LAYOUT", "")
+    tune(monkeypatch, constant_layout=None)
     case = build_mixed(71, dtype=dtype, width=4, dim=DIM + 4, usm=True)
     run_and_check(case, dtype=dtype)
     assert calls[-1]["layout"] is None
@@ -346,7 +342,7 @@ def test_layout_needs_every_parameter_once():
     kernel's parameter list (compact: the kernel takes the per-call arguments only), or
     keeps it renamed and unused; a source where one is missing (or there twice) is
     refused, not half bound."""
-    from jitconv.kernels_cuda import LAYOUT_ARGS, with_layout
+    from jitconv.backends.cuda.source import LAYOUT_ARGS, with_layout
     values = range(len(LAYOUT_ARGS))
     source = f"def k(x, {', '.join(LAYOUT_ARGS)}, n):\n    return dim\n"
     bound = with_layout(source, values)
@@ -360,15 +356,15 @@ def test_layout_needs_every_parameter_once():
             with_layout(f"def k(x, {', '.join(params)}):\n    return dim\n", values)
 
 
-# Layouts of test_row_groups: (x: skip, row stride; out: skip, row stride;
-# JITCONV_CUDA_CHANNELS, JITCONV_CUDA_ROW_GROUP, the largest group the layout allows), in
-# units of the test's DIM. One test per layout: pytest-xdist then spreads their compiles.
-ROW_GROUP_LAYOUTS = (((0, 0), (0, 0), None, "", 2), ((1, 0), (0, 0), None, "", 1),
-                     ((0, 0), (1, 0), None, "", 1), ((0, 2), (0, 1), None, "", 1),
-                     ((0, 2), (2, 4), None, "", 2), ((0, 0), (0, 0), "1", "", 1),
-                     ((0, 0), (0, 0), "4", "4", 4), ((2, 2), (0, 0), "4", "4", 2),
-                     ((0, 0), (4, 4), "4", "4", 4), ((0, 0), (0, 0), "2", "4", 2),
-                     ((0, 0), (0, 0), "4", "1", 4))
+# Layouts of test_row_groups: (x: skip, row stride; out: skip, row stride; tuning
+# channels, tuning row_group (None: the table's), the largest group the layout allows),
+# in units of the test's DIM. One test per layout: pytest-xdist then spreads their compiles.
+ROW_GROUP_LAYOUTS = (((0, 0), (0, 0), None, None, 2), ((1, 0), (0, 0), None, None, 1),
+                     ((0, 0), (1, 0), None, None, 1), ((0, 2), (0, 1), None, None, 1),
+                     ((0, 2), (2, 4), None, None, 2), ((0, 0), (0, 0), 1, None, 1),
+                     ((0, 0), (0, 0), 4, 4, 4), ((2, 2), (0, 0), 4, 4, 2),
+                     ((0, 0), (4, 4), 4, 4, 4), ((0, 0), (0, 0), 2, 4, 2),
+                     ((0, 0), (0, 0), 4, 1, 4))
 
 
 @pytest.mark.parametrize("layout", ROW_GROUP_LAYOUTS,
@@ -376,28 +372,24 @@ ROW_GROUP_LAYOUTS = (((0, 0), (0, 0), None, "", 2), ((1, 0), (0, 0), None, "", 1
 @pytest.mark.parametrize("width", [2, 4])
 @pytest.mark.parametrize("dtype_name", list(DTYPES))
 def test_row_groups(cuda_device, monkeypatch, dtype_name, width, layout):
-    """x and out rows accessed G channels at a time (G = JITCONV_CUDA_ROW_GROUP, default
-    2, in launches of the general kernel; in short kernels DEFAULT_SHORT_ROW_GROUP: 2 for
-    decode, for spec 2 in float32 and 1 in 16 bits), halved until G divides the channels
-    per thread and every group is aligned (the first element and the row stride): not
-    for an x or out that starts one element in, an out with an odd row stride, or one
-    channel per thread. Results equal the reference's and, bit for bit, those of
-    JITCONV_CUDA_ROW_GROUP=1 and JITCONV_CUDA_SHORT_ROW_GROUP=1; memory of out's buffer
-    outside its rows stays untouched."""
-    monkeypatch.delenv("JITCONV_CUDA_CHANNELS", raising=False)
+    """x and out rows accessed G channels at a time (the tuning's row_group: 2 in
+    launches of the general kernel, in short kernels 2 for decode, for spec 2 in float32
+    and 1 in 16 bits; an override applies to every kind), halved until G divides the
+    channels per thread and every group is aligned (the first element and the row
+    stride): not for an x or out that starts one element in, an out with an odd row
+    stride, or one channel per thread. Results equal the reference's and, bit for bit,
+    those of row_group 1; memory of out's buffer outside its rows stays untouched."""
     calls = _spy_get_kernel(monkeypatch)
     dtype = DTYPES[dtype_name]
     (x_skip, x_extra), (out_skip, out_extra), channels, setting, allowed = layout
     x_at, out_at = (x_skip, DIM + x_extra), (out_skip, DIM + out_extra)
-    # (non-spec lengths, spec lengths, JITCONV_CUDA_SHORT_KERNEL, general kernel)
-    steps = (([1, 17, 3, 35], [1, 4, 2], "1", True), ([1, 1, 1], [], "1", False),
-             ([1, 1, 1], [], "0", True), ([], [2, 1, 2], "1", False),
-             ([], [2, 1, 2], "0", True))
+    # (non-spec lengths, spec lengths, tuning short_kernel, general kernel)
+    steps = (([1, 17, 3, 35], [1, 4, 2], True, True), ([1, 1, 1], [], True, False),
+             ([1, 1, 1], [], False, True), ([], [2, 1, 2], True, False),
+             ([], [2, 1, 2], False, True))
     short_group = {1: 2, width: 2 if dtype_name == "float32" else 1}  # by T
     for ns, sp, short, general in steps:
-        if channels:
-            monkeypatch.setenv("JITCONV_CUDA_CHANNELS", channels)
-        monkeypatch.setenv("JITCONV_CUDA_SHORT_KERNEL", short)
+        tune(monkeypatch, channels=channels, short_kernel=short)
         seed = len(calls) + 7 * width + 13 * ROW_GROUP_LAYOUTS.index(layout)
         case = mixed_step(torch.Generator().manual_seed(seed), dim=DIM, width=width,
                           dtype=dtype, ns_lengths=ns, sp_lengths=sp, rows="vllm",
@@ -406,9 +398,8 @@ def test_row_groups(cuda_device, monkeypatch, dtype_name, width, layout):
         x, _ = _rows_view(tokens, DIM, dtype, *x_at)
         x.copy_(case["x"])
         results = []
-        for i, value in enumerate((setting, "1")):
-            monkeypatch.setenv("JITCONV_CUDA_ROW_GROUP", value)
-            monkeypatch.setenv("JITCONV_CUDA_SHORT_ROW_GROUP", "1" if i else "")
+        for value in (setting, 1):
+            tune(monkeypatch, row_group=value)
             state = case["conv_state"].clone()
             out, buffer = _rows_view(tokens, DIM, dtype, *out_at)
             outside = torch.ones(buffer.numel(), dtype=torch.bool)
@@ -420,17 +411,17 @@ def test_row_groups(cuda_device, monkeypatch, dtype_name, width, layout):
         used = [c["row_group"] for c in calls[-2:]]
         T = calls[-1]["short_tokens"]
         assert (T == 0) == general, (ns, sp, short)
-        group = min(int(setting or cuda_backend.DEFAULT_ROW_GROUP) if general
-                    else short_group[T], allowed)
+        group = min(setting or (tuning.CudaTuning().row_group if general else short_group[T]),
+                    allowed)
         assert used == [group, 1], (x_at, out_at, channels, setting, ns, sp)
         assert all(torch.equal(a, b) for a, b in zip(*results)), (x_at, out_at, ns, sp)
-        monkeypatch.delenv("JITCONV_CUDA_CHANNELS", raising=False)
+        tune(monkeypatch, channels=None)
     # A grouped layout ran grouped general kernels on every step of the general kernel
     # (the calls with ROW_GROUP 1 never are).
     assert sum(c["row_group"] > 1 for c in calls if not c["short_tokens"]) == \
-        (min(int(setting or 2), allowed) > 1) * sum(step[3] for step in steps)
-    from jitconv.kernel_template import kernel_source
-    from jitconv.kernels_cuda import CUDA
+        (min(setting or 2, allowed) > 1) * sum(step[3] for step in steps)
+    from jitconv.kernels.template import kernel_source
+    from jitconv.backends.cuda.source import CUDA
     for C, G in ((1, 2), (2, 4), (4, 3)):
         with pytest.raises(ValueError, match="row_group must be 1, 2 or 4 and divide"):
             kernel_source(width, "k", CUDA, C, 4, state_chunk=width, row_group=G)
@@ -471,10 +462,6 @@ def test_grouped_state_and_vector_taps(cuda_device, monkeypatch, dtype_name, wid
     weight, one starting one element in, or width 3. Results equal the reference's and,
     bit for bit, those with all three off (and single-channel accesses in short
     kernels); the memory around the state's and the weight's views stays untouched."""
-    monkeypatch.delenv("JITCONV_CUDA_CHANNELS", raising=False)
-    for name in ("JITCONV_CUDA_GROUP_STATE", "JITCONV_CUDA_VECTOR_TAPS",
-                 "JITCONV_CUDA_EARLY_WEIGHTS", "JITCONV_CUDA_SHORT_ROW_GROUP"):
-        monkeypatch.delenv(name, raising=False)
     calls = _spy_get_kernel(monkeypatch)
     dtype = DTYPES[dtype_name]
     ns, sp, T = step
@@ -493,19 +480,17 @@ def test_grouped_state_and_vector_taps(cuda_device, monkeypatch, dtype_name, wid
     weight, w_outside = _in_buffer(w_buffer, (DIM, width), w_strides, w_skip, case["weight"])
     G = 1 if T > 1 and dtype_name != "float32" else 2  # 16-bit spec kernels: 1
     results = []
-    for setting in ("", "0"):
-        for name in ("JITCONV_CUDA_GROUP_STATE", "JITCONV_CUDA_VECTOR_TAPS",
-                     "JITCONV_CUDA_EARLY_WEIGHTS"):
-            monkeypatch.setenv(name, setting)
-        monkeypatch.setenv("JITCONV_CUDA_SHORT_ROW_GROUP", "1" if setting else "")
+    for on in (True, False):
+        off = None if on else False  # None: the table's value
+        tune(monkeypatch, group_state=off, vector_taps=off, early_weights=off,
+             row_group=None if on or not T else 1)
         state_buffer.fill_(POISON)
         state, s_outside = _in_buffer(state_buffer, *shape_strides, s_skip, values)
         calls.clear()
         out = run_and_check(dict(case, conv_state=state, weight=weight), dtype=dtype)
         chosen = calls[-1]
-        where = (width, ns, sp, storage, s_skip, transposed, w_skip, setting)
+        where = (width, ns, sp, storage, s_skip, transposed, w_skip, on)
         assert chosen["short_tokens"] == T, where
-        on = setting == ""
         assert chosen["row_group"] == (G if on or not T else 1), where
         assert chosen["group_state"] == (on and bool(T) and G > 1 and grouped), where
         assert chosen["vector_taps"] == (on and width == 4 and vector), where
@@ -522,9 +507,9 @@ def test_pointer_signature():
     x, out, weight, bias and state, int32 for the tables; scalars int64. A kernel with a
     compiled-in layout takes the per-call arguments only (CALL_ARGS), typed the same."""
     from numba import types
-    from jitconv.kernel_abi import CONV_ARGS
-    from jitconv.kernels_cuda import (ARG_NAMES, CALL_ARGS, EXTRA_ARGS, LAYOUT_ARGS,
-                                      pointer_signature)
+    from jitconv.kernels.abi import CONV_ARGS
+    from jitconv.backends.cuda.kernels import pointer_signature
+    from jitconv.backends.cuda.source import ARG_NAMES, CALL_ARGS, EXTRA_ARGS, LAYOUT_ARGS
     assert CALL_ARGS == ("x", "out", "weight", "bias", "state", "tables", "rows", "blocks",
                          "num_blocks")
     assert not set(CALL_ARGS) & set(LAYOUT_ARGS)
@@ -545,132 +530,14 @@ def test_pointer_signature():
             assert not expected
 
 
-def test_settings_are_checked(monkeypatch):
-    for name in ("JITCONV_CUDA_CHANNELS", "JITCONV_CUDA_LOOKAHEAD", "JITCONV_FAST_EXP",
-                 "JITCONV_CUDA_MAX_REGISTERS", "JITCONV_CUDA_SHORT_KERNEL",
-                 "JITCONV_CUDA_ROW_GROUP"):
-        monkeypatch.delenv(name, raising=False)
-    assert cuda_backend._row_group_setting() == cuda_backend.DEFAULT_ROW_GROUP
-    monkeypatch.setenv("JITCONV_CUDA_ROW_GROUP", "1")
-    assert cuda_backend._row_group_setting() == 1
-    monkeypatch.delenv("JITCONV_CUDA_ROW_GROUP")
-    assert cuda_backend._short_kernel() is cuda_backend.DEFAULT_SHORT_KERNEL
-    monkeypatch.setenv("JITCONV_CUDA_SHORT_KERNEL", "0")
-    assert cuda_backend._short_kernel() is False
-    monkeypatch.delenv("JITCONV_CUDA_SHORT_KERNEL")
-    assert cuda_backend.channels_for(8192, "bfloat16") == cuda_backend.DEFAULT_CHANNELS["bfloat16"]
-    assert cuda_backend.channels_for(8192, "float32") == cuda_backend.DEFAULT_CHANNELS["float32"]
-    assert cuda_backend._lookahead() == cuda_backend.DEFAULT_LOOKAHEAD
-    short = cuda_backend.SHORT_LOOKAHEAD
-    assert [cuda_backend._lookahead(n) for n in (0, 1, short, short + 1, 16)] == \
-        [short] * 3 + [cuda_backend.DEFAULT_LOOKAHEAD] * 2
-    monkeypatch.setenv("JITCONV_CUDA_LOOKAHEAD", "16")
-    assert cuda_backend._lookahead(1) == 16  # a setting applies to every launch
-    monkeypatch.delenv("JITCONV_CUDA_LOOKAHEAD")
-    assert cuda_backend._fast_exp() is cuda_backend.DEFAULT_FAST_EXP
-    assert cuda_backend._max_registers() == (cuda_backend.DEFAULT_MAX_REGISTERS or None)
-    monkeypatch.delenv("JITCONV_CUDA_CONSTANT_LAYOUT", raising=False)
-    assert cuda_backend._constant_layout() is cuda_backend.DEFAULT_CONSTANT_LAYOUT
-    monkeypatch.setenv("JITCONV_CUDA_CONSTANT_LAYOUT", "0")
-    assert cuda_backend._constant_layout() is False
-    monkeypatch.delenv("JITCONV_CUDA_CONSTANT_LAYOUT")
-    monkeypatch.setenv("JITCONV_CUDA_MAX_REGISTERS", "64")
-    assert cuda_backend._max_registers() == 64
-    monkeypatch.setenv("JITCONV_CUDA_MAX_REGISTERS", "0")
-    assert cuda_backend._max_registers() is None
-    monkeypatch.setenv("JITCONV_CUDA_CHANNELS", "4")
-    assert (cuda_backend.channels_for(12), cuda_backend.channels_for(10)) == (4, 2)
-    monkeypatch.setenv("JITCONV_FAST_EXP", "0")
-    assert cuda_backend._fast_exp() is False
-    monkeypatch.setenv("JITCONV_FAST_EXP", "1")
-    assert cuda_backend._fast_exp() is True
-    for name, bad in (("JITCONV_CUDA_CHANNELS", "3"), ("JITCONV_CUDA_LOOKAHEAD", "3"),
-                      ("JITCONV_FAST_EXP", "yes"), ("JITCONV_CUDA_MAX_REGISTERS", "60"),
-                      ("JITCONV_CUDA_MAX_REGISTERS", "many"),
-                      ("JITCONV_CUDA_SHORT_KERNEL", "yes"), ("JITCONV_CUDA_ROW_GROUP", "3"),
-                      ("JITCONV_CUDA_CONSTANT_LAYOUT", "yes")):
-        monkeypatch.setenv(name, bad)
-        with pytest.raises(ValueError, match=name):
-            cuda_backend.channels_for(12)
-            cuda_backend._lookahead()
-            cuda_backend._fast_exp()
-            cuda_backend._max_registers()
-            cuda_backend._short_kernel()
-            cuda_backend._row_group_setting()
-            cuda_backend._constant_layout()
-        monkeypatch.delenv(name)
-
-
-def test_compiled_layout_settings_are_checked(monkeypatch):
-    """The three 0 / 1 settings of kernels with a compiled-in layout: their defaults when
-    unset, off with 0, anything else refused with the setting's name."""
-    for name, read, default in (
-            ("JITCONV_CUDA_COMPACT_ARGS", cuda_backend._compact_args,
-             cuda_backend.DEFAULT_COMPACT_ARGS),
-            ("JITCONV_CUDA_FIXED_BLOCK", cuda_backend._fixed_block,
-             cuda_backend.DEFAULT_FIXED_BLOCK),
-            ("JITCONV_CUDA_EXACT_GRID", cuda_backend._exact_grid,
-             cuda_backend.DEFAULT_EXACT_GRID)):
-        monkeypatch.delenv(name, raising=False)
-        assert read() is default is True
-        monkeypatch.setenv(name, "0")
-        assert read() is False
-        monkeypatch.setenv(name, "on")
-        with pytest.raises(ValueError, match=name):
-            read()
-        monkeypatch.delenv(name)
-
-
-def test_short_kernel_settings_are_checked(monkeypatch):
-    """The settings of short kernels' accesses: defaults by kind of kernel, 0/1 (or a
-    group) for all kernels, anything else refused with the setting's name."""
-    names = ("JITCONV_CUDA_SHORT_ROW_GROUP", "JITCONV_CUDA_GROUP_STATE",
-             "JITCONV_CUDA_EARLY_WEIGHTS", "JITCONV_CUDA_VECTOR_TAPS")
-    for name in names:
-        monkeypatch.delenv(name, raising=False)
-    short = cuda_backend.DEFAULT_SHORT_ROW_GROUP
-    assert [cuda_backend._short_row_group(1, "bfloat16"), cuda_backend._short_row_group(4, "bfloat16"),
-            cuda_backend._short_row_group(4, "float32")] == \
-        [short["decode"], short["spec"], short["spec float32"]] == [2, 1, 2]
-    for kind, T in (("short", 1), ("general", 0)):
-        assert cuda_backend._group_state(T) is cuda_backend.DEFAULT_GROUP_STATE[kind]
-        assert cuda_backend._early_weights(T) is cuda_backend.DEFAULT_EARLY_WEIGHTS[kind]
-    weight = torch.zeros(8, 4)
-    assert cuda_backend.vector_taps_for(weight) is cuda_backend.DEFAULT_VECTOR_TAPS is True
-    assert not cuda_backend.vector_taps_for(torch.zeros(8, 3))
-    monkeypatch.setenv("JITCONV_CUDA_SHORT_ROW_GROUP", "4")
-    assert cuda_backend._short_row_group(4, "bfloat16") == 4
-    for name, call in zip(names[1:], (cuda_backend._group_state, cuda_backend._early_weights)):
-        monkeypatch.setenv(name, "1")
-        assert call(0) is True
-        monkeypatch.setenv(name, "0")
-        assert call(1) is False
-    monkeypatch.setenv("JITCONV_CUDA_VECTOR_TAPS", "0")
-    assert cuda_backend.vector_taps_for(weight) is False
-    assert cuda_backend.DEFAULT_UNIFORM_DECODE is True
-    assert cuda_backend._uniform_decode(None, 0) is False  # not a decode kernel: no plan read
-    monkeypatch.setenv("JITCONV_CUDA_UNIFORM_DECODE", "yes")
-    with pytest.raises(ValueError, match="JITCONV_CUDA_UNIFORM_DECODE"):
-        cuda_backend._uniform_decode(None, 1)
-    monkeypatch.delenv("JITCONV_CUDA_UNIFORM_DECODE")
-    for name, call in zip(names, (lambda: cuda_backend._short_row_group(1, "float32"),
-                                  lambda: cuda_backend._group_state(1),
-                                  lambda: cuda_backend._early_weights(1),
-                                  lambda: cuda_backend.vector_taps_for(weight))):
-        monkeypatch.setenv(name, "3")
-        with pytest.raises(ValueError, match=name):
-            call()
-        monkeypatch.delenv(name)
-
-
 def test_bf16_rounding_instruction_only_where_the_gpu_has_it(monkeypatch):
     """PTX cvt.rn.bf16.f32 needs compute capability 8.0: older GPUs get the portable
     rounding (the simulator always does: it runs Python)."""
-    monkeypatch.setattr(cuda_backend, "simulating", lambda: False)
+    monkeypatch.setattr(cuda_devices, "simulating", lambda: False)
     for capability, expected in (((7, 5), False), ((8, 0), True), ((9, 0), True)):
-        monkeypatch.setattr(cuda_backend, "_capability", {})
+        monkeypatch.setattr(cuda_devices, "_capability", {})
         monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d, c=capability: c)
-        assert cuda_backend.native_bf16(torch.device("cuda:0")) is expected, capability
+        assert cuda_devices.native_bf16(torch.device("cuda:0")) is expected, capability
 
 
 @pytest.mark.parametrize("dtype_name", list(DTYPES))
@@ -732,7 +599,7 @@ def test_plan_runs_every_layer(cuda_device):
                 activation=None)
         assert_outputs_close(got, ref_out, dtype)
         assert_state_exact(state, ref_state)
-    assert len(plan.__dict__["_cuda_tables"]) == 1
+    assert len(cuda_backend._plan_state(plan)["tables"]) == 1
 
 
 def test_update_decode(cuda_device):

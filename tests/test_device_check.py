@@ -13,7 +13,10 @@ import pytest
 import torch
 
 import jitconv
-from jitconv import _bootstrap, device_check, launching, run_cache
+from jitconv.backends.sycl import bootstrap
+from jitconv.backends.sycl import device_check
+from jitconv.backends.sycl import launching
+from jitconv.backends.sycl import run_cache
 
 from helpers import bits, mixed_step, poisoned
 
@@ -33,7 +36,7 @@ ZEN5 = AVX2 | AVX512 | {"avx512_bf16", "avx512_vp2intersect", "avx512_vnni"}
     ("GenuineIntel", AVX2, None),
 ])
 def test_cpu_target_from_flags(vendor, flags, target):
-    assert _bootstrap.cpu_target_arch(vendor, flags) == target
+    assert bootstrap.cpu_target_arch(vendor, flags) == target
 
 
 def test_host_cpu_reads_cpuinfo(tmp_path):
@@ -41,15 +44,15 @@ def test_host_cpu_reads_cpuinfo(tmp_path):
     path.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 26\n"
                     "flags\t\t: fpu sse4_2 avx avx2 avx512f\n\nprocessor\t: 1\n"
                     "vendor_id\t: AuthenticAMD\nflags\t\t: fpu\n")
-    assert _bootstrap.host_cpu(path) == ("AuthenticAMD", {"fpu", "sse4_2", "avx", "avx2",
+    assert bootstrap.host_cpu(path) == ("AuthenticAMD", {"fpu", "sse4_2", "avx", "avx2",
                                                           "avx512f"})
-    assert _bootstrap.host_cpu(tmp_path / "missing") == (None, set())
+    assert bootstrap.host_cpu(tmp_path / "missing") == (None, set())
 
 
 CHILD = """
 import json, os, jitconv
-from jitconv import _bootstrap
-print(json.dumps([os.environ.get("CL_CONFIG_CPU_TARGET_ARCH"), _bootstrap.cpu_target_set,
+from jitconv.backends.sycl import bootstrap
+print(json.dumps([os.environ.get("CL_CONFIG_CPU_TARGET_ARCH"), bootstrap.cpu_target_set,
                   jitconv.devices()]))
 """
 
@@ -64,9 +67,9 @@ def _child(**env):
 
 
 def test_bootstrap_sets_the_target_before_the_runtime_loads(sycl_device):
-    vendor, flags = _bootstrap.host_cpu()
-    want = _bootstrap.cpu_target_arch(vendor, flags)  # None on an Intel host
-    year = _bootstrap.cpu_runtime_year()
+    vendor, flags = bootstrap.host_cpu()
+    want = bootstrap.cpu_target_arch(vendor, flags)  # None on an Intel host
+    year = bootstrap.cpu_runtime_year()
     if year is not None and year >= 2026:
         want = None  # the 2026 runtimes pick their own target
     value, set_by_us, listed = _child()
@@ -212,7 +215,7 @@ def test_check_off_is_a_setting(sycl_device, fresh_checks, monkeypatch):
     jitconv.causal_conv1d_mixed(**_step())  # not checked, so not refused
     assert not list(fresh_checks.glob("*.json"))
     done = subprocess.run(
-        [sys.executable, "-c", "from jitconv import device_check; print(device_check.ENABLED)"],
+        [sys.executable, "-c", "from jitconv.backends.sycl import device_check; print(device_check.ENABLED)"],
         env=dict(os.environ, JITCONV_DEVICE_CHECK="0"), capture_output=True, text=True,
         timeout=300)
     assert done.stdout.strip().splitlines()[-1] == "False", done.stderr[-2000:]
@@ -227,7 +230,7 @@ def test_check_command_prints_every_verdict(sycl_device, tmp_path):
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     verdicts = [line for line in done.stdout.splitlines() if line.startswith("  width ")
                 and "ms)" in line]
-    assert len(verdicts) == len(jitconv.launching.kernel_cache.specializations())
+    assert len(verdicts) == len(jitconv.backends.sycl.launching.kernel_cache.specializations())
     assert all(" passed " in line for line in verdicts), verdicts
     assert done.stdout.strip().endswith("check: OK")
     assert len(list((tmp_path / "checks").glob("*.json"))) == len(verdicts)

@@ -78,7 +78,7 @@ def test_bad_device_in_environment_is_an_error():
 
 
 def test_empty_and_zeros_are_usm_torch_tensors(sycl_device):
-    from jitconv import bridge
+    from jitconv.memory import bridge
     for dtype in (torch.float32, torch.bfloat16, torch.float16, torch.int32):
         t = jitconv.zeros((3, 5), dtype)
         assert isinstance(t, torch.Tensor) and t.device.type == "cpu"
@@ -92,7 +92,7 @@ def test_empty_and_zeros_are_usm_torch_tensors(sycl_device):
 @pytest.mark.gpu
 def test_torch_xpu_tensors_are_zero_copy(sycl_device):
     """On an Intel GPU with torch XPU: DLPack import is zero-copy (bf16 as int16)."""
-    from jitconv import bridge
+    from jitconv.memory import bridge
     if not (hasattr(torch, "xpu") and torch.xpu.is_available()):
         pytest.skip("torch has no XPU device here")
     for dtype in (torch.float32, torch.bfloat16, torch.float16):
@@ -109,9 +109,9 @@ def test_import_preloads_only_what_dpctl_needs():
             "    return sorted({l.split('/')[-1].strip() for l in open('/proc/self/maps')\n"
             "                   if 'libmkl' in l})\n"
             "import jitconv\n"
-            "from jitconv import _bootstrap\n"
+            "from jitconv.backends.sycl import bootstrap\n"
             "jitconv.devices()\n"
-            "before = mkl(), [n for n in _bootstrap.preloaded if 'mkl' in n]\n"
+            "before = mkl(), [n for n in bootstrap.preloaded if 'mkl' in n]\n"
             "import dpnp\n"
             "dpnp.arange(3, device=jitconv.get_queue())\n"
             "print(before == ([], []), len(mkl()) > 0, 'numba_dpex' in sys.modules)\n")
@@ -119,16 +119,17 @@ def test_import_preloads_only_what_dpctl_needs():
 
 
 def test_runtime_found_from_distribution_records():
-    from jitconv import _bootstrap
-    libs = _bootstrap.runtime_libraries()
+    from jitconv.backends.sycl import bootstrap
+    libs = bootstrap.runtime_libraries()
     sycl = [name for name in libs if name.startswith("libsycl.so.")]
     assert sycl and all(libs[n].exists() for n in sycl)
-    assert _bootstrap.runtime_lib_dir() == libs[sycl[0]].parent
+    assert bootstrap.runtime_lib_dir() == libs[sycl[0]].parent
     assert "libintelocl.so" in libs  # intel-opencl-rt: the opencl:cpu ICD
 
 
 def test_no_device_because_dpctl_came_first_is_explained():
-    lib = str(__import__("jitconv")._bootstrap.runtime_lib_dir())
+    from jitconv.backends.sycl import bootstrap
+    lib = str(bootstrap.runtime_lib_dir())
     code = ("import dpctl\n"
             "dpctl.get_devices()\n"
             "import jitconv\n"

@@ -37,7 +37,8 @@ ENVIRONMENTS = {  # name: (requirements file, venv, dpctl version, kernels)
 }
 TEST_FILES = ("test_mixed.py", "test_validation.py", "test_vllm.py",
               "test_causal_conv1d_fn.py", "test_dlpack.py", "test_plan.py",
-              "test_run_cache.py", "test_plan_cache.py", "test_device_check.py")
+              "test_run_cache.py", "test_plan_cache.py", "test_device_check.py",
+              "test_golden_kernels.py")
 SUPPORT_FILES = ("conftest.py", "helpers.py")
 # Needs dpctl.tensor to make an array on another queue: not available with dpctl 0.22.
 DESELECT = "test_validation.py::test_bad_input_raises_and_leaves_state[different devices]"
@@ -146,6 +147,7 @@ def test_installed_wheel_runs_the_kernel_tests_without_numba_dpex(environment):
     tests.mkdir()
     for name in TEST_FILES + SUPPORT_FILES:
         shutil.copy(ROOT / "tests" / name, tests / name)
+    shutil.copytree(ROOT / "tests" / "golden", tests / "golden")  # test_golden_kernels'
     report = work / "report.json"
     run_env = dict(env, JITCONV_RUN_REPORT=str(report), CI="true")
     out = _run([str(py), "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir",
@@ -172,7 +174,7 @@ def test_installed_wheel_runs_the_kernel_tests_without_numba_dpex(environment):
 
 MISSING = """
 import torch, jitconv
-from jitconv.launching import KernelUnavailableError
+from jitconv.backends.sycl.launching import KernelUnavailableError
 try:
     jitconv.causal_conv1d_update(torch.randn(2, 8), torch.randn(8, 3), None,
                                  torch.randn(2, 8, 2), torch.arange(2, dtype=torch.int32))

@@ -26,9 +26,11 @@ from helpers import DTYPES, TOLERANCE, bits, make_state, randn
 CHILD = """
 import json, sys, torch
 import jitconv
-from jitconv import kernel_abi, kernel_cache, launching
+from jitconv.kernels import abi as kernel_abi
+from jitconv.backends.sycl import kernel_cache
+from jitconv.backends.sycl import launching
 from jitconv.reference import causal_conv1d_reference
-from jitconv.steps import mixed_step
+from jitconv.testing.steps import mixed_step
 from helpers import assert_outputs_close, assert_state_exact, bits, poisoned
 
 def run(step):
@@ -116,7 +118,7 @@ NANS = {"bfloat16": [0x7F81, 0x7FBF, 0x7FC0, 0x7FC1, 0x7FFF, 0xFF81, 0xFFC0, 0xF
 def test_nan_of_any_payload_and_inf_come_out_as_the_reference(sycl_device):
     """The default (fast silu) 16-bit kernels give NaN for every NaN input payload and
     infinities their float result."""
-    from jitconv import kernel_abi
+    from jitconv.kernels import abi as kernel_abi
     if any(kernel_abi.fast_silu(d) != kernel_abi.DEFAULT_FAST_SILU[d] for d in NANS):
         pytest.skip("JITCONV_FAST_EXP overrides the default kernels in this process")
     gen = torch.Generator().manual_seed(21)
@@ -155,7 +157,7 @@ def test_nan_of_any_payload_and_inf_come_out_as_the_reference(sycl_device):
 
 
 def test_the_variable_selects_the_variant_and_a_wrong_value_is_an_error(monkeypatch):
-    from jitconv import kernel_abi
+    from jitconv.kernels import abi as kernel_abi
     for value, want in ((None, kernel_abi.DEFAULT_FAST_SILU), ("", kernel_abi.DEFAULT_FAST_SILU),
                         ("0", dict.fromkeys(DTYPES, False)), ("1", dict.fromkeys(DTYPES, True))):
         monkeypatch.setattr(kernel_abi, "FAST_EXP", value)

@@ -11,13 +11,14 @@ import sys
 import pytest
 
 import jitconv
-from jitconv import kernel_cache
+from jitconv.backends.sycl import kernel_cache
 
 # A child process: one update call, then what the launcher did, as JSON.
 CHILD = """
 import json, sys, time, torch
 import jitconv
-from jitconv import kernel_cache, launching
+from jitconv.backends.sycl import kernel_cache
+from jitconv.backends.sycl import launching
 x, w, st = torch.randn(3, 40), torch.randn(40, 4), torch.randn(3, 40, 3)
 ref, ref_state = jitconv.reference.causal_conv1d_reference(
     x, w, None, st, non_spec_query_start_loc=[0, 1, 2, 3], non_spec_state_indices=[0, 1, 2])
@@ -113,33 +114,61 @@ def _store_old_entry(tmp_path, monkeypatch):
     return kernel_cache.key(4, "float32")
 
 
-def _edit_kernel_source(tmp_path, monkeypatch):
-    """A copy of the package's source files in which the kernel template changed."""
+def _edit_kernel_source(monkeypatch):
+    """The generated kernel source changes (as an edit of the template would make it)."""
+    from jitconv.backends.sycl import source
+    template = source._template_source
+    monkeypatch.setattr(source, "_template_source", lambda *a, **k: template(*a, **k).replace(
+        "acc_0 = bias_c_0" if "acc_0 = bias_c_0" in template(*a, **k) else "acc = bias_c",
+        "acc = F32_ZERO + bias_c", 1) + "\n")
+
+
+def _copy_codegen(tmp_path, monkeypatch, edit):
+    """A copy of the codegen modules with ``edit`` applied to the SYCL one's text."""
     src = tmp_path / "src"
-    src.mkdir()
-    for name in kernel_cache.SOURCE_FILES:
-        (src / name).write_bytes((kernel_cache._PACKAGE_DIR / name).read_bytes())
-    template = src / "kernel_template.py"
-    text = template.read_text()
-    assert "acc{J} = bias_c{J}" in text
-    template.write_text(text.replace("acc{J} = bias_c{J}", "acc{J} = F32_ZERO + bias_c{J}", 1))
+    for name in kernel_cache.CODEGEN_FILES:
+        (src / name).parent.mkdir(parents=True, exist_ok=True)
+        (src / name).write_text((kernel_cache._PACKAGE_DIR / name).read_text())
+    path = src / kernel_cache.CODEGEN_FILES[0]
+    path.write_text(edit(path.read_text()))
     monkeypatch.setattr(kernel_cache, "_PACKAGE_DIR", src)
+    kernel_cache._code_fingerprint.cache_clear()
+    monkeypatch.setattr(kernel_cache, "_code_fingerprint", kernel_cache._code_fingerprint)
 
 
-@pytest.mark.parametrize("change", ["kernel source", "ABI", "jitconv version"])
+@pytest.fixture(autouse=True)
+def _fresh_fingerprint():
+    kernel_cache._code_fingerprint.cache_clear()
+    yield
+    kernel_cache._code_fingerprint.cache_clear()
+
+
+@pytest.mark.parametrize("change", ["kernel source", "codegen code", "ABI", "jitconv version"])
 def test_key_changes_with_what_changes_the_code(tmp_path, monkeypatch, change):
     """Each input of the generated code gives a new key, and an entry stored under the old
     key is never loaded for the new code."""
     old_key = _store_old_entry(tmp_path, monkeypatch)
     if change == "kernel source":
-        _edit_kernel_source(tmp_path, monkeypatch)
+        _edit_kernel_source(monkeypatch)
+    elif change == "codegen code":
+        _copy_codegen(tmp_path, monkeypatch,
+                      lambda text: text.replace("def _element(array, index):\n    return array[index]",
+                                                "def _element(array, index):\n    return array[index + 0]"))
     elif change == "ABI":
         monkeypatch.setattr(kernel_cache, "CONV_ARGS",
                             kernel_cache.CONV_ARGS + (("extra", 0, "int64", None),))
     else:
-        monkeypatch.setattr(jitconv, "__version__", jitconv.__version__ + ".post1")
+        monkeypatch.setattr(kernel_cache, "__version__", kernel_cache.__version__ + ".post1")
     assert kernel_cache.key(4, "float32") != old_key
     assert kernel_cache.load(4, "float32") is None
+
+
+def test_comments_and_docstrings_do_not_change_the_key(tmp_path, monkeypatch):
+    """Editing what is not code (a comment, a docstring) of the codegen rebuilds nothing."""
+    old_key = kernel_cache.key(4, "float32")
+    _copy_codegen(tmp_path, monkeypatch, lambda text: text.replace(
+        '"""', '"""Edited. ', 1).replace("\n\n\n", "\n\n\n# a new comment\n", 1))
+    assert kernel_cache.key(4, "float32") == old_key
 
 
 def test_key_separates_widths_and_dtypes():

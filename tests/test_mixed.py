@@ -2,83 +2,17 @@
 verify sequences in one invocation, against the float64 reference and the invariants of
 docs/SEMANTICS.md."""
 
-import itertools
-
 import pytest
 import torch
 
 import jitconv
-from jitconv import launching, run_cache
+from jitconv.backends.sycl import launching
+from jitconv.backends.sycl import run_cache
 from jitconv.reference import causal_conv1d_reference
 
-from helpers import (DTYPES, assert_outputs_close, assert_state_exact, bits, cumulative,
-                     make_state, mixed_step, poisoned, randn, split_step, token_rows,
-                     wide_choices)
-
-def build_mixed(seed, *, dtype, width, dim, layout="SD", use_bias=True, pads=True,
-                shuffle=True, usm=False, non_spec=True, spec=True, spec_2d=True,
-                non_spec_accepted=False, strided=False):
-    """kwargs for one mixed step; the same names serve jitconv and the reference.
-    Non-spec lengths {1, 2, width-1, 8, 129} in random order, six ragged spec sequences
-    of 1 + (0..4) tokens, one pad of each kind, 2 spare state columns, 3 unused lines."""
-    gen = torch.Generator().manual_seed(seed)
-    ns_lengths = [1, 2, width - 1, 8, 129] if non_spec else []
-    ns_lengths = [ns_lengths[i] for i in torch.randperm(len(ns_lengths), generator=gen)]
-    sp_lengths = torch.randint(1, 6, (6,), generator=gen).tolist() if spec else []
-    return mixed_step(gen, dim=dim, width=width, dtype=dtype, ns_lengths=ns_lengths,
-                      sp_lengths=sp_lengths, rows="shuffled" if shuffle else "plain",
-                      ns_pads=int(pads), sp_pads=int(pads), initial="alternate",
-                      spec_columns=4 if spec_2d else 1, extra_state_columns=2,
-                      extra_lines=3, layout=layout, bias=use_bias, usm=usm,
-                      strided=strided, non_spec_accepted=non_spec_accepted)
-
-
-def used_lines(case):
-    lines = []
-    for key in ("non_spec_state_indices", "spec_state_indices"):
-        if key in case:
-            t = case[key]
-            lines += (t[:, 0] if t.dim() == 2 else t).tolist()
-    return [line for line in lines if line >= 0]
-
-
-def run_and_check(case, *, dtype, activation="silu", out=None):
-    before = bits(case["conv_state"])
-    ref_out, ref_state = causal_conv1d_reference(activation=activation, **case)
-    result = jitconv.causal_conv1d_mixed(activation=activation, out=out, **case)
-    if out is not None:
-        assert result is out
-    assert_outputs_close(result, ref_out, dtype)
-    assert_state_exact(case["conv_state"], ref_state)
-    unused = torch.ones(case["conv_state"].shape[0], dtype=torch.bool)
-    unused[used_lines(case)] = False
-    assert torch.equal(bits(case["conv_state"])[unused], before[unused])
-    return result
-
-
-GRID = list(itertools.product(
-    DTYPES, (2, 3, 4, 5), ("SD", "DS"), (False, True), (False, True),
-    (("silu", True), (None, False), ("silu", False), (None, True))))
-
-
-def grid_ids(grid):
-    return ["-".join(str(v) for v in p[:5]) + f"-{p[5][0]}-bias{p[5][1]}" for p in grid]
-
-
-def check_grid_case(params, dim, usm=False, on_device=None):
-    """One case of GRID (its index is the seed): built, run with a poisoned out, and
-    compared with the reference. ``on_device``: a check of the built case's tensors."""
-    dtype_name, width, layout, pads, shuffle, (activation, use_bias) = params
-    dtype = DTYPES[dtype_name]
-    seed = GRID.index(params)
-    case = build_mixed(seed, dtype=dtype, width=width, dim=dim, layout=layout,
-                       use_bias=use_bias, pads=pads, shuffle=shuffle, usm=usm,
-                       spec_2d=bool(seed % 2), strided=bool(seed % 3 == 0))
-    if on_device is not None:
-        on_device(case)
-    out = poisoned(tuple(case["x"].shape), dtype, usm=usm)
-    run_and_check(case, dtype=dtype, activation=activation, out=out)
-
+from helpers import (DTYPES, GRID, assert_outputs_close, assert_state_exact, bits,
+                     build_mixed, check_grid_case, check_mixed_equals_split, cumulative,
+                     grid_ids, make_state, poisoned, randn, run_and_check, wide_choices)
 
 @pytest.mark.parametrize("params", GRID, ids=grid_ids(GRID))
 def test_mixed_grid(sycl_device, params):
@@ -257,20 +191,6 @@ def test_mixed_equals_spec_call_plus_non_spec_call(sycl_device, dtype_name, shuf
     """Same rows, same states, bit for bit: the single invocation changes nothing."""
     check_mixed_equals_split(build_mixed(21, dtype=DTYPES[dtype_name], width=4, dim=136,
                                          shuffle=shuffle))
-
-
-def check_mixed_equals_split(case):
-    """The mixed call and its two halves as separate calls agree bit for bit (outputs
-    of each half's rows, and the states)."""
-    split_state = case["conv_state"].clone()
-    mixed = jitconv.causal_conv1d_mixed(**case)
-    non_spec_only, spec_only = split_step(case, conv_state=split_state)
-    out_ns = jitconv.causal_conv1d_mixed(**non_spec_only)
-    out_sp = jitconv.causal_conv1d_mixed(**spec_only)
-    ns_rows, sp_rows = token_rows(case, "non_spec"), token_rows(case, "spec")
-    assert torch.equal(bits(mixed)[ns_rows], bits(out_ns)[ns_rows])
-    assert torch.equal(bits(mixed)[sp_rows], bits(out_sp)[sp_rows])
-    assert torch.equal(bits(case["conv_state"]), bits(split_state))
 
 
 def _decode_one_by_one(x_rows, w, b, state, line):

@@ -14,9 +14,10 @@ import torch
 
 import jitconv
 from jitconv import device as devices
-from jitconv import launching
+from jitconv.backends.sycl import devices as sycl_devices
+from jitconv.backends.sycl import launching
 from jitconv.reference import causal_conv1d_reference
-from jitconv.usm import DeviceArray
+from jitconv.memory.usm import DeviceArray
 
 from helpers import (DATA_KEYS, DTYPES, assert_outputs_close, assert_state_exact, bits,
                      gdn_metadata, mixed_step, randn)
@@ -178,11 +179,11 @@ def test_queue_from_a_sycl_queue_address(sycl_device):
     """torch's XPU stream gives its sycl::queue as an address; wrapped for dpctl it is the
     same queue. (No XPU here: a dpctl queue's own address stands in for torch's.)"""
     q = jitconv.get_queue()
-    wrapped = devices.queue_from_address(q.addressof_ref())
+    wrapped = sycl_devices.queue_from_address(q.addressof_ref())
     assert wrapped == q and wrapped.sycl_context == q.sycl_context
-    assert devices.queue_from_address(q.addressof_ref()) is wrapped, "cached per address"
+    assert sycl_devices.queue_from_address(q.addressof_ref()) is wrapped, "cached per address"
     with pytest.raises(ValueError, match="queue address"):
-        devices.queue_from_address(0)
+        sycl_devices.queue_from_address(0)
 
 
 def test_run_on_an_explicit_in_order_queue_with_device_arrays(sycl_device):
@@ -224,7 +225,8 @@ def test_gdn_conv_step_plans_once_per_metadata_object(sycl_device, monkeypatch):
     the plan, the others reuse it (no per-layer validation), each layer still correct.
     A new metadata object (the next step) gets a new plan. (No pads here, so any line,
     0 included, is real: null_block_id=None.)"""
-    from jitconv import ops, vllm
+    from jitconv.api import ops
+    from jitconv import vllm
     built = []
     real_plan = ops.plan
     monkeypatch.setattr(ops, "plan", lambda *a, **k: built.append(1) or real_plan(*a, **k))

@@ -1,12 +1,13 @@
 """One-shot calls reuse the plan of an earlier call with the same metadata VALUES
-(jitconv.plan_cache), and never a plan whose metadata has changed since, even when the
+(jitconv.api.plan_cache), and never a plan whose metadata has changed since, even when the
 engine rewrote the same tensor in place. Every call is compared with the reference."""
 
 import pytest
 import torch
 
 import jitconv
-from jitconv import plan_cache, step_plan
+from jitconv.api import plan_cache
+from jitconv.api import plan as step_plan
 from jitconv.reference import causal_conv1d_reference
 
 from helpers import DATA_KEYS, assert_outputs_close, assert_state_exact, mixed_step, randn

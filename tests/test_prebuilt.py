@@ -8,8 +8,8 @@ import os
 import subprocess
 import sys
 
-from jitconv import kernel_cache
-from jitconv.kernel_abi import CONV_ARGS
+from jitconv.backends.sycl import kernel_cache
+from jitconv.kernels.abi import CONV_ARGS
 
 REGENERATE = "python -m jitconv build-kernels --ship"
 
@@ -41,7 +41,7 @@ def test_shipped_entries_are_intact():
 CHILD = """
 import json, sys, torch
 import jitconv
-from jitconv import launching
+from jitconv.backends.sycl import launching
 x, w, st = torch.randn(3, 40), torch.randn(40, 4), torch.randn(3, 40, 3)
 ref, _ = jitconv.reference.causal_conv1d_reference(
     x, w, None, st, non_spec_query_start_loc=[0, 1, 2, 3], non_spec_state_indices=[0, 1, 2])

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import jitconv
-from jitconv import ops
+from jitconv.api import ops
 from jitconv.reference import causal_conv1d_fn_reference, causal_conv1d_reference
 
 from helpers import (assert_outputs_close, assert_state_exact, cumulative, gdn_metadata,

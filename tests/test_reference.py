@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from jitconv.reference import causal_conv1d_fn_reference, causal_conv1d_reference
-from jitconv.steps import cumulative
+from jitconv.testing.steps import cumulative
 
 DIM = 6
 WIDTHS = [2, 3, 4, 5]

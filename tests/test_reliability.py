@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import jitconv
-from jitconv import usm
+from jitconv.memory import usm
 from jitconv.reference import causal_conv1d_reference
 
 from helpers import assert_outputs_close, assert_state_exact, bits, cumulative, randn
@@ -198,7 +198,7 @@ def test_out_may_still_alias_x_exactly(sycl_device, monkeypatch):
     """out=x is allowed, and the kernel must then not write the rows it reads: later
     blocks read earlier rows of x. That race rarely shows on the CPU device, so the
     launch itself is checked too: the kernel writes a buffer other than x."""
-    from jitconv import launching
+    from jitconv.backends.sycl import launching
     launched = []
     submit = launching.submit_conv
     monkeypatch.setattr(launching, "submit_conv",

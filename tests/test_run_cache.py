@@ -1,4 +1,4 @@
-"""Remembered launches (jitconv.run_cache): a run whose tensors were checked before goes
+"""Remembered launches (jitconv.backends.sycl.run_cache): a run whose tensors were checked before goes
 straight to the submit, with the same results, and never where the checks would now fail.
 
 Every run is compared with the float64 reference. The cases that must NOT reuse a
@@ -14,7 +14,9 @@ import pytest
 import torch
 
 import jitconv
-from jitconv import launching, run_cache, validation
+from jitconv.backends.sycl import launching
+from jitconv.backends.sycl import run_cache
+from jitconv.api import validation
 from jitconv.reference import causal_conv1d_reference
 
 from helpers import (DATA_KEYS, assert_outputs_close, assert_state_exact, bits, wide_choices,
@@ -90,7 +92,7 @@ def test_a_new_output_that_a_wide_launch_cannot_take_is_checked_again(sycl_devic
     """A remembered wide launch (bfloat16, rows aligned to 4 channels) whose new output
     would start off that alignment is not reused: the run takes the full path, which
     picks the one-channel kernel for it."""
-    from jitconv import bridge
+    from jitconv.memory import bridge
     _gen, data, meta = _step(2, dtype=torch.bfloat16)
     plan = _plan(data, meta)
     plan.run(**data)  # remembered, wide

@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 import torch
 
-from jitconv import bridge, vllm
+from jitconv.memory import bridge
+from jitconv import vllm
 from jitconv.reference import causal_conv1d_reference
 
 from helpers import (DTYPES, POISON, TOLERANCE, assert_outputs_close, assert_state_exact,

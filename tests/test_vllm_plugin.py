@@ -1,4 +1,4 @@
-"""jitconv.vllm_plugin: the vLLM general plugin, against a stand-in vLLM package.
+"""jitconv.vllm.plugin: the vLLM general plugin, against a stand-in vLLM package.
 
 vLLM itself cannot be imported in the test environment (it is not installed, and its GDN
 module needs vLLM's CUDA-era dependencies), so each test writes a small stand-in package
@@ -20,7 +20,8 @@ import numpy as np
 import pytest
 import torch
 
-from jitconv import launching, vllm_plugin
+from jitconv.backends.sycl import launching
+from jitconv.vllm import plugin as vllm_plugin
 from jitconv.reference import causal_conv1d_reference
 
 from helpers import assert_outputs_close, assert_state_exact, bits, cumulative, randn
@@ -155,7 +156,7 @@ def test_entry_point_is_declared_in_setup_cfg():
     cfg = configparser.ConfigParser()
     cfg.read(Path(__file__).resolve().parents[1] / "setup.cfg")
     points = cfg["options.entry_points"]["vllm.general_plugins"].strip()
-    assert points == "jitconv = jitconv.vllm_plugin:register"
+    assert points == "jitconv = jitconv.vllm.plugin:register"
 
 
 def test_register_does_nothing_without_torch_xpu(standin, caplog):

@@ -4,7 +4,7 @@ and bias, a width-4 16-bit weight's taps as one 64-bit word). ``--before``/``--a
 set other values of the SYCL backend's flags (``kernels.make_conv_kernel``; ``key=0|1``,
 comma-separated, e.g. ``--before "" --after one_round_record=1,reuse_state_loads=1``).
 Both are compiled in this process and timed in turn with the device copy of the same
-bytes on the benchmark's workloads (jitconv.bench), the order rotated every round.
+bytes on the benchmark's workloads (jitconv.bench.cpu), the order rotated every round.
 Outputs of both are compared bit for bit. Needs numba-dpex.
 
     python benchmarks/cpu/kernel_variants.py [--before ...] [--after ...] [--dims 2048,8192]
@@ -16,7 +16,7 @@ import argparse
 import numpy as np
 import torch
 
-from jitconv import bench
+from jitconv.bench import cpu as bench
 from same_run import accuracy, compile_variant, timed_workloads, variant_channels
 
 

@@ -10,9 +10,11 @@ import statistics
 import numpy as np
 import torch
 
-from jitconv import bench, launching, reference
-from jitconv.kernel_abi import WIDE_CHANNELS
-from jitconv.steps import DATA_KEYS, mixed_step
+from jitconv.bench import cpu as bench
+from jitconv.backends.sycl import launching
+from jitconv import reference
+from jitconv.kernels.abi import WIDE_CHANNELS
+from jitconv.testing.steps import DATA_KEYS, mixed_step
 
 
 def compile_variant(width, dtype_name, queue, **options):
@@ -20,7 +22,7 @@ def compile_variant(width, dtype_name, queue, **options):
     compiled by numba-dpex in this process and built for ``queue``."""
     import dpctl.program as dpp
     from numba.core.target_extension import target_override
-    from jitconv.kernels import make_conv_kernel
+    from jitconv.backends.sycl.kernels import make_conv_kernel
     launching._prepare_numba_dpex()
     dispatcher = make_conv_kernel(width, dtype_name, **options)
     with target_override("dpex"):
@@ -93,7 +95,7 @@ def time_in_turn(copy_submit, submits, rounds, min_time=0.5):
 
 def timed_workloads(kernels, dtype, queue, workloads, dims, rounds, min_time=0.5,
                     channels=None):
-    """For each workload (";"-separated names of jitconv.bench) and dim: (workload, dim,
+    """For each workload (";"-separated names of jitconv.bench.cpu) and dim: (workload, dim,
     copy GB/s, [copy, kernel 0, kernel 1, ...] times) from ``time_in_turn``, every kernel
     launched on the same packed step (kernel i over dim / ``channels[i]`` work-items;
     default one channel each)."""

@@ -2,7 +2,7 @@
 the default kernels (as jitconv picks them: shipped, cache or compiled) and the other
 variant of each dtype, compiled here, timed in turn within every repetition with the
 device copy of the same bytes (profiling events, kernel time only), on the benchmark's
-own workloads (jitconv.bench.make_step). Also the outputs of both against the float64
+own workloads (jitconv.bench.cpu.make_step). Also the outputs of both against the float64
 reference. Needs numba-dpex (the other variant is compiled in this process).
 
     python benchmarks/cpu/silu_variants.py [--dims 2048,8192] [--dtypes ...] [--rounds 3]
@@ -13,8 +13,9 @@ import argparse
 import numpy as np
 import torch
 
-from jitconv import bench, launching
-from jitconv.kernel_abi import WIDE_CHANNELS, fast_silu
+from jitconv.bench import cpu as bench
+from jitconv.backends.sycl import launching
+from jitconv.kernels.abi import WIDE_CHANNELS, fast_silu
 from same_run import accuracy, compile_variant, timed_workloads, variant_channels
 
 

@@ -18,7 +18,7 @@ import statistics
 
 import numpy as np
 
-from jitconv import bench  # also the virtual environment's import setup
+from jitconv.bench import cpu as bench  # also the virtual environment's import setup
 
 
 def kernels():

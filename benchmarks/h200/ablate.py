@@ -21,7 +21,8 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # same_call.py
 import same_call  # noqa: E402
-from jitconv import cuda_backend, kernels_cuda  # noqa: E402
+from jitconv.backends.cuda import launching as cuda_backend
+from jitconv.backends.cuda import source as cuda_source  # noqa: E402
 
 # name -> [(regex, replacement)], each regex must match at least once.
 ABLATIONS = {
@@ -75,8 +76,8 @@ class _ByAblation(dict):
 
 
 def main(argv=None):
-    source_of = kernels_cuda.kernel_source
-    kernels_cuda.kernel_source = lambda *a, **k: ablated(source_of(*a, **k), _current())
+    source_of = cuda_source.kernel_source
+    cuda_source.kernel_source = lambda *a, **k: ablated(source_of(*a, **k), _current())
     cuda_backend._kernels = _ByAblation()
     # outputs differ by design: every variant "matches" the first
     same_call.outputs = lambda step, env: (torch.zeros(1),)

@@ -1,6 +1,7 @@
 """Decode-only 64 at dim 2048 (the one workload where vLLM's Triton update is faster):
 jitconv's kernel timed under other launch attributes, beside vLLM's Triton kernel, in
-one process (thirteenth session; results in same-call-13th-session.json).
+one process (2026-12-02, commit d3c76b3; results in launch-attrs-2026-12-02-d3c76b3.txt and
+same-call-2026-12-02-d3c76b3.json).
 
     python3 benchmarks/h200/launch_attrs.py .vllm/causal_conv1d.py
 
@@ -26,8 +27,8 @@ import sys
 import torch
 
 import jitconv
-from jitconv.bench import make_step
-from jitconv.bench_gpu import _plan, device_time_us, load_vllm_triton, vllm_calls
+from jitconv.bench.cpu import make_step
+from jitconv.bench.gpu import _plan, device_time_us, load_vllm_triton, vllm_calls
 
 VARIANTS = (("base", 0, -1), ("carveout 0", 0, 0), ("carveout 100", 0, 100),
             ("carveout 50", 0, 50), ("dynamic shared 1 KiB", 1024, 0),

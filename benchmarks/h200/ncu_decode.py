@@ -13,8 +13,8 @@ import sys
 import torch
 
 import jitconv
-from jitconv.bench import make_step
-from jitconv.bench_gpu import _plan, load_vllm_triton, vllm_calls
+from jitconv.bench.cpu import make_step
+from jitconv.bench.gpu import _plan, load_vllm_triton, vllm_calls
 
 
 def main(vllm_file, dim=2048):

@@ -3,12 +3,12 @@ ops: the comparison the H200 notes call "same call" (a variant's effect is read 
 its baseline timed minutes apart on the same GPU, not across machine calls).
 
     python3 benchmarks/h200/same_call.py --vllm-file .vllm/causal_conv1d.py \
-        --out DIR --variant base:JITCONV_CUDA_COMPACT_ARGS=0,JITCONV_CUDA_FIXED_BLOCK=0 \
+        --out DIR --variant base:compact_args=0,fixed_block=0 \
         --variant new: [--workload "decode-only 64"] [--rounds 3] [--reps 60] \
         [--flush fill|synced-fill|queued]
 
-A variant is NAME:VAR=VALUE,... (settings of cuda_backend, read per launch; an empty list:
-the defaults). Each round times every variant, then vLLM's calls (without programmatic
+A variant is NAME:FIELD=VALUE,... (tuning values, ``jitconv.kernels.tuning``: 0 / 1 for
+the switches, numbers for the others; an empty list: the table's values). Each round times every variant, then vLLM's calls (without programmatic
 dependent launch), on every workload, dtype and dim, with bench_gpu.device_time_us (L2
 flushed before each repetition, median of --reps); the result per row is the median over
 rounds. ``--flush synced-fill`` waits for the L2 flush to finish before each repetition's
@@ -20,7 +20,8 @@ behind the fill whatever the host spends per call (with ``fill`` a call whose ho
 is longer than the fill starts on an idle GPU), as in an engine whose GPU runs behind its
 host.
 Outputs of every variant are compared bit for bit with the first variant's
-(outputs and conv state) before timing. Writes DIR/same_call.json and prints a table.
+(outputs and conv state) before timing. Writes DIR/same-call-YYYY-MM-DD.json (today's date;
+add the short commit of the tree to the name when committing it) and prints a table.
 """
 
 import argparse
@@ -28,26 +29,44 @@ import json
 import os
 import statistics
 import sys
+import time
 
 import torch
 
 import jitconv
 from jitconv.__main__ import _bits
-from jitconv.bench import WORKLOADS, make_step
-from jitconv.bench_gpu import _plan, device_time_us, load_vllm_triton, vllm_calls
+from jitconv.bench.cpu import WORKLOADS, make_step
+from jitconv.bench.gpu import _plan, device_time_us, load_vllm_triton, vllm_calls
 
 
 def parse_variant(text):
+    """NAME:FIELD=VALUE,... -> (name, settings): lowercase fields are tuning values
+    (``jitconv.kernels.tuning``: 0 / 1 for the switches, numbers for the others),
+    uppercase ones environment variables of a benchmark script (ablate.py's
+    JITCONV_ABLATE)."""
+    import dataclasses
+    from jitconv.kernels import tuning
+    fields = {f.name: f for f in dataclasses.fields(tuning.CudaTuning)}
     name, _, settings = text.partition(":")
-    env = dict(item.split("=", 1) for item in settings.split(",") if item)
-    return name, env
+    values = {"tuning": {}, "env": {}}
+    for item in filter(None, settings.split(",")):
+        field, _, value = item.partition("=")
+        if field.isupper():
+            values["env"][field] = value
+            continue
+        kind = fields[field].type if field in fields else int
+        values["tuning"][field] = bool(int(value)) if kind in (bool, "bool") else int(value)
+    return name, values
 
 
-def with_env(env, fn):
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
+def with_env(values, fn):
+    """``fn()`` with a variant's tuning values and environment variables."""
+    from jitconv.kernels import tuning
+    saved = {k: os.environ.get(k) for k in values["env"]}
+    os.environ.update(values["env"])
     try:
-        return fn()
+        with tuning.override(**values["tuning"]):
+            return fn()
     finally:
         for k, v in saved.items():
             if v is None:
@@ -141,10 +160,12 @@ def main(argv=None):
         print(f"{name:22s} {dtype_name:8s} {dim:5d}  {cells}  {speed}  "
               f"triton/{base} {row['us']['vllm triton'] / row['us'][base]:.3f}", flush=True)
     os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "same_call.json"), "w") as f:
+    path = os.path.join(args.out, f"same-call-{time.strftime('%Y-%m-%d')}.json")
+    with open(path, "w") as f:
         json.dump({"device": torch.cuda.get_device_name(), "variants": dict(variants),
                    "reps": args.reps, "rounds": args.rounds, "flush": args.flush,
                    "rows": rows}, f, indent=1)
+    print(f"wrote {path}", flush=True)
 
 
 if __name__ == "__main__":

@@ -72,7 +72,7 @@ def jitconv_kernel(out, options):
     _no_device()
     from numba import cuda
     from numba.core.typing.templates import Signature
-    import jitconv.kernels_cuda as kernels_cuda
+    import jitconv.backends.cuda.kernels as kernels_cuda
     real_jit = cuda.jit
     compiled = {}
 

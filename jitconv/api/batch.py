@@ -1,0 +1,152 @@
+"""The host-side description of one engine step: which tokens form which sequence, and
+how the work is cut into blocks for the kernel.
+
+A ``Batch`` is built from validated metadata (``ops.py`` validates). It holds:
+- ``rows``: for each token slot, in sequence order, the row of x (and out) it uses. Slots
+  are the non-spec tokens, then the spec tokens, then any rows of x that no sequence
+  covers (those get zeros, as pads do: never stale memory).
+- per sequence: first slot, length, cache line (-1 for pads and the uncovered rows),
+  window offset (num_accepted - 1) and flags (initial state, spec).
+- per block: sequence, first slot, token count. A block is at most ``block_tokens``
+  consecutive tokens of one sequence; every sequence has at least one block so that its
+  state update happens even when it has no tokens.
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from jitconv.kernels.abi import (BLOCK_FIELDS, FLAG_BLOCK_ROWS, FLAG_INITIAL_STATE, FLAG_SEQ_ROWS,
+                         FLAG_SPEC, SUPPORTED_WIDTHS)
+
+DEFAULT_BLOCK_TOKENS = 16
+
+
+
+@dataclass
+class Batch:
+    rows: np.ndarray
+    seq_tok: np.ndarray
+    seq_len: np.ndarray
+    seq_line: np.ndarray
+    seq_off: np.ndarray
+    seq_flags: np.ndarray
+    blk_seq: np.ndarray
+    blk_tok: np.ndarray
+    blk_len: np.ndarray
+    blk_contig: np.ndarray  # 1 if the block's rows of x are consecutive
+    seq_contig: np.ndarray  # 1 if all the sequence's rows of x are consecutive
+
+    @property
+    def num_blocks(self):
+        return len(self.blk_seq)
+
+    def block_records(self):
+        """(num_blocks, len(BLOCK_FIELDS)) int32: per block what the kernel needs, its
+        sequence's fields included. One record per block (32 bytes, one memory sector) so
+        that a work-item reaches everything with one round of independent loads: with
+        per-sequence tables the block's sequence had to be loaded first, one more
+        dependent memory latency before any data load (it showed on small launches,
+        decode and spec verify, on the H200)."""
+        s = self.blk_seq
+        flags = self.seq_flags[s] | np.where(self.blk_contig != 0, FLAG_BLOCK_ROWS, 0) | \
+            np.where(self.seq_contig[s] != 0, FLAG_SEQ_ROWS, 0)
+        row0 = np.zeros(len(s), np.int64)  # (a block without tokens reads no row)
+        has_rows = self.blk_len > 0
+        row0[has_rows] = self.rows[self.blk_tok[has_rows]]
+        fields = dict(tok=self.blk_tok, len=self.blk_len, pos=self.blk_tok - self.seq_tok[s],
+                      seq_len=self.seq_len[s], line=self.seq_line[s], off=self.seq_off[s],
+                      flags=flags, row0=row0)
+        return np.stack([np.asarray(fields[f], np.int64) for f in BLOCK_FIELDS], axis=1) \
+            .astype(np.int32)
+
+    def longest_sequences(self):
+        """(non-spec, spec): tokens of the longest sequence of each kind that has a cache
+        line (pads and the rows no sequence covers not counted); 0 when there is none."""
+        real = self.seq_line >= 0
+        spec = (self.seq_flags & FLAG_SPEC) != 0
+        return tuple(int(self.seq_len[real & kind].max(initial=0)) for kind in (~spec, spec))
+
+    def tables(self):
+        """The int32 arrays in the kernel's argument order (kernel_abi.TABLES): the rows,
+        padded to whole records so that the records start aligned, then the records."""
+        pad = -len(self.rows) % len(BLOCK_FIELDS)
+        rows = np.concatenate([self.rows, np.zeros(pad, np.int32)]).astype(np.int32)
+        return [rows, self.block_records().reshape(-1)]
+
+
+@dataclass
+class Part:
+    """One kind of sequences (non-spec or spec), validated, as host int64 arrays."""
+    query_start_loc: np.ndarray  # (n+1,)
+    lines: np.ndarray            # (n,), pad_slot_id already mapped to -1
+    rows: np.ndarray             # (tokens,) rows of x
+    offsets: np.ndarray          # (n,) window start column
+    initial: np.ndarray          # (n,) bool
+    spec: bool
+
+
+def build_batch(parts, num_tokens, block_tokens=DEFAULT_BLOCK_TOKENS):
+    # A later block finds its whole window in x, and the first block is the sole reader
+    # of the old state (kernel_template): blocks of at least width - 1 tokens.
+    if block_tokens < max(SUPPORTED_WIDTHS) - 1:
+        raise ValueError(f"block_tokens must be >= {max(SUPPORTED_WIDTHS) - 1} (the widest "
+                         f"window), got {block_tokens}")
+    rows = [p.rows for p in parts]
+    covered = np.zeros(num_tokens, bool)
+    for r in rows:
+        covered[r] = True
+    uncovered = np.flatnonzero(~covered)
+
+    seq_tok, seq_len, seq_line, seq_off, seq_flags = [], [], [], [], []
+    slot = 0
+    for p in parts:
+        qsl = p.query_start_loc
+        seq_tok.append(slot + qsl[:-1])
+        seq_len.append(np.diff(qsl))
+        seq_line.append(p.lines)
+        seq_off.append(p.offsets)
+        flags = np.where(p.initial, FLAG_INITIAL_STATE, 0) | (FLAG_SPEC if p.spec else 0)
+        seq_flags.append(flags)
+        slot += int(qsl[-1])
+    if len(uncovered):
+        # One pseudo pad sequence writes zeros to the rows nobody covers.
+        seq_tok.append([slot])
+        seq_len.append([len(uncovered)])
+        seq_line.append([-1])
+        seq_off.append([0])
+        seq_flags.append([0])
+    rows.append(uncovered)
+
+    def cat(chunks):
+        return np.concatenate([np.asarray(c, np.int64) for c in chunks] or
+                              [np.zeros(0, np.int64)])
+
+    seq_tok, seq_len, seq_line = cat(seq_tok), cat(seq_len), cat(seq_line)
+    seq_off, seq_flags, rows = cat(seq_off), cat(seq_flags), cat(rows)
+
+    nblk = np.maximum(1, -(-seq_len // block_tokens))
+    blk_seq = np.repeat(np.arange(len(seq_len)), nblk)
+    first_blk = np.cumsum(nblk) - nblk
+    k = np.arange(len(blk_seq)) - np.repeat(first_blk, nblk)
+    blk_tok = seq_tok[blk_seq] + k * block_tokens
+    blk_len = np.clip(seq_len[blk_seq] - k * block_tokens, 0, block_tokens)
+    # A block whose tokens sit in consecutive rows of x (the usual case: a sequence's
+    # tokens are contiguous) lets the kernel compute rows instead of loading each one:
+    # an indexed row per token kept the loads from vectorizing well (~2x slower here).
+    # The same for a whole sequence: then the kernel computes the rows of the window and
+    # of the new state from the block's first row instead of loading them.
+    breaks = np.concatenate([[0], np.cumsum(np.diff(rows) != 1)])
+
+    def consecutive(first, count):
+        """Per span of slots [first, first + count): its rows are consecutive."""
+        if not len(rows):
+            return np.ones(len(first), bool)
+        last = np.maximum(first + count - 1, first)
+        return breaks[np.minimum(last, len(rows) - 1)] == breaks[np.minimum(first, len(rows) - 1)]
+
+    blk_contig, seq_contig = consecutive(blk_tok, blk_len), consecutive(seq_tok, seq_len)
+    i32 = lambda a: a.astype(np.int32)  # noqa: E731
+    return Batch(i32(rows), i32(seq_tok), i32(seq_len), i32(seq_line), i32(seq_off),
+                 i32(seq_flags), i32(blk_seq), i32(blk_tok), i32(blk_len),
+                 i32(blk_contig), i32(seq_contig))

@@ -1,0 +1,310 @@
+"""Public ops: validate everything on the host, then one kernel launch.
+
+All ops share one path: metadata -> ``batch.Part``s (one per kind of sequence) -> a
+``step_plan.StepPlan`` -> ONE launch of the mixed kernel, whatever mix of prefill chunks, plain
+decodes, spec verify sequences and pads the step holds. ``jitconv.plan`` builds the plan
+once for many layers; ``causal_conv1d_fn``, ``causal_conv1d_update`` and
+``causal_conv1d_mixed`` are a plan plus one run.
+The contract is docs/SEMANTICS.md; ``jitconv.reference`` implements it in float64.
+"""
+
+from typing import Any, Optional
+
+import numpy as np
+
+from jitconv.memory import bridge
+from jitconv.api import plan_cache
+from jitconv.api import validation
+from jitconv.api.batch import Part
+from jitconv.api.plan import StepPlan
+from jitconv.api.validation import Geometry
+
+# Types of the public API, for readers and checkers: tensors are torch tensors (CPU, XPU or
+# CUDA), USM arrays (dpctl / dpnp, anything with __sycl_usm_array_interface__) or kDLOneAPI
+# DLPack producers; metadata is a tensor, numpy array, list or USM array of ints.
+Array = Any
+Ints = Any
+
+
+def _sequences(query_start_loc, state_indices, token_indx, names, geo, first_row,
+               whole_x, lines_2d=False):
+    """Common checks of one part: returns (qsl, lines, real mask, rows)."""
+    qsl = validation.host_ints(query_start_loc, names["qsl"])
+    validation.check_query_start_loc(qsl, names["qsl"])
+    count, nseq = int(qsl[-1]), len(qsl) - 1
+    if state_indices is None:
+        raise ValueError(f"{names['lines']}: required when {names['qsl']} is given "
+                         f"(one cache line per sequence)")
+    lines = validation.host_ints(state_indices, names["lines"],
+                                 ndim=(1, 2) if lines_2d else 1)
+    if lines.ndim == 2:
+        if lines.shape[1] == 0:
+            raise ValueError(f"{names['lines']}: expected shape (num_seqs,) or (num_seqs, "
+                             f"K) with K >= 1, got {lines.shape}")
+        lines = lines[:, 0]  # (Q, K) block table: the conv uses column 0
+    validation.check_lines(lines, names["lines"], nseq, geo.num_lines, geo.pad_slot_id)
+    if token_indx is None:
+        if whole_x and first_row + count != geo.num_tokens:
+            raise ValueError(f"{names['qsl']}: last element must equal the token count "
+                             f"{geo.num_tokens - first_row}, got {count}")
+        if first_row + count > geo.num_tokens:
+            raise ValueError(f"{names['qsl']}: covers {count} tokens from row {first_row},"
+                             f" but x has only {geo.num_tokens} rows")
+        rows = np.arange(first_row, first_row + count)
+    else:
+        rows = validation.host_ints(token_indx, names["rows"])
+        validation.check_token_indx(rows, names["rows"], count, geo.num_tokens)
+    return qsl, lines, lines != geo.pad_slot_id, rows
+
+
+def _window_offsets(num_accepted_tokens, name, real, geo):
+    """Window start column per sequence: num_accepted_tokens - 1 (0 when not given).
+    Padded sequences are not checked: engines pad these arrays with anything."""
+    nseq = len(real)
+    if num_accepted_tokens is None:
+        return np.zeros(nseq, np.int64)
+    accepted = validation.host_ints(num_accepted_tokens, name)
+    if len(accepted) != nseq:
+        raise ValueError(f"{name}: expected {nseq} entries (one per sequence), "
+                         f"got {len(accepted)}")
+    bad = real & (accepted < 1)
+    if np.any(bad):
+        i = int(np.argmax(bad))
+        raise ValueError(f"{name}: every entry must be >= 1 (the bonus token counts), "
+                         f"entry {i} is {int(accepted[i])}")
+    too_far = real & (accepted - 1 + (geo.width - 1) > geo.state_len)
+    if np.any(too_far):
+        i = int(np.argmax(too_far))
+        raise ValueError(f"{name}: entry {i} = {int(accepted[i])} puts the conv window "
+                         f"beyond state_len={geo.state_len} (need num_accepted_tokens - 1 "
+                         f"+ width - 1 <= state_len)")
+    return np.where(real, accepted - 1, 0)
+
+
+def non_spec_part(query_start_loc, state_indices, has_initial_state, token_indx,
+                  num_accepted_tokens, names, geo, *, first_row=0, whole_x=False,
+                  lines_2d=False):
+    """Validated non-spec sequences (prefill chunks and decodes). ``names`` maps roles to
+    the caller's argument names, so errors name what the user typed."""
+    qsl, lines, real, rows = _sequences(query_start_loc, state_indices, token_indx, names,
+                                        geo, first_row, whole_x, lines_2d)
+    nseq = len(lines)
+    if has_initial_state is None:
+        initial = np.ones(nseq, bool)
+    else:
+        initial = validation.host_ints(has_initial_state, names["init"], allow_bool=True)
+        if len(initial) != nseq:
+            raise ValueError(f"{names['init']}: expected {nseq} entries (one per "
+                             f"sequence), got {len(initial)}")
+        initial = initial != 0
+    offsets = _window_offsets(num_accepted_tokens, names.get("accepted"), real, geo)
+    return Part(qsl, np.where(real, lines, -1), rows, offsets, initial, spec=False)
+
+
+def spec_part(query_start_loc, state_indices, token_indx, num_accepted_tokens, names, geo,
+              *, first_row=0, whole_x=False):
+    """Validated spec-decode verify sequences (1 + k draft tokens each, ragged)."""
+    qsl, lines, real, rows = _sequences(query_start_loc, state_indices, token_indx, names,
+                                        geo, first_row, whole_x, lines_2d=True)
+    if num_accepted_tokens is None:
+        raise ValueError(f"{names['accepted']}: required for spec sequences (tokens "
+                         f"accepted in the previous step, >= 1)")
+    offsets = _window_offsets(num_accepted_tokens, names["accepted"], real, geo)
+    lengths = np.diff(qsl)
+    short = real & (geo.width - 2 + lengths > geo.state_len)
+    if np.any(short):
+        i = int(np.argmax(short))
+        raise ValueError(f"conv_state: state_len={geo.state_len} is too small for spec "
+                         f"sequence {i} with {int(lengths[i])} tokens (need state_len >= "
+                         f"width - 2 + tokens = {geo.width - 2 + int(lengths[i])})")
+    return Part(qsl, np.where(real, lines, -1), rows, offsets,
+                np.ones(len(lines), bool), spec=True)
+
+
+def _prepare(x, weight, bias, conv_state, out, activation, pad_slot_id):
+    """Argument checks shared by every op, before any metadata is read (so a bad tensor
+    is reported first, as it always was). Returns the step's Geometry and what
+    ``StepPlan.run_checked`` takes as checked tensors."""
+    validation.check_activation(activation)
+    if isinstance(pad_slot_id, bool) or not isinstance(pad_slot_id, (int, np.integer)):
+        raise TypeError(f"pad_slot_id: expected an int, got {pad_slot_id!r}")
+    tensors = bridge.normalize_all(x, weight, bias, conv_state, out)
+    _dim, width, dtype = validation.check_tensors(*tensors)
+    num_lines, _, state_len = validation.shape_of(tensors[3])
+    geo = Geometry(validation.shape_of(tensors[0])[0], num_lines, state_len, width,
+                   int(pad_slot_id))
+    return geo, (tensors, dtype)
+
+
+_FN_NAMES = {"qsl": "query_start_loc", "lines": "cache_indices",
+             "init": "has_initial_state", "rows": "token_indx"}
+
+
+def causal_conv1d_fn(x: Array, weight: Array, bias: Optional[Array], conv_state: Array,
+                     query_start_loc: Ints, cache_indices: Ints,
+                     has_initial_state: Optional[Ints] = None,
+                     activation: Optional[str] = "silu", pad_slot_id: int = -1,
+                     token_indx: Optional[Ints] = None, out: Optional[Array] = None) -> Array:
+    """Causal depthwise conv1d over prefill chunks and plain decodes (non-spec tokens).
+
+    x: (num_tokens, dim), rows may be strided; weight: (dim, width) or (dim, 1, width);
+    bias: (dim,) or None; conv_state: viewed as (num_cache_lines, dim, state_len), any
+    strides, updated in place. query_start_loc: (P+1,) cumulative token counts;
+    cache_indices: (P,) cache line per sequence (pad_slot_id marks a padded sequence:
+    zeros out, state untouched); has_initial_state: (P,) bool or None (all True);
+    token_indx: row of x for each token in sequence order, or None for rows 0..n-1 (then
+    query_start_loc[-1] must equal num_tokens). Returns out (new, or the given ``out``,
+    which may alias x). See docs/SEMANTICS.md for the exact rule.
+    """
+    geo, checked = _prepare(x, weight, bias, conv_state, out, activation, pad_slot_id)
+
+    def build():
+        part = non_spec_part(query_start_loc, cache_indices, has_initial_state, token_indx,
+                             None, _FN_NAMES, geo, whole_x=True)
+        return StepPlan([part], geo, line_names="cache_indices")
+
+    metadata = (query_start_loc, cache_indices, has_initial_state, token_indx)
+    plan = plan_cache.plan_for(plan_cache.key("fn", geo, metadata), build)
+    return plan.run_checked((x, weight, bias, conv_state, out), activation, checked)
+
+
+def causal_conv1d_update(x: Array, weight: Array, bias: Optional[Array], conv_state: Array,
+                         conv_state_indices: Ints, query_start_loc: Optional[Ints] = None,
+                         num_accepted_tokens: Optional[Ints] = None,
+                         activation: Optional[str] = "silu", pad_slot_id: int = -1,
+                         token_indx: Optional[Ints] = None,
+                         out: Optional[Array] = None) -> Array:
+    """Decode step: plain decodes, or spec verify when ``num_accepted_tokens`` is given.
+
+    x: (num_tokens, dim). conv_state_indices: (Q,) or (Q, K) int (column 0 is the line).
+    query_start_loc: (Q+1,) for several (ragged) tokens per sequence; None means one
+    token per sequence (rows 0..Q-1). num_accepted_tokens: (Q,) tokens accepted in the
+    previous step (>= 1, bonus token included): the window starts at column a-1 and the
+    state keeps the newest width-2 old columns then all new tokens. Without it, each
+    sequence continues from its state (non-spec rule).
+    """
+    geo, checked = _prepare(x, weight, bias, conv_state, out, activation, pad_slot_id)
+
+    def build():
+        qsl = query_start_loc
+        if qsl is None:
+            lines = validation.host_ints(conv_state_indices, "conv_state_indices",
+                                         ndim=(1, 2))
+            if token_indx is None and len(lines) != geo.num_tokens:
+                raise ValueError(f"conv_state_indices: expected {geo.num_tokens} entries "
+                                 f"(one per row of x when query_start_loc is None), got "
+                                 f"{len(lines)}")
+            qsl = np.arange(len(lines) + 1)
+        names = {"qsl": "query_start_loc", "lines": "conv_state_indices",
+                 "rows": "token_indx", "accepted": "num_accepted_tokens"}
+        if num_accepted_tokens is None:
+            part = non_spec_part(qsl, conv_state_indices, None, token_indx, None,
+                                 names, geo, whole_x=True, lines_2d=True)
+        else:
+            part = spec_part(qsl, conv_state_indices, token_indx,
+                             num_accepted_tokens, names, geo, whole_x=True)
+        return StepPlan([part], geo, line_names="conv_state_indices")
+
+    metadata = (conv_state_indices, query_start_loc, num_accepted_tokens, token_indx)
+    plan = plan_cache.plan_for(plan_cache.key("update", geo, metadata), build)
+    return plan.run_checked((x, weight, bias, conv_state, out), activation, checked)
+
+
+def causal_conv1d_mixed(x: Array, weight: Array, bias: Optional[Array], conv_state: Array, *,
+                        non_spec_query_start_loc: Optional[Ints] = None,
+                        non_spec_state_indices: Optional[Ints] = None,
+                        has_initial_state: Optional[Ints] = None,
+                        non_spec_token_indx: Optional[Ints] = None,
+                        spec_query_start_loc: Optional[Ints] = None,
+                        spec_state_indices: Optional[Ints] = None,
+                        spec_token_indx: Optional[Ints] = None,
+                        num_accepted_tokens: Optional[Ints] = None,
+                        non_spec_num_accepted_tokens: Optional[Ints] = None,
+                        activation: Optional[str] = "silu", pad_slot_id: int = -1,
+                        out: Optional[Array] = None) -> Array:
+    """One engine step of a hybrid model in ONE kernel launch: prefill chunks, plain
+    decodes (the non-spec part) and spec-decode verify sequences (the spec part).
+
+    Keyword names follow vLLM's GDN metadata. Either part may be absent. Token index maps
+    may interleave spec and non-spec rows in any order; without maps the non-spec tokens
+    are rows 0..n_ns-1 and the spec tokens the rows after them (then together they must
+    cover x). Rows no sequence uses come out as zeros. ``non_spec_num_accepted_tokens``
+    (P,), optional: a non-spec sequence that follows a spec step which accepted a tokens
+    reads its window at column a-1 (default: column 0).
+    """
+    geo, checked = _prepare(x, weight, bias, conv_state, out, activation, pad_slot_id)
+    metadata = (non_spec_query_start_loc, non_spec_state_indices, has_initial_state,
+                non_spec_token_indx, spec_query_start_loc, spec_state_indices,
+                spec_token_indx, num_accepted_tokens, non_spec_num_accepted_tokens)
+    plan = plan_cache.plan_for(plan_cache.key("mixed", geo, metadata),
+                               lambda: _mixed_plan(geo, None, *metadata))
+    return plan.run_checked((x, weight, bias, conv_state, out), activation, checked)
+
+
+def plan(num_tokens: int, num_cache_lines: int, state_len: int, width: int, *,
+         non_spec_query_start_loc: Optional[Ints] = None,
+         non_spec_state_indices: Optional[Ints] = None,
+         has_initial_state: Optional[Ints] = None, non_spec_token_indx: Optional[Ints] = None,
+         spec_query_start_loc: Optional[Ints] = None,
+         spec_state_indices: Optional[Ints] = None, spec_token_indx: Optional[Ints] = None,
+         num_accepted_tokens: Optional[Ints] = None,
+         non_spec_num_accepted_tokens: Optional[Ints] = None, pad_slot_id: int = -1,
+         queue: Any = None) -> StepPlan:
+    """Validate one engine step's metadata once and return a ``StepPlan`` whose
+    ``run(x, weight, bias, conv_state, out=None, activation="silu")`` does the conv of
+    one layer. The metadata arguments are ``causal_conv1d_mixed``'s (same rules, same
+    errors); the geometry is what every layer's tensors must have: x with ``num_tokens``
+    rows, conv_state viewed as (``num_cache_lines``, dim, ``state_len``), weight of
+    ``width`` taps. Metadata may be numpy arrays, lists, CPU or device tensors: it is read
+    here, once, and never again. ``queue``: a dpctl.SyclQueue to run on (default: torch's
+    current stream for XPU tensors, the array's own queue for dpctl/dpnp arrays, else the
+    current device's queue).
+    """
+    geo = validation.check_geometry(num_tokens, num_cache_lines, state_len, width, pad_slot_id)
+    return _mixed_plan(geo, queue, non_spec_query_start_loc, non_spec_state_indices,
+                       has_initial_state, non_spec_token_indx, spec_query_start_loc,
+                       spec_state_indices, spec_token_indx, num_accepted_tokens,
+                       non_spec_num_accepted_tokens)
+
+
+def _mixed_plan(geo, queue, non_spec_query_start_loc, non_spec_state_indices,
+                has_initial_state, non_spec_token_indx, spec_query_start_loc,
+                spec_state_indices, spec_token_indx, num_accepted_tokens,
+                non_spec_num_accepted_tokens):
+    """The parts of a mixed step (names as in causal_conv1d_mixed) as a StepPlan."""
+    no_maps = non_spec_token_indx is None and spec_token_indx is None
+    parts = []
+    given = {"non_spec_state_indices": non_spec_state_indices,
+             "has_initial_state": has_initial_state,
+             "non_spec_token_indx": non_spec_token_indx,
+             "non_spec_num_accepted_tokens": non_spec_num_accepted_tokens}
+    if non_spec_query_start_loc is None:
+        _reject_orphans(given, "non_spec_query_start_loc")
+    else:
+        parts.append(non_spec_part(
+            non_spec_query_start_loc, non_spec_state_indices, has_initial_state,
+            non_spec_token_indx, non_spec_num_accepted_tokens,
+            {"qsl": "non_spec_query_start_loc", "lines": "non_spec_state_indices",
+             "init": "has_initial_state", "rows": "non_spec_token_indx",
+             "accepted": "non_spec_num_accepted_tokens"},
+            geo, whole_x=no_maps and spec_query_start_loc is None))
+    given = {"spec_state_indices": spec_state_indices, "spec_token_indx": spec_token_indx,
+             "num_accepted_tokens": num_accepted_tokens}
+    if spec_query_start_loc is None:
+        _reject_orphans(given, "spec_query_start_loc")
+    else:
+        first = int(parts[0].query_start_loc[-1]) if parts else 0
+        parts.append(spec_part(
+            spec_query_start_loc, spec_state_indices, spec_token_indx, num_accepted_tokens,
+            {"qsl": "spec_query_start_loc", "lines": "spec_state_indices",
+             "rows": "spec_token_indx", "accepted": "num_accepted_tokens"},
+            geo, first_row=first, whole_x=no_maps))
+    return StepPlan(parts, geo, queue=queue,
+                    row_names="non_spec_token_indx/spec_token_indx",
+                    line_names="non_spec_state_indices/spec_state_indices")
+
+
+def _reject_orphans(given, owner):
+    for name, value in given.items():
+        if value is not None:
+            raise ValueError(f"{name}: given without {owner}; pass {owner} too, or drop it")

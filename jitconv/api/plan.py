@@ -1,0 +1,109 @@
+"""Step plans: an engine step's metadata validated and turned into kernel tables ONCE,
+then run on every layer.
+
+Every GDN / Mamba layer of one engine step uses the same metadata (query_start_loc, cache
+lines, token maps, accepted counts); only x, weight, bias and conv_state change per layer.
+``jitconv.plan(...)`` checks the metadata against the step's geometry (rows of x, cache
+lines, state_len, width), builds the tables (token rows, block records) and copies them into
+USM memory that the plan owns. ``StepPlan.run(x, weight, bias, conv_state)`` then checks
+only what can differ per layer (shapes, dtypes, strides, devices against the plan) and
+submits one kernel. The one-shot ops (``causal_conv1d_fn`` / ``_update`` / ``_mixed``) are
+a plan and one run.
+
+A plan is never written after it is built, so any number of threads may run it (or run
+different plans) at once: there is no lock and no shared mutable buffer.
+"""
+
+from typing import Any, Optional
+
+import numpy as np
+
+from jitconv.api import validation
+from jitconv.api.batch import build_batch
+from jitconv.backends import Launch, registry
+from jitconv.memory import bridge
+
+
+class StepPlan:
+    """One engine step, ready to run on every layer (build it with ``jitconv.plan``)."""
+
+    def __init__(self, parts, geometry, *, queue=None, row_names="token_indx",
+                 line_names="state_indices"):
+        geo = self.geometry = geometry
+        all_rows = np.concatenate([p.rows for p in parts] + [np.zeros(0, np.int64)])
+        validation.check_unique(all_rows, row_names, "row", geo.num_tokens)
+        all_lines = np.concatenate([p.lines for p in parts] + [np.zeros(0, np.int64)])
+        self.lines = all_lines[all_lines >= 0]  # the cache lines a run writes
+        validation.check_unique(self.lines, line_names, "cache line", geo.num_lines)
+        self.written_lines = self.lines.tolist()  # what a copy-back of conv_state writes
+        batch = build_batch(parts, geo.num_tokens)
+        self.num_blocks = batch.num_blocks
+        # tokens of the longest block (a backend may pick its code by it)
+        self.longest_block = int(batch.blk_len.max(initial=0))
+        self.longest_sequences = batch.longest_sequences()  # (non-spec, spec)
+        self.queue = queue  # None: chosen per run (torch's stream, or the current device)
+        self.host_tables = batch.tables()  # the kernel's int32 tables (kernels.abi.TABLES)
+        # what a remembered launch compares: the geometry its tensors were checked against
+        self.fit = (geo.num_tokens, geo.num_lines, geo.state_len, geo.width)
+
+    # ---------------------------------------------------------------- per layer
+
+    def run(self, x: Any, weight: Any, bias: Optional[Any], conv_state: Any,
+            out: Optional[Any] = None, activation: Optional[str] = "silu") -> Any:
+        """The conv of one layer: returns out (new, or the given ``out``, which may alias
+        x). conv_state is updated in place. Checks the tensors against the plan before
+        launching anything."""
+        return self.run_checked((x, weight, bias, conv_state, out), activation)
+
+    def run_checked(self, args, activation, checked=None):
+        """``run`` on ``args`` (x, weight, bias, conv_state, out). ``checked``: (normalized
+        tensors, dtype name) when the caller has already checked them against this
+        plan's geometry (the one-shot ops do), so a run that is not remembered does not
+        check them twice."""
+        backend = registry.for_call(args[0])
+        result, key = backend.remembered(self, args, activation)
+        if result is not None:  # these tensors passed the checks of this geometry
+            return result
+        silu = validation.check_activation(activation)
+        if checked is None:
+            tensors = bridge.normalize_all(*args)
+            _dim, width, dtype = validation.check_tensors(*tensors)
+            validation.check_fits_plan(self.geometry, tensors[0], tensors[3], width)
+        else:
+            tensors, dtype = checked
+        return self._launch(backend, tensors, silu, dtype, key)
+
+    def _launch(self, backend, tensors, silu, dtype, key):
+        """Launch on checked tensors (``run_checked`` checked them). With a ``key`` the
+        backend may keep a zero-copy launch for the next run with the same key."""
+        x, weight, bias, conv_state, out = tensors
+        validation.check_writable(x, weight, bias, conv_state, out)
+        extents = validation.check_aliasing(x, weight, bias, conv_state, out, self.lines)
+        dim = validation.shape_of(x)[1]
+        # The kernel needs channels contiguous in x and out (see kernels.abi). out may also
+        # alias x, and the kernel reads neighbouring rows of x: then compute into a
+        # separate buffer and copy (both rare; correctness over a saved copy).
+        x_given, x = x, bridge.channels_contiguous(x)
+        x_extent = extents["x"] if x is x_given else bridge.byte_extent(x)
+        target = out
+        if out is None or bridge.extents_meet(extents["out"], x_extent) or \
+                not bridge.has_unit_channel_stride(out):
+            if out is not None and not bridge.can_assign(out):
+                raise ValueError(f"out: a {type(out.source).__name__} that overlaps x or "
+                                 f"has strided channels cannot be written through a copy; "
+                                 f"pass out=None or a separate array with contiguous "
+                                 f"channels")
+            target = bridge.empty_like_output(x, validation.shape_of(x), dtype)
+        if dim == 0 or self.num_blocks == 0:
+            return _finish(out, target)
+        zero_copy = x is x_given and (target is out or out is None)
+        backend.launch(self, Launch(x, weight, bias, conv_state, out, target, silu, dtype,
+                                    extents, zero_copy, key))
+        return _finish(out, target)
+
+
+def _finish(out, target):
+    if out is not None and target is not out:
+        bridge.assign(out, target)
+        target = out
+    return target.source if isinstance(target, bridge.UsmArray) else target

@@ -1,0 +1,307 @@
+"""Input checks shared by the public ops. Everything here runs on the host, before any
+launch, so a bad call never touches conv_state.
+
+Errors name the argument and say what was expected: TypeError for a wrong kind or dtype,
+ValueError for a wrong shape or value.
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from jitconv.memory import bridge
+from jitconv.kernels import abi
+from jitconv.kernels.abi import SUPPORTED_WIDTHS
+
+FLOAT_DTYPES = ("float32", "float16", "bfloat16")
+
+
+def shape_of(t):
+    """The shape as a tuple of ints (torch.Size and UsmArray shapes already are)."""
+    return tuple(t.shape)
+
+
+def check_activation(activation):
+    if activation not in abi.ACTIVATIONS:
+        raise ValueError(f"activation must be 'silu', 'swish' or None, got {activation!r}")
+    return activation is not None
+
+
+def check_tensors(x, weight, bias, conv_state, out):
+    """Shapes, dtypes and devices of the data tensors. Returns (dim, width, dtype name).
+    Runs on every layer: each property is read once."""
+    if not hasattr(x, "shape") or not hasattr(x, "dtype"):
+        raise TypeError(f"x: expected a tensor, got {type(x).__name__}")
+    xshape = shape_of(x)
+    if len(xshape) != 2:
+        raise ValueError(f"x: expected shape (num_tokens, dim), got {xshape}")
+    dtype = bridge.dtype_name(x)
+    if dtype not in FLOAT_DTYPES:
+        raise TypeError(f"x: dtype must be one of {FLOAT_DTYPES}, got {dtype}")
+    dim = xshape[1]
+
+    wshape = shape_of(weight)
+    if not (len(wshape) == 2 or (len(wshape) == 3 and wshape[1] == 1)) or wshape[0] != dim:
+        raise ValueError(f"weight: expected shape (dim, width) or (dim, 1, width) with "
+                         f"dim={dim}, got {wshape}")
+    width = wshape[-1]
+    if width not in SUPPORTED_WIDTHS:
+        raise ValueError(f"weight: width (last dimension) must be one of "
+                         f"{SUPPORTED_WIDTHS}, got {width}")
+    _same_dtype("weight", weight, dtype)
+    if bias is not None:
+        if shape_of(bias) != (dim,):
+            raise ValueError(f"bias: expected shape ({dim},) or None, got {shape_of(bias)}")
+        _same_dtype("bias", bias, dtype)
+
+    sshape = shape_of(conv_state)
+    if len(sshape) != 3 or sshape[1] != dim:
+        raise ValueError(f"conv_state: expected a view of shape (num_cache_lines, dim="
+                         f"{dim}, state_len) (pass a transposed view for (lines, state_len,"
+                         f" dim) storage), got {sshape}")
+    if sshape[2] < width - 1:
+        raise ValueError(f"conv_state: state_len (shape[2]) must be >= width - 1 = "
+                         f"{width - 1}, got {sshape[2]}")
+    _same_dtype("conv_state", conv_state, dtype)
+    _check_strides("conv_state", conv_state)
+
+    if out is not None:
+        if shape_of(out) != xshape:
+            raise ValueError(f"out: expected shape {xshape} (same as x), "
+                             f"got {shape_of(out)}")
+        _same_dtype("out", out, dtype)
+        _check_strides("out", out)
+
+    where = _where(x)
+    for name, t in (("weight", weight), ("bias", bias), ("conv_state", conv_state),
+                    ("out", out)):
+        if t is not None and _where(t) != where:
+            raise ValueError(f"{name}: expected a tensor on the same device as x "
+                             f"({bridge.device_of(x)}), got one on {bridge.device_of(t)}")
+    return dim, width, dtype
+
+
+def _where(t):
+    """A cheap comparable device key (torch.device objects compare without str())."""
+    return t.device if isinstance(t, torch.Tensor) else bridge.device_of(t)
+
+
+def _same_dtype(name, t, dtype):
+    got = bridge.dtype_name(t)
+    if got != dtype:
+        raise TypeError(f"{name}: dtype must match x ({dtype}), got {got}")
+
+
+def _check_strides(name, t):
+    strides = t.stride()  # torch tensors and bridge.UsmArray, in elements
+    if min(strides, default=0) < 0:
+        raise ValueError(f"{name}: negative strides are not supported, got {tuple(strides)}")
+
+
+_INT32 = (-(1 << 31), (1 << 31) - 1)  # the kernel's tables are int32
+
+
+def host_ints(t, name, ndim=1, allow_bool=False):
+    """Metadata as an int64 numpy array on the host (read from any device). ``ndim``: the
+    number of dimensions required, or a tuple of those allowed. Every value must fit the
+    kernel's int32 tables: a value that does not (an unsigned 2**64 - 1 would otherwise
+    wrap to -1, a pad) is an error naming the argument."""
+    if isinstance(t, torch.Tensor):
+        if t.is_floating_point() or t.is_complex() or (t.dtype == torch.bool and not allow_bool):
+            raise TypeError(f"{name}: expected an integer tensor, got dtype {t.dtype}")
+        if t.device.type == "meta":
+            raise TypeError(f"{name}: a tensor on torch's meta device has no values; pass "
+                            f"it on the CPU or the device")
+        arr = t.detach().cpu().numpy()
+    else:
+        arr = bridge.host_array(t, name) if bridge.is_device_array(t) else np.asarray(t)
+        if arr.dtype == object or not (np.issubdtype(arr.dtype, np.integer)
+                                       or (allow_bool and arr.dtype == np.bool_)):
+            raise TypeError(f"{name}: expected integers, got dtype {arr.dtype}")
+    allowed = ndim if isinstance(ndim, tuple) else (ndim,)
+    if arr.ndim not in allowed:
+        want = " or ".join(f"{n}-D" for n in allowed)
+        raise ValueError(f"{name}: expected a {want} array, got shape {arr.shape}")
+    if arr.size and arr.dtype != np.bool_:
+        low, high = arr.min(), arr.max()  # compared before any cast: no wraparound
+        if low < _INT32[0] or high > _INT32[1]:
+            bad = high if high > _INT32[1] else low
+            raise ValueError(f"{name}: value {int(bad)} does not fit the int32 range "
+                             f"[{_INT32[0]}, {_INT32[1]}] of jitconv's tables")
+    return arr.astype(np.int64)
+
+
+def check_query_start_loc(qsl, name):
+    """(P+1,) cumulative token counts: starts at 0 and never decreases. (Where it must
+    end depends on the token maps: ops checks that.)"""
+    if len(qsl) < 1:
+        raise ValueError(f"{name}: expected at least one element (0), got an empty array")
+    if qsl[0] != 0:
+        raise ValueError(f"{name}: must start at 0, got {qsl[0]}")
+    if np.any(np.diff(qsl) < 0):
+        bad = int(np.argmax(np.diff(qsl) < 0))
+        raise ValueError(f"{name}: must be non-decreasing, but {name}[{bad + 1}]="
+                         f"{qsl[bad + 1]} < {name}[{bad}]={qsl[bad]}")
+
+
+def check_lines(lines, name, num_seqs, num_lines, pad_slot_id):
+    if len(lines) != num_seqs:
+        raise ValueError(f"{name}: expected {num_seqs} entries (one per sequence), "
+                         f"got {len(lines)}")
+    real = lines[lines != pad_slot_id]
+    bad = real[(real < 0) | (real >= num_lines)]
+    if len(bad):
+        raise ValueError(f"{name}: cache line {int(bad[0])} is out of range [0, "
+                         f"{num_lines}) and is not pad_slot_id={pad_slot_id}")
+
+
+def check_token_indx(rows, name, count, num_tokens):
+    if len(rows) != count:
+        raise ValueError(f"{name}: expected {count} entries (one per token), got {len(rows)}")
+    bad = rows[(rows < 0) | (rows >= num_tokens)]
+    if len(bad):
+        raise ValueError(f"{name}: row {int(bad[0])} is out of range [0, {num_tokens})")
+
+
+def check_unique(values, name, what, bound):
+    """Every value (already checked to lie in [0, bound)) appears at most once. A count
+    per value, not a sort: this runs on every call."""
+    if len(values) < 2:
+        return
+    counts = np.bincount(values, minlength=bound)
+    if counts.max() > 1:
+        raise ValueError(f"{name}: {what} {int(np.argmax(counts > 1))} is used more "
+                         f"than once in one call")
+
+
+# ---------------------------------------------------------------- plans
+
+@dataclass(frozen=True)
+class Geometry:
+    """What the metadata checks need to know about the data tensors of a step."""
+    num_tokens: int   # rows of x (and out)
+    num_lines: int    # cache lines of conv_state
+    state_len: int
+    width: int
+    pad_slot_id: int
+
+
+def check_geometry(num_tokens, num_cache_lines, state_len, width, pad_slot_id):
+    """The plan's geometry arguments as a Geometry (errors name the argument)."""
+    values = {}
+    for name, value, low in (("num_tokens", num_tokens, 0),
+                             ("num_cache_lines", num_cache_lines, 0),
+                             ("state_len", state_len, 1), ("width", width, 2),
+                             ("pad_slot_id", pad_slot_id, None)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+            raise TypeError(f"{name}: expected an int, got {value!r}")
+        if low is not None and value < low:
+            raise ValueError(f"{name}: expected an int >= {low}, got {value}")
+        values[name] = int(value)
+    if values["width"] not in SUPPORTED_WIDTHS:
+        raise ValueError(f"width: must be one of {SUPPORTED_WIDTHS}, got {width}")
+    if values["state_len"] < values["width"] - 1:
+        raise ValueError(f"state_len: must be >= width - 1 = {values['width'] - 1}, "
+                         f"got {state_len}")
+    return Geometry(values["num_tokens"], values["num_cache_lines"], values["state_len"],
+                    values["width"], values["pad_slot_id"])
+
+
+def check_fits_plan(geometry, x, conv_state, width):
+    """x, conv_state and the width of one run have the plan's geometry (errors name the
+    tensor and the plan's expectation)."""
+    rows = shape_of(x)[0]
+    lines, _dim, state_len = shape_of(conv_state)
+    for name, got, want, what in (("x", rows, geometry.num_tokens, "rows (num_tokens)"),
+                                  ("weight", width, geometry.width, "taps (width)"),
+                                  ("conv_state", lines, geometry.num_lines,
+                                   "cache lines (num_cache_lines)"),
+                                  ("conv_state", state_len, geometry.state_len,
+                                   "columns (state_len)")):
+        if got != want:
+            raise ValueError(f"{name}: has {got} {what}, but the plan was built for {want}")
+
+
+# ------------------------------------------------------- writability and aliasing
+
+def check_writable(x, weight, bias, conv_state, out):
+    """The conv has no autograd, and conv_state / out are written in place: reject what
+    torch (or the producer) would not allow, before anything runs."""
+    if torch.is_grad_enabled():
+        for name, t in (("x", x), ("weight", weight), ("bias", bias),
+                        ("conv_state", conv_state), ("out", out)):
+            if isinstance(t, torch.Tensor) and t.requires_grad:
+                raise TypeError(f"{name}: requires grad, but jitconv's conv has no "
+                                f"autograd (it is not differentiable); call it under "
+                                f"torch.no_grad() or torch.inference_mode(), or pass "
+                                f"{name}.detach()")
+    for name, t in (("conv_state", conv_state), ("out", out)):
+        if isinstance(t, torch.Tensor):
+            if t.is_inference() and not torch.is_inference_mode_enabled():
+                raise ValueError(f"{name}: an inference tensor cannot be updated in place "
+                                 f"outside torch.inference_mode() (torch forbids it)")
+        elif t is not None and getattr(t, "read_only", False):
+            raise ValueError(f"{name}: the array is read-only, but it is updated in place")
+
+
+_EXACT_LIMIT = 1 << 22  # elements: beyond this an ambiguous layout is rejected unchecked
+
+
+def _elements_repeat(shape, strides, first_index=None):
+    """Exact check: do two elements (of the index-0 entries in ``first_index``, when
+    given) share an offset? None when that is too many elements to check."""
+    index_sets = [np.arange(n, dtype=np.int64) for n in shape]
+    if first_index is not None:
+        index_sets[0] = np.asarray(first_index, np.int64)
+    count = int(np.prod([len(i) for i in index_sets], dtype=np.int64))
+    if count > _EXACT_LIMIT:
+        return None
+    offsets = np.zeros((), np.int64)
+    for idx, s in zip(index_sets, strides):
+        offsets = np.add.outer(offsets, idx * s)
+    return len(np.unique(offsets)) < offsets.size
+
+
+def check_aliasing(x, weight, bias, conv_state, out, lines):
+    """Outputs (out, and the cache lines ``lines`` of conv_state) must not overlap each
+    other, themselves, or an input the kernel reads while writing them. out may alias x
+    (the launch then computes into a separate buffer and copies). Interval checks on the
+    byte extents; exact element checks only where a layout could overlap itself.
+    Returns the byte extents by argument name (the launch reuses x's and out's)."""
+    extents = {name: bridge.byte_extent(t) for name, t in (
+        ("x", x), ("weight", weight), ("bias", bias), ("conv_state", conv_state),
+        ("out", out))}
+
+    def meet(a, b):
+        return bridge.extents_meet(extents[a], extents[b])
+
+    if out is not None:
+        if bridge.strides_may_overlap(shape_of(out), _strides(out)) and \
+                _elements_repeat(shape_of(out), _strides(out)) is not False:
+            raise ValueError(f"out: its elements overlap in memory (strides "
+                             f"{tuple(_strides(out))} for shape {shape_of(out)}): the "
+                             f"kernel would write some of them twice")
+        for other in ("conv_state", "weight", "bias"):
+            if meet("out", other):
+                role = "updated" if other == "conv_state" else "read"
+                raise ValueError(f"out and {other} overlap in memory: out is written while "
+                                 f"{other} is {role}; pass separate tensors")
+    if len(lines):
+        for other in ("x", "weight", "bias"):
+            if meet("conv_state", other):
+                raise ValueError(f"conv_state and {other} overlap in memory: conv_state is "
+                                 f"updated while {other} is read; pass separate tensors")
+        shape, strides = shape_of(conv_state), _strides(conv_state)
+        if bridge.strides_may_overlap(shape, strides) and \
+                _elements_repeat(shape, strides, first_index=lines) is not False:
+            raise ValueError(f"conv_state: the cache lines this call updates overlap in "
+                             f"memory (strides {tuple(strides)} for shape {shape}, e.g. an "
+                             f"expand() or as_strided() view); each line needs its own "
+                             f"memory")
+    return extents
+
+
+def _strides(t):
+    return tuple(t.stride())
+

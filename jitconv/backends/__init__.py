@@ -1,0 +1,48 @@
+"""Backends: one package per kind of device, each behind the same small interface.
+
+- ``sycl``: SYCL devices through dpctl (Intel GPUs, the Intel OpenCL CPU device); kernels
+  compiled to SPIR-V by numba-dpex, cached and shipped, submitted through dpctl.
+- ``cuda``: NVIDIA GPUs through numba-cuda, on torch's current CUDA stream.
+
+A plan knows no backend by name: ``registry.for_call(x)`` picks the backend that runs a
+call with this x, the plan checks the tensors (``jitconv.api``) and hands the backend a
+``Launch``. What a backend derives per plan (tables copied to a device, kernel choices)
+it keeps itself, keyed by the plan: plans are never written after they are built.
+"""
+
+from typing import NamedTuple, Protocol
+
+
+class Launch(NamedTuple):
+    """One run's checked tensors, as the plan hands them to a backend."""
+    x: object          # channels contiguous (a copy of the caller's x if they were not)
+    weight: object
+    bias: object       # or None
+    conv_state: object
+    out: object        # the caller's out (normalized), or None
+    target: object     # where the kernel writes: out, or a new tensor
+    silu: bool
+    dtype: str         # "float32", "float16" or "bfloat16"
+    extents: dict      # byte extents of the arguments (validation.check_aliasing)
+    zero_copy: bool    # x and out are the caller's own tensors (the launch may be kept)
+    key: object        # the backend's key from ``remembered``, or None
+
+
+class Backend(Protocol):
+    """What every backend implements."""
+
+    name: str
+
+    def devices(self) -> list:
+        """The device names this backend runs on ("opencl:cpu:0", "cuda:0", ...)."""
+
+    def takes(self, x) -> bool:
+        """Whether a call whose x is ``x`` runs on this backend."""
+
+    def remembered(self, plan, args, activation):
+        """(result, key): the result of a launch remembered for exactly these tensors
+        (submitted now, no checks needed), else None and a key for ``launch`` to keep
+        this one under (None: never kept)."""
+
+    def launch(self, plan, launch: Launch) -> None:
+        """Run ``plan`` on the checked tensors of ``launch``, writing ``launch.target``."""

@@ -1,0 +1,321 @@
+"""The CUDA device: torch CUDA tensors in and out, zero-copy, the conv kernel of
+``kernels`` (the same template as the SYCL kernel) launched on torch's current CUDA
+stream. Needs numba-cuda (``pip install 'jitconv[cuda]'``); neither dpctl nor numba-dpex.
+
+Memory: each tensor reaches the kernel as the device address of its first element (no
+copy; the kernel takes typed pointers, ``kernels.pointer_signature``) with element
+strides as scalars, the layout the SYCL backend uses too (there, flat arrays from the
+first to the last element). fp16/bf16 are read as int16 (their bit patterns). The
+plan's int32 tables are copied to the device once per plan and device.
+
+Order: the kernel goes on torch's current stream of x's device, so it is ordered with
+torch's work before and after it; ``run`` does not wait for it.
+
+numba's CUDA simulator (NUMBA_ENABLE_CUDASIM=1, numba-cuda installed) runs the same
+kernels as Python on the CPU: then "cuda:0" is listed, ``jitconv.set_device("cuda:0")``
+works, and torch CPU tensors go through this backend (tests/test_cuda.py runs that way in
+CI). The simulator checks the kernel's logic (indexing, bounds guard, tables, state
+updates); it cannot check code generation, the pointer arguments (it passes numpy
+arrays), the LLVM conversion intrinsics (it runs their Python twins, see
+``bit_conversions``), fastmath, streams or speed.
+"""
+
+import functools
+import threading
+import weakref
+
+import numpy as np
+import torch
+
+from jitconv.kernels import tuning
+from jitconv.kernels.abi import BLOCK_FIELDS, CONV_ARGS, FAST_EXP, fast_exp_setting, rows_aligned
+from jitconv.backends.cuda.devices import architecture, have_numba_cuda, native_bf16, simulating
+from jitconv.backends.cuda.source import (ARG_NAMES, CALL_ARGS, EXTRA_ARGS, LAYOUT_ARGS,
+                                          STATE_CHUNK_EXTRA, KernelSpec, short_tokens_for)
+
+_SIXTEEN_BIT = (torch.float16, torch.bfloat16)
+
+_lock = threading.Lock()
+_kernels = {}  # source.KernelSpec -> dispatcher
+_streams = {}  # (device index, cudaStream_t) -> numba external stream
+KINDS = ("general", "decode", "spec")
+
+
+def _fast_exp(tune):
+    """Whether silu's exp and division are the GPU's approximate instructions (as in
+    vLLM's Triton kernels; within the contract's tolerances, NaN and inf kept): the
+    tuning's value, unless JITCONV_FAST_EXP (read once per process, as by the SYCL
+    backend) says otherwise."""
+    chosen = fast_exp_setting(FAST_EXP)
+    return tune.fast_exp if chosen is None else chosen
+
+
+def _arch(device):
+    return "simulator" if simulating() else architecture(device)
+
+
+def kind_of(short_tokens):
+    return "general" if not short_tokens else "decode" if short_tokens == 1 else "spec"
+
+
+def channels_for(dim, channels):
+    """``channels`` per thread, halved until it divides dim (no per-channel guard)."""
+    while channels > 1 and dim % channels:
+        channels //= 2
+    return channels
+
+
+def lookahead_for(tune, longest_block):
+    """L of a launch whose longest block holds ``longest_block`` tokens."""
+    if tune.lookahead:
+        return tune.lookahead
+    return tune.short_lookahead if longest_block <= tune.short_lookahead else tune.long_lookahead
+
+
+def _aligned(t, group):
+    return rows_aligned(t.data_ptr(), t.element_size(), t.shape, t.stride(), group)
+
+
+def vector_taps_for(weight, tune):
+    """Whether a launch reads each channel's taps as one vector: the tuning value and a
+    (dim, 4) weight with contiguous taps in rows of 4 (the kernel reads channel c's at
+    4 c) and its first element aligned to 4 elements (``abi.rows_aligned``)."""
+    return (tune.vector_taps and weight.shape[1] == 4
+            and (weight.stride(0) == 4 or weight.shape[0] == 1) and _aligned(weight, 4))
+
+
+def row_group_for(channels, tune, x, target, conv_state):
+    """(G, grouped state) of a launch. G: the tuning's channels per access to rows of x
+    and out, halved until it divides ``channels`` and the rows of both (tokens, dim)
+    tensors are aligned to it (``abi.rows_aligned``). Grouped state: the conv state
+    accessed G channels at a time too, where the tuning asks for it, G > 1 and its
+    channels are contiguous and aligned to G."""
+    group = tune.row_group
+    while group > 1 and (channels % group or not all(_aligned(t, group) for t in (x, target))):
+        group //= 2
+    return group, group > 1 and tune.group_state and _aligned(conv_state, group)
+
+
+def get_kernel(spec):
+    """The dispatcher of a ``source.KernelSpec``, compiled once per process."""
+    kernel = _kernels.get(spec)
+    if kernel is None:
+        with _lock:
+            kernel = _kernels.get(spec)
+            if kernel is None:
+                from jitconv.backends.cuda.kernels import make_conv_kernel  # numba-cuda
+                kernel = _kernels[spec] = make_conv_kernel(spec)
+    return kernel
+
+
+def kind_spec(width, dtype_name, kind, arch="sm_90", dim=8192):
+    """The KernelSpec of a launch of one kind ("general": prefill and mixed steps,
+    "decode": one token per sequence, "spec": verify sequences of up to width - 1 +
+    STATE_CHUNK_EXTRA tokens) on tensors laid out as vLLM's (aligned rows, a (dim, 4)
+    weight, contiguous state channels), without a compiled-in layout: what ``python -m
+    jitconv show-kernel cuda`` prints. ``launch`` makes the same choices from the plan and
+    the tensors."""
+    if kind not in KINDS:
+        raise ValueError(f"kind: expected one of {KINDS}, got {kind!r}")
+    short = tuning.cuda(arch, dtype_name, "general").short_kernel
+    short_tokens = {"general": 0, "decode": 1,
+                    "spec": width - 1 + STATE_CHUNK_EXTRA}[kind] if short else 0
+    tune = tuning.cuda(arch, dtype_name, kind_of(short_tokens))
+    channels = channels_for(dim, tune.channels)
+    group = tune.row_group
+    while group > 1 and channels % group:
+        group //= 2
+    return KernelSpec(width, dtype_name, channels, tune.fastmath,
+                      lookahead_for(tune, short_tokens or 2 * tune.long_lookahead),
+                      _fast_exp(tune), tune.max_registers or None, False, short_tokens, group,
+                      None, tune.early_weights, group > 1 and tune.group_state,
+                      width == 4 and tune.vector_taps,
+                      uniform_decode=short_tokens == 1 and tune.uniform_decode)
+
+
+def launch_shape(groups, num_blocks, threads):
+    """(grid, block): x threads over channel groups (a multiple of 32, at most
+    ``threads``), y threads over token blocks; the grid is rounded up (the kernel
+    guards). Grid x runs over token blocks (no 65535 limit there), grid y over channel
+    tiles."""
+    tx = min(threads, 32 * -(-groups // 32))
+    ty = max(1, threads // tx)
+    return (-(-num_blocks // ty), -(-groups // tx)), (tx, ty)
+
+
+def _as_kernel_arg(t, sim):
+    """What the kernel gets for tensor t (zero-copy): on a GPU the address of its first
+    element (the kernel's pointer, read with t's strides), in the simulator t's elements
+    from its first to its last as a 1-D numpy array (over the tensor's CPU memory)."""
+    if not sim:
+        return t.data_ptr()  # an empty tensor's is never read
+    bits = t.view(torch.int16) if t.dtype in _SIXTEEN_BIT else t
+    if t.numel() == 0:  # nothing is read or written: any valid memory
+        bits = torch.zeros(1, dtype=bits.dtype)
+    extent = 1 + sum((n - 1) * s for n, s in zip(bits.shape, bits.stride()))
+    return bits.as_strided((extent,), (1,)).numpy()
+
+
+def _tables(plan, device, sim):
+    """The plan's tables as the kernel's argument (``_as_kernel_arg`` of one int32
+    tensor on ``device``) and their offsets; copied once per plan and device (the plan
+    keeps the tensor)."""
+    cache = _plan_state(plan).setdefault("tables", {})
+    found = cache.get(str(device))
+    if found is None:
+        host = [np.asarray(a, np.int32) for a in plan.host_tables]
+        offsets = tuple(int(o) for o in np.cumsum([0] + [len(a) for a in host[:-1]]))
+        tensor = torch.from_numpy(np.concatenate(host + [np.zeros(1, np.int32)]))
+        if not sim:
+            tensor = tensor.to(device)
+        found = cache.setdefault(str(device), (_as_kernel_arg(tensor, sim), offsets, tensor))
+    return found[0], found[1]
+
+
+_per_plan = weakref.WeakKeyDictionary()  # plan -> what this backend derived from it
+
+
+def _plan_state(plan):
+    found = _per_plan.get(plan)
+    if found is None:
+        with _lock:
+            found = _per_plan.setdefault(plan, {})
+    return found
+
+
+def _once_per_plan(plan, name, compute):
+    """``compute()``, worked out once per plan and kept for it under ``name``: what depends
+    only on the step's metadata, which every layer's launch of the plan shares."""
+    state = _plan_state(plan)
+    found = state.get(name)
+    if found is None:
+        found = state.setdefault(name, compute())
+    return found
+
+
+def _plan_short_tokens(plan):
+    """The short kernel a plan's launches can run (``source.short_tokens_for``)."""
+    def compute():
+        return short_tokens_for(plan.geometry.width, plan.longest_sequences)
+    return _once_per_plan(plan, "_cuda_short_tokens", compute)
+
+
+def _plan_uniform_decode(plan):
+    """Whether every sequence of the plan with a cache line holds one token and has its
+    window at column 0 (``kernel_template``'s uniform_decode; a plain decode step), from
+    the plan's block records."""
+    def compute():
+        records = np.asarray(plan.host_tables[1]).reshape(-1, len(BLOCK_FIELDS))
+        at = BLOCK_FIELDS.index
+        real = records[records[:, at("line")] >= 0]
+        return bool(len(real) and (real[:, at("seq_len")] == 1).all()
+                    and (real[:, at("off")] == 0).all())
+    return _once_per_plan(plan, "_cuda_uniform_decode", compute)
+
+
+def _uniform_decode(plan, short_tokens, tune):
+    """The uniform decode kernel for this launch: the tuning asks for it, a decode kernel
+    (short_tokens 1) and a plan whose sequences allow it (``_plan_uniform_decode``)."""
+    return short_tokens == 1 and tune.uniform_decode and _plan_uniform_decode(plan)
+
+
+def _stream(device):
+    """numba's handle on torch's current stream of ``device``."""
+    from numba import cuda
+    handle = torch.cuda.current_stream(device).cuda_stream
+    key = (device.index, handle)
+    stream = _streams.get(key)
+    if stream is None:
+        stream = _streams.setdefault(key, cuda.external_stream(handle))
+    return stream
+
+
+def launch(plan, x, weight, bias, conv_state, target, silu, dtype):
+    """One run of ``plan`` on checked tensors into ``target`` (StepPlan._launch checked
+    them and chose target: channels of x and target contiguous, target apart from x)."""
+    sim = simulating()
+    if not sim and not have_numba_cuda():
+        raise RuntimeError("x: a CUDA tensor, but numba-cuda is not installed: "
+                           "pip install 'jitconv[cuda]'")
+    dim = x.shape[1]
+    if weight.dim() == 3:  # (dim, 1, width)
+        weight = weight[:, 0, :]
+    width = plan.geometry.width
+    arch = _arch(x.device)
+    short = tuning.cuda(arch, dtype, "general").short_kernel
+    short_tokens = _plan_short_tokens(plan) if short else 0
+    tune = tuning.cuda(arch, dtype, kind_of(short_tokens))
+    channels = channels_for(dim, tune.channels)
+    row_group, group_state = row_group_for(channels, tune, x, target, conv_state)
+    grid, block = launch_shape(dim // channels, plan.num_blocks, tune.threads)
+
+    def kernel_and_args():
+        args = _arguments(plan, x, weight, bias, conv_state, target, silu, dim, sim)
+        layout = _layout(args) if tune.constant_layout else None
+        compact = layout is not None and tune.compact_args
+        fixed = block if layout is not None and tune.fixed_block else None
+        spec = KernelSpec(width, dtype, channels, tune.fastmath,
+                          lookahead_for(tune, plan.longest_block), _fast_exp(tune),
+                          tune.max_registers or None, native_bf16(x.device), short_tokens,
+                          row_group, layout, tune.early_weights, group_state,
+                          vector_taps_for(weight, tune), fixed, compact, tune.exact_grid,
+                          _uniform_decode(plan, short_tokens, tune))
+        kernel = get_kernel(spec)
+        if compact:  # the layout's values are in the kernel: pass the per-call ones
+            args = tuple(args[i] for i in _call_at())
+        return kernel, args
+
+    if sim:
+        kernel, args = kernel_and_args()
+        kernel[grid, block](*args)
+        return
+    from numba import cuda
+    with cuda.gpus[x.device.index]:
+        kernel, args = kernel_and_args()
+        # The dispatcher's one compiled kernel (source.pointer_signature), launched
+        # with the addresses and scalars as they are: the dispatcher's call would type the
+        # arguments again (about 65 us of Python per launch on the H200 machine) and
+        # would not take addresses for pointers.
+        (compiled,) = kernel.overloads.values()
+        compiled.launch(args, grid + (1,), block + (1,), _stream(x.device), 0)
+
+
+@functools.lru_cache(maxsize=None)
+def _call_at():
+    """Positions of source.CALL_ARGS among the kernel's arguments."""
+    return tuple(ARG_NAMES.index(n) for n in CALL_ARGS)
+
+
+_LAYOUT_AT = None  # positions of source.LAYOUT_ARGS among the kernel's arguments
+_layouts = set()  # layouts compiled in so far
+MAX_LAYOUTS = 64  # then further layouts run the kernel that reads them as arguments
+
+
+def _layout(args):
+    """The launch's values of source.LAYOUT_ARGS, to compile in (None: read from
+    the arguments): a layer's layout is the same at every call, so an engine compiles a
+    few kernels; past MAX_LAYOUTS distinct layouts in a process, none more."""
+    global _LAYOUT_AT
+    if _LAYOUT_AT is None:
+        names = [a[0] for a in CONV_ARGS + EXTRA_ARGS]
+        _LAYOUT_AT = tuple(names.index(n) for n in LAYOUT_ARGS)
+    layout = tuple(int(args[i]) for i in _LAYOUT_AT)
+    if layout not in _layouts:
+        with _lock:
+            if len(_layouts) >= MAX_LAYOUTS:
+                return None
+            _layouts.add(layout)
+    return layout
+
+
+def _arguments(plan, x, weight, bias, conv_state, target, silu, dim, sim):
+    """The kernel's arguments (``kernel_abi.CONV_ARGS`` and ``source.EXTRA_ARGS``)."""
+    tables, offsets = _tables(plan, x.device, sim)
+    xa, oa, wa, sa = (_as_kernel_arg(t, sim) for t in (x, target, weight, conv_state))
+    ba = _as_kernel_arg(bias, sim) if bias is not None else wa  # not read without bias
+    return (xa, 0, x.stride(0), oa, 0, target.stride(0),
+            wa, 0, weight.stride(0), weight.stride(1),
+            ba, 0, bias.stride(0) if bias is not None else 1,
+            sa, 0, *conv_state.stride(),
+            tables, *offsets, int(bias is not None), int(silu),
+            dim, plan.num_blocks)

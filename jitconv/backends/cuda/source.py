@@ -1,0 +1,167 @@
+"""The CUDA conv kernel's source: the template (``jitconv.kernels.template``) with what is
+CUDA's (the index: thread and block ids and the bounds guard a grid rounded up to whole
+thread blocks needs; the layout compiled in as constants), as text. No numba import:
+``python -m jitconv show-kernel`` and the golden kernels in the tests read it anywhere;
+``kernels`` compiles it."""
+
+import dataclasses
+from typing import Optional
+
+from jitconv.kernels.abi import CONV_ARGS, SUPPORTED_WIDTHS, TABLES
+from jitconv.kernels.template import Backend, kernel_source
+
+
+def cuda_index(block=None, exact=False):
+    """The CUDA backend's index code (``Backend.index``): x threads over channel groups,
+    y threads over blocks of tokens. ``block`` (tx, ty): the thread block's shape compiled
+    in (kernels with a compiled-in layout, whose launches all have that shape), None: read
+    from blockDim. ``exact``: the grid has exactly one thread per channel group and token
+    block (ty = 1, the groups a multiple of tx: ``launch_shape`` then rounds nothing up),
+    so no bounds guard."""
+    tx, ty = block or ("cuda.blockDim.x", "cuda.blockDim.y")
+    b = "cuda.blockIdx.x" if ty == 1 else f"cuda.blockIdx.x * {ty} + cuda.threadIdx.y"
+    index = (f"    g = cuda.blockIdx.y * {tx} + cuda.threadIdx.x  # channel group\n"
+             f"    b = {b}  # block\n"
+             "    c = g * {C}  # first of the work-item's channels")
+    if exact:
+        return index
+    return (index + "\n    if c >= dim or b >= num_blocks:\n"
+            "        return  # the grid is rounded up to whole thread blocks")
+
+
+CUDA = Backend(name="cuda", index_arg="", extra_args=", dim, num_blocks", index=cuda_index(),
+               one_round_record=True, reuse_state_loads=True, split_window=True)
+EXTRA_ARGS = (("dim", 0, "int64", None), ("num_blocks", 0, "int64", None))
+# New-state values read from x per round of loads: width - 1 + this (the template's
+# state_chunk). With one more than the window's width - 1, a spec sequence of 1 + 3
+# tokens at width 4 reads its 4 values in one round instead of two (each round's loads
+# wait for the previous round's state stores). H200, same call: spec-only 1.02-1.14x,
+# decode-heavy mixed 1.02-1.11x; bfloat16 decode-only 0.90-0.97x (benchmarks/h200/).
+STATE_CHUNK_EXTRA = 1
+
+# The scalar arguments a kernel can take as compile-time constants (``layout``): a
+# layer's offsets, strides, dim, has_bias and silu, the same at every call of a layer
+# (the per-call table offsets and block count are not). With them constant the 64-bit
+# index arithmetic on them folds (the bfloat16 decode kernel's SASS held 149 IMAD, 58
+# LEA and 46 IADD3 against 33, 8 and 2 in vLLM's Triton kernel, whose strides are
+# constexpr; docs/design.md).
+LAYOUT_ARGS = tuple(a[0] for a in CONV_ARGS + EXTRA_ARGS
+                    if not a[1] and a[0] not in TABLES + ("num_blocks",))
+
+
+ARG_NAMES = tuple(a[0] for a in CONV_ARGS + EXTRA_ARGS)
+# What a kernel with a compiled-in layout takes: the per-call arguments only.
+CALL_ARGS = tuple(name for name in ARG_NAMES if name not in LAYOUT_ARGS)
+
+
+def with_layout(source, layout, compact=True):
+    """``source`` with the LAYOUT_ARGS parameters bound to the values of ``layout`` (ints,
+    in LAYOUT_ARGS order) at the body's top and dropped from the parameter list (the
+    kernel then takes CALL_ARGS; ``compact`` False: kept, renamed, unused)."""
+    head, body = source.split("):\n", 1)  # the def's parameter list ends here
+    start, params = head.split("(", 1)
+    names = [p.strip() for p in params.split(",")]
+    for param in LAYOUT_ARGS:
+        if names.count(param) != 1:  # the template's parameter list changed: bind nothing
+            raise ValueError(f"kernel source: parameter {param!r} found "
+                             f"{names.count(param)} times")
+    if compact:
+        names = [p for p in names if p not in LAYOUT_ARGS]
+    else:
+        names = [f"_{p}" if p in LAYOUT_ARGS else p for p in names]
+    values = "".join(f"    {param} = {int(value)}\n" for param, value in zip(LAYOUT_ARGS, layout))
+    return f"{start}({', '.join(names)}):\n" + values + body
+
+
+def short_tokens_for(width, longest_sequences):
+    """The ``short_tokens`` of the kernel for a launch whose longest non-spec and spec
+    sequences (with a cache line) hold ``longest_sequences`` tokens: 1 for decode steps,
+    the state update's one round (width - 1 + STATE_CHUNK_EXTRA) when every non-spec
+    sequence holds at most width - 1 tokens and every spec one at most that round, else
+    0 (the general kernel). Two short kernels, not one per length: each is compiled on
+    first use."""
+    non_spec, spec = longest_sequences
+    one_round = width - 1 + STATE_CHUNK_EXTRA
+    if non_spec > width - 1 or spec > one_round:
+        return 0
+    return 1 if max(non_spec, spec) <= 1 else one_round
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelSpec:
+    """One CUDA kernel specialization: what ``kernels.make_conv_kernel`` compiles, and the
+    key of the compiled kernels (the only way to ask for one). ``channels``: per thread;
+    ``lookahead``: tokens loaded before their stores; ``fastmath``: numba's fastmath for
+    the whole kernel; ``fast_exp``: silu's exp and division as the GPU's approximate
+    instructions; ``max_registers``: per thread (None: the compiler's choice);
+    ``native_bf16``: bfloat16 rounded by the GPU's instruction (compute capability 8.0+);
+    ``short_tokens``: the kernel of launches whose sequences hold at most that many tokens
+    (0: the general kernel); ``row_group``: channels per access to rows of x and out;
+    ``layout``: the values of LAYOUT_ARGS compiled in (None: read from the arguments);
+    ``early_weights``, ``group_state``, ``vector_taps``, ``uniform_decode``: the template's
+    options (``jitconv.kernels.template``); ``block``: the thread block's shape compiled in
+    (with a layout only); ``compact_args``: the layout's parameters dropped from the
+    signature; ``exact_grid``: no bounds guard where the grid rounds nothing up. Values
+    without effect are normalized, so that one kernel has one spec."""
+    width: int
+    dtype_name: str
+    channels: int = 1
+    fastmath: bool = False
+    lookahead: int = 1
+    fast_exp: bool = False
+    max_registers: Optional[int] = None
+    native_bf16: bool = False
+    short_tokens: int = 0
+    row_group: int = 1
+    layout: Optional[tuple] = None
+    early_weights: bool = False
+    group_state: bool = False
+    vector_taps: bool = False
+    block: Optional[tuple] = None
+    compact_args: bool = True
+    exact_grid: bool = True
+    uniform_decode: bool = False
+
+    def __post_init__(self):
+        normal = {"native_bf16": self.native_bf16 and self.dtype_name == "bfloat16",
+                  "compact_args": self.compact_args and self.layout is not None,
+                  "exact_grid": self.exact_grid and self.block is not None}
+        for name, value in normal.items():
+            object.__setattr__(self, name, value)
+
+
+def name_and_source(spec):
+    """(kernel name, Python source, argument names) of a KernelSpec."""
+    (width, dtype_name, channels, fastmath, lookahead, fast_exp, max_registers, native_bf16,
+     short_tokens, row_group, layout, early_weights, group_state, vector_taps, block,
+     compact_args, exact_grid, uniform_decode) = dataclasses.astuple(spec)
+    if width not in SUPPORTED_WIDTHS:
+        raise ValueError(f"width must be one of {SUPPORTED_WIDTHS}, got {width}")
+    if block and layout is None:
+        raise ValueError("block: a thread block shape is compiled in only with a layout")
+    exact = False
+    if block:
+        groups = layout[LAYOUT_ARGS.index("dim")] // channels
+        exact = exact_grid and block[1] == 1 and groups % block[0] == 0
+    name = (f"jitconv_conv_w{width}_{dtype_name}_c{channels}_l{lookahead}"
+            f"{'_fast' if fastmath else ''}{'_fastexp' if fast_exp else ''}"
+            f"{f'_r{max_registers}' if max_registers else ''}"
+            f"{'_cvt' if native_bf16 and dtype_name == 'bfloat16' else ''}"
+            f"{f'_short{short_tokens}' if short_tokens else ''}"
+            f"{f'_g{row_group}' if row_group > 1 else ''}"
+            f"{'_ew' if early_weights else ''}{'_gs' if group_state else ''}"
+            f"{'_vt' if vector_taps else ''}"
+            f"{f'_k{hash(layout) % 10 ** 10}' if layout is not None else ''}"
+            f"{f'_b{block[0]}x{block[1]}' if block else ''}"
+            f"{'_ca' if layout is not None and compact_args else ''}"
+            f"{'_ng' if exact else ''}{'_ud' if uniform_decode else ''}")
+    backend = CUDA._replace(index=cuda_index(block, exact)) if block else CUDA
+    source = kernel_source(width, name, backend, channels, lookahead,
+                           state_chunk=width - 1 + STATE_CHUNK_EXTRA, short_tokens=short_tokens,
+                           row_group=row_group, early_weights=early_weights,
+                           group_state=group_state, vector_taps=vector_taps,
+                           uniform_decode=uniform_decode)
+    if layout is not None:
+        source = with_layout(source, layout, compact_args)
+    names = CALL_ARGS if layout is not None and compact_args else ARG_NAMES
+    return name, source, names

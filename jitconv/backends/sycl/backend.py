@@ -1,0 +1,88 @@
+"""The SYCL backend: a run's tensors as USM views on the queue the call runs on (torch
+XPU's current stream, a dpctl/dpnp array's own queue, or the current device's), one
+submit of the conv kernel, and the launch remembered for the next run with the same
+tensors (``run_cache``).
+
+When a run waits: right after the submit it returns when the kernel's results are only
+read by later work on the same in-order queue (torch XPU tensors on torch's current stream,
+or dpctl/dpnp arrays on an in-order queue). It waits for the kernel when host code may read
+the results next: torch CPU tensors (USM shared memory from ``jitconv.empty``, or plain
+tensors that were copied and must be copied back), or an out-of-order queue (dpctl's
+default), where later work is not ordered after the kernel.
+"""
+
+import torch
+
+from jitconv import device as current
+from jitconv.backends.sycl import devices, launching, run_cache, tables
+from jitconv.memory import bridge
+
+
+class SyclBackend:
+    name = "sycl"
+
+    def devices(self):
+        return [d.filter_string for d in devices.sycl_devices()]
+
+    def takes(self, x):
+        return True  # whatever the CUDA backend does not take; bridge rejects the rest
+
+    @staticmethod
+    def _queue(plan, x):
+        return plan.queue or current.queue_for(x)
+
+    def remembered(self, plan, args, activation):
+        if not launching.can_resubmit():
+            return None, None
+        x, weight, bias, conv_state, out = args
+        key = run_cache.key(x, weight, bias, conv_state, out, activation,
+                            self._queue(plan, x))
+        if key is None:
+            return None, None
+        entry = run_cache.find(key, plan)
+        if entry is not None:  # these tensors passed the checks of this geometry
+            result = entry.run(plan, x, out)
+            if result is not None:
+                return result, key
+        return None, key
+
+    def launch(self, plan, launch):
+        x, weight, bias, conv_state, out, target = launch[:6]
+        queue = self._queue(plan, x)
+        views, write_backs = {}, []
+        for name, t, writable, written in (
+                ("x", x, False, None), ("out", target, True, None),
+                ("weight", weight, False, None),
+                ("conv_state", conv_state, True, plan.written_lines)):
+            views[name], wb = bridge.to_device(t, name, writable, queue, written)
+            if wb is not None:
+                write_backs.append(wb)
+        if len(views["weight"].shape) == 3:  # (dim, 1, width): drop the unit axis
+            w = views["weight"]
+            views["weight"] = w._replace(shape=(w.shape[0], w.shape[2]),
+                                         strides=(w.strides[0], w.strides[2]))
+        if bias is not None:
+            views["bias"], _ = bridge.to_device(bias, "bias", False, queue)
+        else:
+            # The kernel does not read bias then, but the argument must be a valid array.
+            views["bias"] = views["weight"]._replace(shape=(1,), strides=(1,))
+        host_reads = write_backs or any(isinstance(t, torch.Tensor) and t.device.type == "cpu"
+                                        for t in (x, target, conv_state))
+        wait = bool(host_reads) or not queue.is_in_order
+        if not wait:
+            tables.mark_unwaited(plan)
+        dim = int(views["x"].shape[1])
+        kernel, values, grid = launching.submit_conv(
+            queue, plan.geometry.width, launch.dtype, views, tables.tables_on(plan, queue),
+            plan.num_blocks, dim, has_bias=bias is not None, silu=launch.silu, wait=wait)
+        for wb in write_backs:
+            wb()
+        # Only zero-copy launches are remembered: a copy is new memory on every run.
+        if launch.key is not None and launch.zero_copy and \
+                not any(bridge.is_copy(v) for v in views.values()):
+            run_cache.remember(launch.key, (x, weight, bias, conv_state, out), views,
+                               launch.extents, plan, kernel, queue, values, grid[1], wait,
+                               launch.dtype)
+
+
+BACKEND = SyclBackend()

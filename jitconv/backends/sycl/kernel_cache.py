@@ -1,0 +1,195 @@
+"""Persistent SPIR-V cache: compile a kernel specialization once per machine, not once
+per process.
+
+numba-dpex has no on-disk cache, and a first compile costs 1-3 s (numba typing,
+llvm-spirv, OpenCL build). SPIR-V is portable, so jitconv keeps what numba-dpex produced
+on disk, with the argument layout it expects, and later processes launch it through dpctl
+alone: they import neither numba nor numba-dpex. The same files can ship with the package
+(``python -m jitconv build-kernels --ship``), which is what lets jitconv run with dpctl
+only (e.g. beside torch XPU, whose SYCL runtime numba-dpex 0.23 cannot share).
+
+Where entries are looked up, in order:
+1. ``$JITCONV_CACHE_DIR`` if set, else ``$XDG_CACHE_HOME/jitconv`` (``~/.cache/jitconv``):
+   read and written;
+2. ``jitconv/prebuilt/`` inside the package ("shipped"): read only. The wheel carries
+   SPIR-V for every supported width and dtype there (committed, regenerated with
+   ``python -m jitconv build-kernels --ship``; tests/test_prebuilt.py fails when they no
+   longer match the kernel source). JITCONV_NO_SHIPPED_KERNELS=1 skips them (the test
+   suite does, so that the compile path runs).
+
+An entry is ``<key>.spv`` (the SPIR-V) plus ``<key>.json`` (kernel name, argument
+layout, SHA-256 of the SPIR-V, and the versions that produced it). The key hashes what
+the SPIR-V is made from: the generated kernel source (``source.name_and_source``: the
+template, the width, the dtype, silu's variant, one channel per work-item or "wide"),
+the code (not the comments or docstrings) of the modules that compile it
+(``CODEGEN_FILES``: the intrinsics the source calls), the ABI and jitconv's version. So a
+comment or docstring edit rebuilds nothing, and any change of the generated code does.
+An entry whose metadata does not parse, whose checksum or ABI does not match, or (when
+numba-dpex is installed) that another numba-dpex or numba version produced, is stale: it
+is ignored and rebuilt, never trusted. The compiler's versions are checked from the
+entry, not hashed into the key: an environment without numba-dpex must still find the
+kernels shipped for it.
+"""
+
+import ast
+import functools
+import hashlib
+import json
+import os
+import tempfile
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+from jitconv.version import __version__
+from jitconv.kernels.abi import CONV_ARGS, STORAGE, SUPPORTED_WIDTHS, WIDE_CHANNELS, fast_silu
+
+PREBUILT_DIR = Path(__file__).resolve().parent / "prebuilt"
+_PACKAGE_DIR = Path(__file__).resolve().parents[2]  # jitconv/
+# The modules that turn the generated source into SPIR-V: the SYCL codegen (numba-dpex
+# intrinsics: fdiv, native_exp, word reads, row accesses) and the fp16/bf16 conversions.
+CODEGEN_FILES = ("backends/sycl/kernels.py", "kernels/bit_conversions.py")
+FORMAT = 1  # bump when the entry format changes
+
+
+def cache_dir():
+    """The writable cache directory (created on first write), or None when there is no
+    JITCONV_CACHE_DIR, XDG_CACHE_HOME or home directory to put it in."""
+    env = os.environ.get("JITCONV_CACHE_DIR")
+    if env:
+        return Path(env)
+    base = os.environ.get("XDG_CACHE_HOME")
+    if not base:
+        try:
+            base = Path.home() / ".cache"
+        except (RuntimeError, KeyError):  # no HOME and no passwd entry
+            return None
+    return Path(base) / "jitconv"
+
+
+def search_dirs():
+    dirs = [cache_dir()]
+    if os.environ.get("JITCONV_NO_SHIPPED_KERNELS") != "1":
+        dirs.append(PREBUILT_DIR)
+    return [d for d in dirs if d is not None]
+
+
+def origin(path):
+    """'shipped' for an entry inside the package, else 'user cache'."""
+    return "shipped" if Path(path).parent == PREBUILT_DIR else "user cache"
+
+
+def shipped_files():
+    """The entry files the package should carry: one .spv and .json per supported
+    specialization (``specializations``), named by the current key (silu's variant: the
+    default of each dtype when JITCONV_FAST_EXP is unset)."""
+    return sorted(f"{key(*spec)}{suffix}" for spec in specializations()
+                  for suffix in (".json", ".spv"))
+
+
+def specializations():
+    """(width, dtype, wide) of every kernel jitconv may launch: each supported width and
+    dtype, and its wide kernel where the dtype has one."""
+    return [(w, d, wide) for w in SUPPORTED_WIDTHS for d in STORAGE
+            for wide in ((False, True) if d in WIDE_CHANNELS else (False,))]
+
+
+def _dist_version(name):
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return None
+
+
+def compiler_versions():
+    """Versions of the toolchain that would compile a missing kernel (None if absent)."""
+    return {"numba-dpex": _dist_version("numba-dpex"), "numba": _dist_version("numba")}
+
+
+def _abi():
+    return [list(a) for a in CONV_ARGS]
+
+
+@functools.lru_cache(maxsize=None)
+def _code_fingerprint():
+    """SHA-256 of the code of CODEGEN_FILES: their syntax trees without docstrings (and
+    so without comments), immune to edits of either."""
+    h = hashlib.sha256()
+    for name in CODEGEN_FILES:
+        tree = ast.parse((_PACKAGE_DIR / name).read_text())
+        for node in ast.walk(tree):
+            body = getattr(node, "body", None)
+            if isinstance(body, list) and body and isinstance(body[0], ast.Expr) and \
+                    isinstance(getattr(body[0], "value", None), ast.Constant) and \
+                    isinstance(body[0].value.value, str):
+                node.body = body[1:] or [ast.Pass()]
+        h.update(ast.dump(tree).encode())
+    return h.hexdigest()
+
+
+def key(width, dtype_name, wide=False):
+    """Hash of everything that changes the SPIR-V (see the module docstring)."""
+    from jitconv.backends.sycl.source import name_and_source
+    name, source = name_and_source(width, dtype_name, fast_silu(dtype_name), wide)
+    h = hashlib.sha256(json.dumps([FORMAT, __version__, _abi(), name, source,
+                                   _code_fingerprint()]).encode())
+    return f"conv_w{width}_{dtype_name}{'_wide' if wide else ''}_{h.hexdigest()[:20]}"
+
+
+
+rejected = []  # (path, reason) of entries ignored in this process
+
+
+def load(width, dtype_name, wide=False):
+    """(spirv bytes, kernel name, path) of a valid entry, or None. Stale entries are
+    recorded in ``rejected`` and ignored."""
+    k = key(width, dtype_name, wide)
+    # The compiler's versions are checked here rather than hashed into the key: an
+    # environment without numba-dpex must still find the entries shipped for it. numba
+    # alone is not a compiler of ours (vLLM installs numba, never numba-dpex): its
+    # version matters only beside numba-dpex.
+    versions = compiler_versions()
+    installed = {k: v for k, v in versions.items() if v} if versions["numba-dpex"] else {}
+    for directory in search_dirs():
+        meta_path, spv_path = directory / f"{k}.json", directory / f"{k}.spv"
+        if not meta_path.exists():
+            continue
+        problem = None
+        try:
+            meta = json.loads(meta_path.read_text())
+            spirv = spv_path.read_bytes()
+            if meta.get("format") != FORMAT or meta.get("abi") != _abi():
+                problem = "format or argument layout differs"
+            elif hashlib.sha256(spirv).hexdigest() != meta.get("sha256"):
+                problem = "checksum mismatch (corrupt SPIR-V)"
+            elif any(meta.get(tool) != v for tool, v in installed.items()):
+                tool = next(t for t, v in installed.items() if meta.get(t) != v)
+                problem = f"built by {tool} {meta.get(tool)}, {installed[tool]} is installed"
+        except (OSError, ValueError, AttributeError) as exc:
+            problem = f"unreadable ({exc})"
+        if problem:
+            rejected.append((str(meta_path), problem))
+            continue
+        return spirv, meta["kernel_name"], spv_path
+    return None
+
+
+
+def store(width, dtype_name, spirv, kernel_name, directory=None, wide=False):
+    """Write an entry atomically (a concurrent reader sees the old state or the new one,
+    never half a file). Returns the path of the SPIR-V file."""
+    directory = Path(directory) if directory else cache_dir()
+    if directory is None:
+        raise OSError("no cache directory (no home directory; JITCONV_CACHE_DIR unset)")
+    directory.mkdir(parents=True, exist_ok=True)
+    k = key(width, dtype_name, wide)
+    meta = {"format": FORMAT, "kernel_name": kernel_name, "width": width,
+            "dtype": dtype_name, "wide": wide, "abi": _abi(),
+            "sha256": hashlib.sha256(spirv).hexdigest(),
+            **compiler_versions()}
+    # SPIR-V first, metadata last: an entry without metadata is never read.
+    for suffix, data in ((".spv", spirv), (".json", json.dumps(meta, indent=1).encode())):
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{k}", suffix=suffix)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, directory / f"{k}{suffix}")
+    return directory / f"{k}.spv"

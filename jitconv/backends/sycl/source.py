@@ -1,0 +1,46 @@
+"""The SYCL conv kernel's source: the template (``jitconv.kernels.template``) with what is
+SYCL's (the work-item's index: ``item.get_id``, an exact range, no bounds guard; the
+stride-specific read paths, ``unit_stride_reads``), as text. No numba import: the kernel
+cache's key, ``python -m jitconv show-kernel`` and the golden kernels in the tests read it
+anywhere; ``kernels`` compiles it."""
+
+import numpy as np
+
+from jitconv.kernels.abi import STORAGE, SUPPORTED_WIDTHS, WIDE_CHANNELS, fast_silu
+from jitconv.kernels.template import Backend, kernel_source as _template_source
+
+SYCL = Backend(
+    name="sycl", index_arg="item, ", extra_args="", unit_stride_reads=True,
+    index="    c = item.get_id(0) * {C}  # first channel: the fastest index\n"
+          "    b = item.get_id(1)  # block")
+
+
+def kernel_source(width, name, dtype_name, wide=False, **backend_options):
+    """The Python source of the SYCL conv kernel for one width and dtype: one channel per
+    work-item, or with ``wide`` (a dtype of ``kernel_abi.WIDE_CHANNELS``) that many, each
+    row of x, out and the conv state accessed that many channels at once.
+    ``backend_options``: other values of ``SYCL``'s flags (e.g. ``unit_stride_reads=False``:
+    the kernel without its stride-specific reads), only for same-run comparisons."""
+    backend = SYCL._replace(**backend_options)
+    channels = 1
+    if wide:
+        if dtype_name not in WIDE_CHANNELS or not backend.unit_stride_reads:
+            raise ValueError(f"no wide kernel for {dtype_name} (wide kernels: "
+                             f"{sorted(WIDE_CHANNELS)}, with unit_stride_reads)")
+        channels = WIDE_CHANNELS[dtype_name]
+    return _template_source(
+        width, name, backend, channels=channels, row_group=channels,
+        word_taps=backend.unit_stride_reads and width == 4 and STORAGE[dtype_name] == np.int16)
+
+
+def name_and_source(width, dtype_name, fast=None, wide=False, **backend_options):
+    """(kernel name, Python source) of one specialization. ``fast``: the fast silu (None:
+    the dtype's default, ``abi.fast_silu``); ``wide``, ``backend_options``: as in
+    ``kernel_source``."""
+    if width not in SUPPORTED_WIDTHS:
+        raise ValueError(f"width must be one of {SUPPORTED_WIDTHS}, got {width}")
+    if fast is None:
+        fast = fast_silu(dtype_name)
+    name = (f"jitconv_conv_w{width}_{dtype_name}" + ("_fast" if fast else "")
+            + ("_wide" if wide else ""))
+    return name, kernel_source(width, name, dtype_name, wide, **backend_options)

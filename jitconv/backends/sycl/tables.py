@@ -1,0 +1,52 @@
+"""A plan's tables on SYCL devices: copied into USM memory of a queue's context once per
+context, kept here (keyed by the plan, which is never written) for as long as the plan
+lives, and freed after the last kernel that may read them."""
+
+import threading
+import weakref
+
+from jitconv.backends.sycl import launching
+from jitconv.kernels.abi import TABLES
+from jitconv.memory import bridge, usm
+
+_lock = threading.Lock()
+_state = weakref.WeakKeyDictionary()  # plan -> {"tables": {...}, "unwaited": [bool]}
+
+
+def _release(memory, queue, unwaited):
+    """Finalizer: a kernel that was not waited for may still read the tables."""
+    if unwaited[0]:
+        queue.wait()
+    del memory
+
+
+def _of(plan):
+    found = _state.get(plan)
+    if found is None:
+        with _lock:
+            found = _state.setdefault(plan, {"tables": {}, "unwaited": [False]})
+    return found
+
+
+def tables_on(plan, queue):
+    """The packed tables parameters of ``plan`` in USM memory of the queue's context."""
+    state = _of(plan)
+    tables = state["tables"].get(queue)  # by queue first: no context lookup per run
+    if tables is None:
+        context = queue.sycl_context
+        tables = state["tables"].get(context)
+        if tables is None:
+            memory, offsets = usm.upload_tables(plan.host_tables, queue)
+            view = bridge.DeviceView(memory, 0, (memory.nbytes // 4,), (1,), 4, memory)
+            weakref.finalize(plan, _release, memory, queue, state["unwaited"])
+            # setdefault: two threads that both uploaded agree on one copy
+            tables = state["tables"].setdefault(
+                context, launching.table_args(view, dict(zip(TABLES, offsets))))
+        state["tables"][queue] = tables
+    return tables
+
+
+def mark_unwaited(plan):
+    """A kernel of ``plan`` was submitted without a wait: freeing its tables then waits
+    for the queue first."""
+    _of(plan)["unwaited"][0] = True

@@ -1,0 +1,118 @@
+"""What the conv kernel expects, shared by the kernel source, the launcher and the host
+tables: supported widths, storage types, flag bits and the argument list.
+
+Kept free of numba / numba-dpex imports: launching prebuilt SPIR-V needs only this.
+"""
+
+import os
+
+import numpy as np
+
+SUPPORTED_WIDTHS = (2, 3, 4, 5, 6, 7, 8)
+ACTIVATIONS = (None, "silu", "swish")  # silu and its other name, or none
+
+# silu's math, per dtype: "exact" (math.exp, IEEE division, the full bf16 rounding) or
+# "fast" (OpenCL's native_exp, whose accuracy is the device's choice: here within 1e-5 of
+# exp in float32). The fast one is the default for the 16-bit dtypes only: its error is
+# far below half an ulp of their outputs (measured on opencl:cpu: 1 ulp at most, in a few
+# per mille of bfloat16 and ~1.5% of float16 outputs, all within the contract's
+# tolerances), and it made them faster on opencl:cpu (docs/design.md); float32 keeps
+# the exact math by default. (A bf16 rounding without its NaN check was 8-10% faster
+# still on the CPU, but only x86's NaNs survive it: a GPU's canonical NaN 0x7FFFFFFF would
+# round to -0.0, and no Intel GPU could be checked, so it is not used.)
+# JITCONV_FAST_EXP (read once per process) overrides the default for every dtype: "0" the
+# exact math, "1" the fast one (float32 then gets native_exp only). Each variant is its
+# own kernel with its own cache key; the shipped kernels are the defaults'.
+DEFAULT_FAST_SILU = {"float32": False, "float16": True, "bfloat16": True}
+FAST_EXP = os.environ.get("JITCONV_FAST_EXP")  # None or "": the per-dtype default
+
+
+def fast_exp_setting(value):
+    """A value of JITCONV_FAST_EXP as None (unset or empty: the backend's default), True
+    ("1") or False ("0"); anything else is an error naming the variable. Both backends
+    read the variable through this (the CUDA one per launch, with its own default)."""
+    if value in (None, ""):
+        return None
+    if value not in ("0", "1"):
+        raise ValueError(f"JITCONV_FAST_EXP: expected 0 or 1, got {value!r}")
+    return value == "1"
+
+
+def fast_silu(dtype_name):
+    """Whether the kernel for ``dtype_name`` uses the fast silu (see above)."""
+    chosen = fast_exp_setting(FAST_EXP)
+    return DEFAULT_FAST_SILU[dtype_name] if chosen is None else chosen
+
+
+# How a tensor of each dtype is passed to the kernel: fp16/bf16 have no numba-dpex array
+# type, so they travel as int16 bit patterns and are converted inside the kernel.
+STORAGE = {"float32": np.float32, "float16": np.int16, "bfloat16": np.int16}
+
+# The SYCL backend's "wide" kernels (16-bit dtypes): C channels per work-item, and every
+# access to a row of x, out or the conv state covers those C channels as one 64-bit word
+# (kernel_template's row_group). A compiler that vectorizes across work-items (the OpenCL
+# CPU device) then reads 8 bytes of contiguous memory per lane instead of 2: on
+# opencl:cpu (AVX2, 8 lanes) bfloat16 1.21-1.73x and float16 1.01-1.40x faster on every
+# benchmark workload in same-run comparisons (docs/design.md). The host launches one
+# only where every such access is aligned (launching.wide_fits); every other launch takes
+# the one-channel kernel. float32 keeps one channel per work-item (2 or 4 were 0.7-1.14x
+# as fast there).
+WIDE_CHANNELS = {"float16": 4, "bfloat16": 4}
+
+
+def rows_aligned(address, itemsize, shape, strides, group, channel_axis=1):
+    """Whether every row of an array (element ``strides``, channel axis contiguous)
+    starts on a multiple of ``group`` elements of memory aligned to that many, so that
+    channels c .. c + group - 1 (c a multiple of group) are one aligned access: the
+    first element's ``address`` and every other stride (of an axis longer than 1) are
+    multiples of the group. The rule of both backends' grouped row accesses (SYCL's
+    wide kernels, CUDA's row groups): a misaligned vector access is undefined in SPIR-V
+    and faults on a GPU, so it is checked on the address (views may start anywhere)."""
+    if strides[channel_axis] != 1 and shape[channel_axis] > 1:
+        return False
+    if address % (group * itemsize):
+        return False
+    return all(s % group == 0 for i, (n, s) in enumerate(zip(shape, strides))
+               if i != channel_axis and n > 1)
+
+# Flag bits of a block (built by batch.py): of its sequence (initial state, spec), and
+# whether the rows of x of the block / of its whole sequence are consecutive.
+FLAG_INITIAL_STATE = 1
+FLAG_SPEC = 2
+FLAG_BLOCK_ROWS = 4
+FLAG_SEQ_ROWS = 8
+
+# The per-call tables (built by batch.py), in the order of Batch.tables(): "rows" (the
+# row of x of each token slot, in sequence order) and "blocks" (one record per block).
+TABLES = ("rows", "blocks")
+# A block's record, in order: first token slot, token count, position of its first token
+# in its sequence, the sequence's length, cache line (-1: pad), window offset, flags, and
+# the row of x of its first token.
+BLOCK_FIELDS = ("tok", "len", "pos", "seq_len", "line", "off", "flags", "row0")
+
+# The conv kernel's arguments, in order: (name, ndim, element type, layout).
+# ndim 0 is a scalar. Element type "raw" is the storage type of the dtype being compiled.
+# Every array is passed flat (1-D, "C": its whole allocation) with the view's element
+# offset and strides as scalars: launching then reuses one memory object per allocation. x and out
+# need contiguous channels: consecutive work-items then touch consecutive addresses,
+# which the OpenCL CPU compiler vectorizes and a GPU coalesces (with a runtime channel
+# stride the same loads become gathers: 3-4x slower on opencl:cpu). Strided 2-D / 3-D
+# numba arrays in the 2-D index space were also miscompiled by the OpenCL CPU compiler
+# here (wrong channels read): flat arrays avoid that.
+CONV_ARGS = (
+    ("x", 1, "raw", "C"), ("x_offset", 0, "int64", None),
+    ("x_row_stride", 0, "int64", None),
+    ("out", 1, "raw", "C"), ("out_offset", 0, "int64", None),
+    ("out_row_stride", 0, "int64", None),
+    ("weight", 1, "raw", "C"), ("weight_offset", 0, "int64", None),
+    ("weight_stride_c", 0, "int64", None), ("weight_stride_k", 0, "int64", None),
+    ("bias", 1, "raw", "C"), ("bias_offset", 0, "int64", None),
+    ("bias_stride", 0, "int64", None),
+    ("state", 1, "raw", "C"), ("state_offset", 0, "int64", None),
+    ("state_stride_line", 0, "int64", None), ("state_stride_c", 0, "int64", None),
+    ("state_stride_col", 0, "int64", None),
+    # All per-call tables live in one int32 buffer; these are their offsets in it.
+    ("tables", 1, "int32", "C"),
+) + tuple((name, 0, "int64", None) for name in TABLES) + (
+    ("has_bias", 0, "int64", None), ("silu", 0, "int64", None),
+)

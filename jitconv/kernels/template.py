@@ -1,0 +1,490 @@
+"""The conv kernel's source, written once for every backend: the math of SEMANTICS.md
+as Python source text that a backend compiles (numba-dpex for SYCL in
+``backends/sycl/kernels.py``, numba-cuda in ``backends/cuda/kernels.py``). This module
+imports neither. A backend supplies what differs (a ``Backend``): how a work-item finds
+its channel group and block (and the bounds guard a rounded-up CUDA grid needs), its
+extra arguments, and, as globals of the generated function, the storage conversions
+``load``/``store``, ``strided``, ``fdiv``, ``exp`` and ``_window_value``.
+
+One kernel serves every kind of sequence (prefill chunk, plain decode, spec verify, pad).
+The index space is 2-D: the channel group (fastest-varying: neighbouring work-items touch
+neighbouring channels of one token row) and the block, up to B consecutive tokens of one
+sequence (B >= width - 1: the first block of a sequence writes the new state, so a later
+block must find its window in x). A work-item handles C contiguous channels (names
+suffixed _0.._{C-1} when C > 1), finds its block's fields in one record of the blocks
+table (``abi.BLOCK_FIELDS``), loads the width - 1 inputs before the block (from x, the
+cache line, or zeros), then slides over the block's tokens. The work-item of a
+sequence's first block is the only reader of its old state window, so it writes the new
+state without racing anyone. New state values are raw copies of inputs (bit-exact);
+accumulation is float32, rounded once to the output dtype.
+
+Options (``kernel_source``; which backend sets which, and why, with the measurements and
+how to reproduce them: docs/design.md):
+- ``channels`` C, ``lookahead`` L (loads of L tokens issued before their stores),
+  ``state_chunk`` (new-state values loaded per round before storing them);
+- ``row_group`` G: rows of x and out accessed G channels at a time (the SYCL "wide"
+  kernel: C = G = 4 for 16-bit data, with the state grouped the same way), and
+  ``group_state`` (the state grouped on a backend without ``unit_stride_reads``);
+- ``short_tokens`` T: a kernel for launches whose sequences hold at most T tokens;
+  ``uniform_decode``: for decode steps whose every sequence holds one token with its
+  window at column 0, those two fields as constants;
+- ``early_weights`` (weights and bias loaded before the state update), ``vector_taps``
+  (a (dim, 4) weight's taps as one vector load);
+- backend flags: ``unit_stride_reads`` (SYCL: channel-unit-stride paths chosen by uniform
+  branches on the strides, 64-bit weight words), ``one_round_record``,
+  ``reuse_state_loads`` and ``split_window`` (CUDA: fewer instructions and memory rounds
+  per decode or spec work-item).
+"""
+
+import numpy as np
+from typing import NamedTuple
+
+from jitconv.kernels.abi import BLOCK_FIELDS
+
+
+class Backend(NamedTuple):
+    """What the template leaves to a backend. ``index`` sets ``c`` (first channel of the
+    work-item, from its group times C) and ``b`` (block), formatted with {C}; it may
+    return early (bounds guard). ``index_arg``: leading parameter(s) (SYCL's item);
+    ``extra_args``: trailing parameters the index code needs."""
+    name: str
+    index_arg: str
+    index: str
+    extra_args: str
+    unit_stride_reads: bool = False  # these four: see the module docstring
+    one_round_record: bool = False
+    reuse_state_loads: bool = False
+    split_window: bool = False
+
+
+def window_value(x, x_at, x_row_stride, state, state_at, tables, rows, st0, base, p,
+                 initial, zero, strided):
+    """The input at position p of the sequence: p >= 0 is a row of x (``x_at`` is the
+    channel's offset; the row is ``base + p`` when the sequence's rows are consecutive,
+    ``base`` >= 0, else looked up); p < 0 reads the cache line's window (flat index
+    ``state_at``, with the backend's ``strided`` element read), or zero without initial
+    state. (A device function: backends decorate it.)"""
+    if p >= 0:
+        r = base + p
+        if base < 0:
+            r = tables[rows + st0 + p]
+        return x[np.uint64(x_at + r * x_row_stride)]
+    if initial:
+        return strided(state, np.uint64(state_at))
+    return zero
+
+
+# The kernel body, written once; {…} parts are expanded per width and per channel so that
+# the sliding window and the taps live in scalar variables (registers): private arrays
+# indexed in loops were slower. Every array is flat (1-D) with explicit element strides:
+# with 2-D and 3-D strided numba arrays in a 2-D index space, the OpenCL CPU compiler
+# produced wrong loads here (channels 16..31 read the weights of channels 0..15).
+# Indices are cast to unsigned (U): for a signed index numba adds negative-index
+# wraparound, a per-lane select that turns contiguous loads into gathers (2x slower);
+# for the tables too (about 6 integer instructions per read on a GPU).
+# Loads are grouped before stores wherever the values allow it: for the compiler any
+# store may alias x (it cannot know that out, state and x never overlap), so a load
+# placed after a store waits for it, and on a GPU every such wait is a memory latency.
+_TEMPLATE = """
+def {name}({index_arg}x, x_offset, x_row_stride, out, out_offset, out_row_stride,
+           weight, weight_offset, weight_stride_c, weight_stride_k,
+           bias, bias_offset, bias_stride,
+           state, state_offset, state_stride_line, state_stride_c, state_stride_col,
+           tables, rows, blocks, has_bias, silu{extra_args}):
+    # rows, blocks: offsets of the per-call tables inside `tables` (kernel_abi.TABLES);
+    # a block's record holds BLOCK_FIELDS, its sequence's fields included.
+{index}
+    blk = blocks + b * {NF}
+    t0 = tables[U(blk)]
+    nb = tables[U(blk + 1)]
+    line = tables[U(blk + 4)]
+    flags = tables[U(blk + 6)]
+    r0 = tables[U(blk + 7)]  # the row of the block's first token (consecutive rows)
+{early_record}{channel_offsets}
+    if line < 0:
+        # Padded sequence, or output rows no sequence covers: zeros, no state access.
+        for i in range(nb):
+            r = r0 + i
+            if not flags & FLAG_BLOCK_ROWS:
+                r = tables[U(rows + t0 + i)]
+{pad_zeros}
+        return
+
+{early_weights}{late_record}    st0 = t0 - p0  # the sequence's first token slot
+    initial = flags & FLAG_INITIAL_STATE
+    base = -1  # the row of position 0 when the sequence's rows are consecutive
+    if flags & FLAG_SEQ_ROWS:
+        base = r0 - p0
+{state_part}
+{late_weights}{window_to_float}
+{tokens}
+"""
+
+
+# The state window and the state update; in its own template because a backend with
+# ``unit_stride_reads`` emits it twice (see kernel_source).
+_STATE_PART = """{state_offsets}
+    sc = state_stride_col
+    # u = concat(window, x_seq); u0..u{S1} hold u[p0 .. p0+S-1] as raw values.
+{load_window}
+{short_init}    if p0 == 0:
+        # Sole reader of this line's old window (per channel): write the new state.
+        # New state = u[q0:] from column 0: spec keeps all but the oldest column
+        # (S-1+n values), non-spec the last S. Columns from S - q0 on are rows of x
+        # (positions q - S), read {K} at a time before they are stored.
+        q0 = n
+        if flags & FLAG_SPEC:
+            q0 = 1
+        q = max(q0, {S})
+{short_flag}        first = True
+        while first or q < {S} + n:
+{state_chunk_loads}
+            if first:
+{store_window}
+                first = False
+{state_chunk_stores}
+            q += {K}
+"""
+
+
+# The state update of a kernel for short sequences only (``short_tokens``): one block
+# holds the whole sequence (p0 == 0), so the window is the cache line's, and one round of
+# loads reads all its tokens (positions 0..n-1, the first round of _STATE_PART, q = S).
+_SHORT_STATE_PART = """{state_offsets}
+    sc = state_stride_col
+    # The cache line's window (zeros without initial state): u0..u{S1}.
+{load_window}
+    # New state = concat(window, x_seq)[q0:] from column 0 (spec: q0 = 1, else n):
+    # window columns from q0 on, then the tokens (loaded first: the stores may alias x
+    # for the compiler).
+    q0 = n
+    if flags & FLAG_SPEC:
+        q0 = 1
+{token_loads}
+{store_window}
+{token_stores}
+"""
+
+
+def kernel_source(width, name, backend, channels=1, lookahead=1, word_taps=False,
+                  state_chunk=None, short_tokens=0, row_group=1, early_weights=False,
+                  group_state=False, vector_taps=False, uniform_decode=False):
+    """The Python source of the conv kernel for one width, backend, channel count and
+    lookahead (tokens whose loads are issued before the first of their stores).
+    ``word_taps`` (width 4, 16-bit storage, a backend with ``unit_stride_reads`` that
+    supplies ``load_taps16`` / ``taps16_aligned`` / ``tap16``): the 64-bit taps path.
+    ``state_chunk``: see the module docstring. ``short_tokens`` T > 0: a kernel for
+    launches whose sequences all hold at most T tokens (T <= ``state_chunk``; non-spec
+    ones also at most width - 1; pads of any length), such as decode (T = 1) and
+    spec-verify steps: the state update in one round and the tokens from its registers,
+    without the general paths (fewer instructions and registers per work-item); the
+    host picks it per launch, and other launches would be wrong with it. ``row_group``
+    G (1, 2 or 4, dividing ``channels``; a backend that supplies ``load_row{G}`` /
+    ``store_row{G}``, and ``aligned_row{G}`` with ``unit_stride_reads``): rows of x and
+    out (and with ``unit_stride_reads`` of the conv state) accessed G channels at a time
+    (see the module docstring); the host picks it per launch, only where those accesses
+    are aligned. ``early_weights``, ``vector_taps`` (width 4 only; a backend that
+    supplies ``load_taps4``) and ``group_state`` (with G > 1): see the module docstring;
+    the host picks the last two only where the weight's or the state's layout and
+    alignment allow them. ``uniform_decode`` (with T = 1): every sequence with a cache
+    line holds one token and its window starts at column 0 (see the module docstring);
+    the host picks it only for steps that are so.
+    """
+    G = row_group
+    if uniform_decode and short_tokens != 1:
+        raise ValueError(f"uniform_decode needs short_tokens 1, got {short_tokens}")
+    if G not in (1, 2, 4) or channels % G:
+        raise ValueError(f"row_group must be 1, 2 or 4 and divide the channel count "
+                         f"{channels}, got {row_group}")
+    one_round_record, reuse_state_loads = backend.one_round_record, backend.reuse_state_loads
+    S = width - 1
+    ind = " " * 4
+    suffixes = [""] if channels == 1 else [f"_{j}" for j in range(channels)]
+    chans = ["c"] + [f"(c + {j})" for j in range(1, channels)]
+    groups = [suffixes[j:j + G] for j in range(0, channels, G)]  # channels per row access
+    # The wide kernel of a backend with unit_stride_reads: G channels per access for the
+    # state too; the host picks it only for a state with contiguous, aligned channels.
+    wide = G > 1 and (backend.unit_stride_reads or group_state)
+
+    def each(fmt, depth=1, **values):
+        """``fmt`` once per channel, indented by ``depth``; a multi-line ``fmt`` keeps its
+        statements together per channel."""
+        return "\n".join(ind * depth + line for J, CH in zip(suffixes, chans)
+                         for line in fmt.format(J=J, CH=CH, **values).splitlines())
+
+    def per_k(fmt, count, depth=1):
+        return "\n".join(each(fmt, depth, k=k) for k in range(count))
+
+    def x_row(dest, row, convert=False):
+        """Lines loading row ``row`` of x for every channel into ``dest`` (a name with
+        {J}), as raw values, or as float32 with ``convert``; with ``row_group`` G > 1,
+        one ``load_row{G}`` per G channels (raw values first in r_``dest``)."""
+        if G == 1:
+            read = "load(x[U(xc{J} + {row} * x_row_stride)])" if convert else \
+                "x[U(xc{J} + {row} * x_row_stride)]"
+            return [f"{dest.format(J=J)} = {read.format(J=J, row=row)}" for J in suffixes]
+        raw = "r_" + dest if convert else dest
+        lines = [", ".join(raw.format(J=J) for J in part)
+                 + f" = load_row{G}(x, U(xc{part[0]} + {row} * x_row_stride))"
+                 for part in groups]
+        if convert:
+            lines += [f"{dest.format(J=J)} = load({raw.format(J=J)})" for J in suffixes]
+        return lines
+
+    def out_row(value, row):
+        """Lines storing ``value`` (an expression with {J}) of every channel to row
+        ``row`` of out; with ``row_group`` G > 1, one ``store_row{G}`` per G channels."""
+        if G == 1:
+            return [f"out[U(oc{J} + {row} * out_row_stride)] = {value.format(J=J)}"
+                    for J in suffixes]
+        return [f"store_row{G}(out, U(oc{part[0]} + {row} * out_row_stride), "
+                + ", ".join(value.format(J=J) for J in part) + ")" for part in groups]
+
+    def token(xv, row):
+        """One token of the sliding window, its input loaded into ``xv`` (per channel):
+        the taps, the shift, silu (the divisions grouped), the store at ``row``.
+        ``fdiv`` is the backend's plain division (the divisor is >= 1 or NaN, never 0:
+        no zero-divisor check, which numba-dpex's default error model would add and
+        which broke vectorization on the OpenCL CPU device); ``exp`` is math.exp or a
+        faster opt-in one."""
+        lines = []
+        for J in suffixes:
+            x_J = xv.format(J=J)
+            taps = " + ".join([f"w{k}{J} * f{k}{J}" for k in range(S)] + [f"w{S}{J} * {x_J}"])
+            lines.append(f"acc{J} = bias_c{J} + {taps}")
+        for J in suffixes:
+            lines += [f"f{k}{J} = f{k + 1}{J}" for k in range(S - 1)] + [f"f{S - 1}{J} = {xv.format(J=J)}"]
+        lines.append("if silu:")
+        lines += [f"    acc{J} = fdiv(acc{J}, ONE + exp(-acc{J}))" for J in suffixes]
+        return lines + out_row("store(acc{J})", row)
+
+    def token_loops(row_of):
+        """The block's tokens: groups of L = ``lookahead`` (all loads, then the tokens),
+        one group of L / 2 when that many are left (L >= 4: a spec sequence of 1 + 3
+        tokens is then one round of loads, 1.05-1.1x on spec-only launches on the H200),
+        then one at a time. ``row_of(i)``: the expression of token i's row."""
+        single = [f"r = {row_of('i')}"] + x_row("xf{J}", "r", True) + token("xf{J}", "r")
+        if lookahead == 1:
+            lines = ["for i in range(nb):"] + [ind + line for line in single]
+        else:
+            def group(size):
+                lines = [f"ra{m} = {row_of(f'i + {m}')}" for m in range(size)]
+                for m in range(size):
+                    lines += x_row(f"xg{m}{{J}}", f"ra{m}", True)
+                for m in range(size):
+                    lines += token(f"xg{m}{{J}}", f"ra{m}")
+                return [ind + line for line in lines] + [ind + f"i += {size}"]
+            lines = ["i = 0", f"while i + {lookahead} <= nb:"] + group(lookahead)
+            if lookahead >= 4:  # one group of L / 2 (a spec sequence of 1 + 3 tokens)
+                lines += [f"if i + {lookahead // 2} <= nb:"] + group(lookahead // 2)
+            lines += ["for i in range(i, nb):"] + [ind + line for line in single]
+        return "\n".join(ind * 2 + line for line in lines)
+
+    K = state_chunk or S
+    chunk_loads = []
+    for k in range(K):
+        chunk_loads += [ind * 3 + f"v{k}{J} = ZERO" for J in suffixes]
+        rq = f"rq{k}" if reuse_state_loads else "rq"
+        chunk_loads += [ind * 3 + f"if q + {k} < {S} + n:",
+                        ind * 4 + f"{rq} = base + q + {k - S}",
+                        ind * 4 + "if base < 0:",
+                        ind * 5 + f"{rq} = tables[U(rows + st0 + q + {k - S})]"]
+        chunk_loads += [ind * 4 + line for line in x_row(f"v{k}{{J}}", rq)]
+
+    def state_column(unit, column, value):
+        """Lines storing ``value`` (with {J}) of every channel to state column ``column``;
+        with ``unit`` and a row group G > 1 (the state's channels contiguous and aligned
+        to G: the host checks), one ``store_row{G}`` per G channels."""
+        if unit and wide:
+            return [f"store_row{G}(state, U(st{part[0]} + ({column}) * sc), "
+                    + ", ".join(value.format(J=J) for J in part) + ")" for part in groups]
+        return [f"state[U(st{J} + ({column}) * sc)] = {value.format(J=J)}" for J in suffixes]
+
+    def chunk_stores(unit):
+        lines = []
+        for k in range(K):
+            lines += [ind * 3 + f"if q + {k} < {S} + n:"]
+            lines += [ind * 4 + line
+                      for line in state_column(unit, f"q + {k} - q0", f"v{k}{{J}}")]
+        return lines
+
+    def cache_window(unit):
+        """The cache line's window into u0.. (zeros without initial state), as lines."""
+        read = "element" if unit else "strided"
+        lines = [f"u{k}{J} = ZERO" for k in range(S) for J in suffixes]
+        lines += ["if initial:"]
+        if unit and wide:  # see state_column
+            lines += [ind + ", ".join(f"u{k}{J}" for J in part)
+                      + f" = load_row{G}(state, U(st{part[0]} + (off + {k}) * sc))"
+                      for k in range(S) for part in groups]
+        else:
+            lines += [ind + f"u{k}{J} = {read}(state, U(st{J} + (off + {k}) * sc))"
+                      for k in range(S) for J in suffixes]
+        return lines
+
+    def split_window(unit):
+        """The window by one uniform branch on p0 (``Backend.split_window``)."""
+        lines = ["if p0 == 0:",
+                 ind + "# The cache line's window (zeros without initial state)."]
+        lines += [ind + line for line in cache_window(unit)]
+        lines += ["else:",
+                  ind + f"# p0 >= B >= {S}: the window is the {S} rows of x before the block."]
+        for k in range(S):
+            lines += [ind + f"rw{k} = base + p0 - {S - k}", ind + "if base < 0:",
+                      ind * 2 + f"rw{k} = tables[U(rows + t0 - {S - k})]"]
+        for k in range(S):
+            lines += [ind + line for line in x_row(f"u{k}{{J}}", f"rw{k}")]
+        return "\n".join(ind + line for line in lines)
+
+    def state_offsets(unit):
+        stride_c = "" if unit else " * state_stride_c"
+        return each("st{J} = state_offset + line * state_stride_line + {CH}"
+                    + stride_c + "  # line, channel")
+
+    def store_window(depth, unit):
+        """Window columns from q0 on, to the state's columns from 0."""
+        return "\n".join(ind * depth + f"if q0 <= {k}:\n" + "\n".join(
+            ind * (depth + 1) + line for line in state_column(unit, f"{k} - q0", f"u{k}{{J}}"))
+            for k in range(S))
+
+    def short_state_part(unit):
+        """``_SHORT_STATE_PART``: token k (k < n <= T) loaded into v{k} from row rq{k}."""
+        T = short_tokens
+        loads = [f"rq{k} = 0" for k in range(T)] + [f"v{k}{J} = ZERO" for k in range(T)
+                                                     for J in suffixes]
+        for k in range(T):  # nested: token k exists only if token k - 1 does
+            at = ind * (k + 1)
+            loads += [ind * k + f"if n > {k}:", at + f"rq{k} = base + {k}",
+                      at + "if base < 0:", at + ind + f"rq{k} = tables[U(rows + st0 + {k})]"]
+            loads += [at + line for line in x_row(f"v{k}{{J}}", f"rq{k}")]
+        stores = []
+        for k in range(T):
+            stores += [ind * k + f"if n > {k}:"]
+            stores += [ind * (k + 1) + line
+                       for line in state_column(unit, f"{S + k} - q0", f"v{k}{{J}}")]
+        return _SHORT_STATE_PART.format(
+            S1=S - 1, state_offsets=state_offsets(unit),
+            load_window="\n".join(ind + line for line in cache_window(unit)),
+            token_loads="\n".join(ind + line for line in loads),
+            store_window=store_window(1, unit),
+            token_stores="\n".join(ind + line for line in stores))
+
+    def state_part(unit):
+        """The state window and update; ``unit``: the channel's state stride is 1 (read
+        as a plain element, the channel's offset without a multiply)."""
+        if short_tokens:
+            return short_state_part(unit)
+        # short: the block's tokens are v0.. at rows rq0.. (defined on every path)
+        short_init = "\n".join([ind + "short = False"] + [ind + f"rq{k} = 0" for k in range(K)]
+                                + [each(f"v{k}{{J}} = ZERO") for k in range(K)]) + "\n"
+        return _STATE_PART.format(
+            short_init=short_init if reuse_state_loads else "",
+            short_flag=ind * 2 + f"short = n <= {K} and q == {S}\n" if reuse_state_loads else "",
+            S=S, S1=S - 1, K=K,
+            state_offsets=state_offsets(unit),
+            load_window=split_window(unit) if backend.split_window or wide else per_k(
+                f"u{{k}}{{J}} = _window_value(x, xc{{J}}, x_row_stride, state, "
+                f"st{{J}} + (off + p0 + {{k}}) * sc, tables, rows, st0, base, "
+                f"p0 - {S} + {{k}}, initial, ZERO, {'element' if unit else 'strided'})", S),
+            state_chunk_loads="\n".join(chunk_loads),
+            store_window=store_window(4, unit),
+            state_chunk_stores="\n".join(chunk_stores(unit)))
+
+    def deeper(text):
+        return "\n".join(ind + line if line else line for line in text.splitlines())
+
+    def branch(depth, condition, special, general):
+        """``if condition: special else: general`` at ``depth``; ``general`` was written
+        one level shallower (as the only path)."""
+        at = ind * depth
+        return f"{at}if {condition}:\n{special}\n{at}else:\n{deeper(general)}"
+
+    weights = per_k("w{k}{J} = load(strided(weight, U(weight_offset + {CH} * "
+                    "weight_stride_c + {k} * weight_stride_k)))", width)
+    if vector_taps:
+        if width != 4:
+            raise ValueError(f"vector_taps needs width 4, got {width}")
+        weights = (each("wr0{J}, wr1{J}, wr2{J}, wr3{J} = load_taps4(weight, "
+                        "U(weight_offset + {CH} * 4))")
+                   + "\n" + per_k("w{k}{J} = load(wr{k}{J})", width))
+    bias = each("bias_c{J} = load(strided(bias, U(bias_offset + {CH} * bias_stride)))", 2)
+    if backend.unit_stride_reads:
+        # Uniform branches on the strides (kernel arguments): where the channel is the
+        # unit-stride index, neighbouring work-items read neighbouring elements, which a
+        # compiler vectorizing across work-items turns into one vector load instead of a
+        # gather (vLLM's conv state and every contiguous bias are laid out so).
+        if word_taps:
+            # vLLM's (dim, width) weight: a channel's 4 taps of 16 bits are one aligned
+            # 64-bit word (one 64-bit gather instead of four 32-bit ones).
+            weights = branch(
+                1, "weight_stride_k == 1 and weight_stride_c == 4 and "
+                   "taps16_aligned(weight, U(weight_offset))",
+                each("wq{J} = load_taps16(weight, U(weight_offset + {CH} * 4))", 2)
+                + "\n" + per_k("w{k}{J} = load(tap16(wq{J}, {k}))", width, 2), weights)
+        unit_bias = each("bias_c{J} = load(element(bias, U(bias_offset + {CH})))", 3)
+        if wide:  # G channels per read where the bias' first element is aligned to G
+            grouped = [ind * 4 + ", ".join(f"rb{J}" for J in part)
+                       + f" = load_row{G}(bias, U(bias_offset + c + {j * G}))"
+                       for j, part in enumerate(groups)]
+            unit_bias = branch(3, f"aligned_row{G}(bias, U(bias_offset))",
+                               "\n".join(grouped) + "\n" + each("bias_c{J} = load(rb{J})", 4),
+                               unit_bias)
+        bias = branch(2, "bias_stride == 1", unit_bias, bias)
+    weights_and_bias = (weights + "\n" + each("bias_c{J} = F32_ZERO") + "\n"
+                        + ind + "if has_bias:\n" + bias)
+    state = state_part(False)
+    if wide:
+        state = state_part(True)
+    elif backend.unit_stride_reads:
+        state = branch(1, "state_stride_c == 1", deeper(state_part(True)), state)
+    fields = ["p0 = 0  # one block per sequence" if short_tokens else
+              "p0 = tables[U(blk + 2)]  # position of the block's first token in its sequence"]
+    if uniform_decode:
+        fields += ["# Every sequence with a cache line holds one token and its window starts",
+                   "# at column 0 (the host checked the step): constants, so the window's",
+                   "# loads, the x load and the state stores wait for no field of the record.",
+                   "n = 1", "off = 0"]
+    else:
+        fields += ["n = tables[U(blk + 3)]", "off = tables[U(blk + 5)]"]
+    record = "\n".join(ind + line for line in fields)
+
+    def from_registers(depth, count):
+        """The block's ``count`` tokens at most from the state update's first round (v0..
+        at rows rq0..)."""
+        lines = []
+        for k in range(count):
+            body = ([f"xs{k}{J} = load(v{k}{J})" for J in suffixes]
+                    + token(f"xs{k}{{J}}", f"rq{k}"))
+            lines.append(ind * k + f"if nb > {k}:")  # nb = 0: the state rule only
+            lines += [ind * (k + 1) + line for line in body]
+        return "\n".join(ind * depth + line for line in lines)
+
+    def general():
+        """The token loops (rows computed when consecutive, else looked up)."""
+        return (ind + "if flags & FLAG_BLOCK_ROWS:\n" + token_loops(lambda i: f"r0 + {i}")
+                + "\n" + ind + "else:\n"
+                + token_loops(lambda i: f"tables[U(rows + t0 + {i})]"))
+
+    if short_tokens:  # no token loops
+        tokens = (ind + "# Every token was loaded by the state update (v0..).\n"
+                  + from_registers(1, short_tokens))
+    elif reuse_state_loads:
+        tokens = (ind + "if short:\n" + ind * 2 + "# The state update's first round loaded "
+                  "every token of the block (v0..): no reload after its stores.\n"
+                  + from_registers(2, K) + "\n" + ind + "el" + general().lstrip())
+    else:
+        tokens = general()
+
+    return _TEMPLATE.format(
+        name=name, NF=len(BLOCK_FIELDS), index_arg=backend.index_arg,
+        extra_args=backend.extra_args, index=backend.index.format(C=channels),
+        channel_offsets=each("xc{J} = x_offset + {CH}      # this channel in x and out\n"
+                             "oc{J} = out_offset + {CH}"),
+        pad_zeros="\n".join(ind * 3 + line for line in out_row("ZERO", "r")),
+        state_part=state,
+        early_record=record + "\n" if one_round_record else "",
+        late_record="" if one_round_record else record + "\n",
+        early_weights=weights_and_bias + "\n" if early_weights else "",
+        late_weights="" if early_weights else weights_and_bias + "\n",
+        window_to_float=per_k("f{k}{J} = load(u{k}{J})", S),
+        tokens=tokens)

@@ -1,0 +1,220 @@
+"""Drop-in entry points with vLLM's own conventions (as of vLLM 0.33).
+
+vLLM's GDN and Mamba layers call ``causal_conv1d_fn`` (prefill, x channel-major) and
+``causal_conv1d_update`` (decode / spec verify) from
+``vllm.model_executor.layers.mamba.ops.causal_conv1d``. The two functions here have the
+same signatures, argument order and defaults, and follow vLLM's batch conventions (null
+block 0 and zero-length sequences skipped, batch taken from ``conv_state_indices``,
+update written into x when ``out`` is None); ``jitconv.vllm.conventions`` translates
+those into the core ops' arguments, so the core's validation still applies.
+``gdn_conv_step`` goes further: the conv of a whole engine step (prefill chunks, decodes
+and spec verify sequences) straight from vLLM's ``GDNAttentionMetadata``, in one launch.
+``jitconv.vllm.plugin`` puts them into a vLLM XPU server.
+
+Output rows that no sequence computes (rows of skipped sequences, rows of x beyond the
+batch) hold zeros here, also when the result is written into x; vLLM's kernels leave
+them as they were. jitconv writes them so that no stale or uninitialised value flows on.
+"""
+
+import numpy as np
+
+from jitconv.api import ops
+from jitconv.api.validation import host_ints
+from jitconv.vllm import conventions
+from jitconv.vllm.conventions import NULL_BLOCK_ID, PAD_SLOT_ID
+
+
+def _activation(activation):
+    if isinstance(activation, bool):
+        return "silu" if activation else None
+    return activation
+
+
+def _to_state_dtype(conv_state, *tensors):
+    """vLLM's kernels compute in the conv cache's dtype (mamba_cache_dtype may differ from
+    the model's): x, weight and bias are converted to it. Weights are tiny; None stays
+    None."""
+    return [None if t is None else t.to(conv_state.dtype) for t in tensors]
+
+
+def causal_conv1d_fn(x, weight, bias, conv_states, query_start_loc, cache_indices=None,
+                     has_initial_state=None, activation="silu", pad_slot_id=PAD_SLOT_ID,
+                     null_block_id=NULL_BLOCK_ID, metadata=None, validate_data=False):
+    """vLLM's prefill op. x: (dim, cu_seqlen) (usually a transposed token-major view);
+    conv_states: (lines, dim, state_len) view, updated in place; the batch is
+    ``query_start_loc.size(0) - 1``. A sequence is skipped (state untouched, output
+    zeros) when its line equals ``null_block_id`` or ``pad_slot_id`` (either may be None)
+    or it has no tokens. ``cache_indices`` None: sequence i uses line i, none skipped for
+    its line. Columns of x beyond ``query_start_loc[-1]`` come out zero. Returns a new
+    (dim, cu_seqlen) tensor in x's dtype. ``metadata`` only tunes vLLM's Triton launch and
+    is ignored; jitconv always validates (``validate_data`` is accepted and ignored).
+    """
+    null_block_id = conventions.check_skipped_id(null_block_id, "null_block_id")
+    pad_slot_id = conventions.check_skipped_id(pad_slot_id, "pad_slot_id")
+    original_dtype = x.dtype
+    # (cu_seqlen, dim): a view when no conversion is needed
+    tokens, weight, bias = _to_state_dtype(conv_states, x.transpose(0, 1), weight, bias)
+    num_lines = int(conv_states.shape[0])
+    qsl = conventions.query_start_loc(query_start_loc, None, "query_start_loc")
+    batch = len(qsl) - 1
+    if cache_indices is None:
+        lines, skipped = np.arange(batch), ()
+    else:
+        lines, skipped = host_ints(cache_indices, "cache_indices"), \
+            (null_block_id, pad_slot_id)
+    lines = conventions.skip_sequences(lines, qsl, "cache_indices", num_lines, skipped)
+    rows = conventions.leading_rows(int(qsl[-1]), int(tokens.shape[0]), "query_start_loc")
+    out = ops.causal_conv1d_fn(tokens, weight, bias, conv_states, qsl, lines,
+                               has_initial_state, activation=_activation(activation),
+                               pad_slot_id=conventions.CORE_PAD, token_indx=rows)
+    return out.transpose(0, 1).to(original_dtype)
+
+
+def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None,
+                         conv_state_indices=None, num_accepted_tokens=None,
+                         query_start_loc=None, max_query_len=-1,
+                         null_block_id=NULL_BLOCK_ID, validate_data=False, out=None):
+    """vLLM's decode / spec-verify op. x: (batch, dim) (one token each), (batch, dim,
+    seqlen), or varlen (num_tokens, dim) with ``query_start_loc``. conv_state: (lines,
+    dim, state_len) view. The batch is ``conv_state_indices.size(0)`` ((batch,) or
+    vLLM's (batch, K) table, column 0 used); ``query_start_loc`` and
+    ``num_accepted_tokens`` may be longer and x may have extra rows (ignored, those rows
+    come out zero). Lines equal to ``null_block_id`` (None: no such line) and
+    zero-length sequences are skipped; ``conv_state_indices`` None: sequence i uses line
+    i, none skipped for its line. With ``num_accepted_tokens`` the spec-decode
+    sliding-window rule applies. The result goes into ``out``, or into x when ``out`` is
+    None, and that tensor is returned. ``max_query_len`` only sizes vLLM's Triton launch
+    (jitconv takes lengths from ``query_start_loc``) and ``validate_data`` is accepted;
+    both are ignored.
+    """
+    null_block_id = conventions.check_skipped_id(null_block_id, "null_block_id")
+    target = x if out is None else out
+    if out is not None:
+        if tuple(out.shape) != tuple(x.shape):
+            raise ValueError(f"out: expected shape {tuple(x.shape)} (same as x), got "
+                             f"{tuple(out.shape)}")
+        if out.dtype != x.dtype:
+            raise TypeError(f"out: dtype must match x ({x.dtype}), got {out.dtype}")
+    x, weight, bias = _to_state_dtype(conv_state, x, weight, bias)
+    num_lines = int(conv_state.shape[0])
+    batch_form = None  # (batch, seqlen, dim) when x is (batch, dim, seqlen)
+    if query_start_loc is not None:
+        if x.dim() != 2:
+            raise ValueError(f"x: expected shape (num_tokens, dim) with query_start_loc, "
+                             f"got {tuple(x.shape)}")
+        if conv_state_indices is None:
+            raise ValueError("conv_state_indices: required with query_start_loc (the "
+                             "batch is its size)")
+        tokens, skipped = x, (null_block_id,)
+        lines = conventions.column_zero(conv_state_indices, "conv_state_indices")
+        qsl = conventions.query_start_loc(query_start_loc, len(lines), "query_start_loc")
+    else:
+        size = int(x.shape[0])
+        if x.dim() == 2:
+            tokens, seqlen = x, 1
+        elif x.dim() == 3:
+            _, dim, seqlen = (int(s) for s in x.shape)
+            # (batch, dim, seqlen) -> token-major (batch * seqlen, dim); reshape copies
+            # only when the strides do not allow a view.
+            tokens = x.transpose(1, 2).reshape(size * seqlen, dim)
+            batch_form = (size, seqlen, dim)
+        else:
+            raise ValueError(f"x: expected (batch, dim), (batch, dim, seqlen) or, with "
+                             f"query_start_loc, (num_tokens, dim); got {tuple(x.shape)}")
+        if conv_state_indices is None:  # sequence i on line i: no index marks a pad
+            lines, skipped = np.arange(size), ()
+        else:
+            lines, skipped = conventions.column_zero(conv_state_indices,
+                                                     "conv_state_indices"), (null_block_id,)
+            if len(lines) > size:
+                raise ValueError(f"conv_state_indices: {len(lines)} entries (the batch), "
+                                 f"but x holds only {size} sequences")
+        qsl = np.arange(0, len(lines) * seqlen + 1, seqlen)
+    batch = len(lines)
+    lines = conventions.skip_sequences(lines, qsl, "conv_state_indices", num_lines, skipped)
+    accepted = None
+    if num_accepted_tokens is not None:
+        accepted = conventions.first_entries(num_accepted_tokens, batch,
+                                             "num_accepted_tokens")
+    rows = conventions.leading_rows(int(qsl[-1]), int(tokens.shape[0]), "query_start_loc")
+    direct = x.dim() == 2 and target.dtype == conv_state.dtype
+    result = ops.causal_conv1d_update(
+        tokens, weight, bias, conv_state, lines, query_start_loc=qsl,
+        num_accepted_tokens=accepted, activation=_activation(activation),
+        pad_slot_id=conventions.CORE_PAD, token_indx=rows,
+        out=target if direct else None)
+    if not direct:  # another dtype or a (batch, dim, seqlen) form: copy into place
+        target.copy_(result if batch_form is None
+                     else result.reshape(batch_form).transpose(1, 2))
+    return target
+
+
+def gdn_conv_step(mixed_qkv, weight, bias, conv_state, attn_metadata, activation="silu",
+                  null_block_id=NULL_BLOCK_ID, non_spec_num_accepted_tokens=None):
+    """The conv of one GDN layer for a whole engine step, from vLLM 0.33's
+    GDNAttentionMetadata, in ONE launch (prefill chunks, decodes and spec verify
+    sequences together).
+
+    mixed_qkv: (num_tokens, conv_dim) projection output; rows no sequence uses (beyond
+    ``num_actual_tokens``, or of skipped sequences) come out zero. conv_state: the
+    layer's conv cache as vLLM hands it to its conv ops, viewed as (lines, conv_dim,
+    state_len): ``kv_cache[0].transpose(-1, -2)`` for the state-major layout,
+    ``kv_cache[0]`` as is when dim-first (``conv_state_view`` does this). The metadata is
+    read as vLLM's layer reads it (``vllm_conventions.gdn_step_arguments``). Computes in
+    conv_state's dtype like vLLM's ops; returns a new (num_tokens, conv_dim) tensor in
+    mixed_qkv's dtype.
+
+    ``non_spec_num_accepted_tokens`` (opt-in, one per non-spec sequence): a prefill
+    chunk or decode that follows a spec step which accepted a tokens reads its window at
+    column a-1 (vLLM's kernels read column 0 there: a stale window).
+
+    The plan (validated metadata and kernel tables) is built by the first layer of a
+    step and kept on the metadata object; the step's other layers reuse it.
+    """
+    null_block_id = conventions.check_skipped_id(null_block_id, "null_block_id")
+    original_dtype = mixed_qkv.dtype
+    mixed_qkv, weight, bias = _to_state_dtype(conv_state, mixed_qkv, weight, bias)
+    lines, _dim, state_len = (int(s) for s in conv_state.shape)
+    geometry = (int(mixed_qkv.shape[0]), lines, state_len, int(weight.shape[-1]),
+                null_block_id)
+
+    def arguments():
+        return conventions.gdn_step_arguments(attn_metadata, geometry[0], lines,
+                                              null_block_id, non_spec_num_accepted_tokens)
+    plan = _step_plan(attn_metadata, geometry, non_spec_num_accepted_tokens, arguments)
+    out = plan.run(mixed_qkv, weight, bias, conv_state, activation=_activation(activation))
+    return out.to(original_dtype)
+
+
+def conv_state_view(conv_cache, dim_first):
+    """A layer's conv cache (vLLM: ``kv_cache[0]``) as the (lines, dim, state_len) view
+    the conv ops take: vLLM stores it state-major, (lines, state_len, dim), unless its
+    conv-state layout is dim-first (``is_conv_state_dim_first()``, env
+    VLLM_SSM_CONV_STATE_LAYOUT=DS), which is passed as is."""
+    return conv_cache if dim_first else conv_cache.transpose(-1, -2)
+
+
+def _step_plan(attn_metadata, geometry, extra, arguments):
+    """The plan of this step for this geometry: built by the first layer that asks, kept
+    on the metadata object (vLLM builds a new one every step), reused by every later
+    layer, so the metadata is read back, translated and validated once per step, not
+    once per layer. Objects that take no new attributes just get a plan per call."""
+    plans = getattr(attn_metadata, "_jitconv_plans", None)
+    if plans is None:
+        plans = {}
+        try:
+            attn_metadata._jitconv_plans = plans
+        except AttributeError:
+            pass
+    cached = plans.get(geometry)
+    if cached is not None and cached[0] is extra:
+        return cached[1]
+    num_tokens, lines, state_len, width, _null_block_id = geometry
+    plan = ops.plan(num_tokens, lines, state_len, width, pad_slot_id=conventions.CORE_PAD,
+                    **arguments())
+    plans[geometry] = (extra, plan)  # `extra`: the plan is valid for this object only
+    return plan
+
+
+__all__ = ["causal_conv1d_fn", "causal_conv1d_update", "gdn_conv_step", "conv_state_view",
+           "NULL_BLOCK_ID", "PAD_SLOT_ID"]

@@ -1,0 +1,164 @@
+"""A vLLM plugin that puts jitconv's conv into a vLLM XPU server.
+
+Installed with jitconv as the entry point ``jitconv = jitconv.vllm.plugin:register`` of
+the ``vllm.general_plugins`` group (setup.cfg), which vLLM calls in every process it
+starts. On XPU only (torch.xpu available and vLLM's current platform XPU), ``register``
+replaces vLLM's Triton conv ops, ``causal_conv1d_fn`` and ``causal_conv1d_update``, by
+``jitconv.vllm``'s: in the ops module itself (for modules imported later) and in the
+module globals of the layers that imported them already (``TARGETS``: the GDN layers
+and the Mamba mixers). A name is replaced only while it still holds vLLM's own op. One
+log line says what was replaced; when the platform is not XPU or the targets are
+missing, one log line says so and nothing is touched.
+
+Opt-in whole-step mode (``JITCONV_VLLM_WHOLE_STEP=1``): the Qwen GDN layer's
+``_forward_core`` first runs the conv of the whole step through
+``jitconv.vllm.gdn_conv_step`` (one launch for spec and non-spec tokens, one plan per
+step shared by every layer) and writes it into ``mixed_qkv``; the layer's own conv calls
+then hand their input back unchanged, as it is already convolved.
+"""
+
+import contextvars
+import functools
+import importlib
+import logging
+import os
+
+from jitconv import vllm as drop_ins
+
+# A child of vLLM's logger, so the lines appear with vLLM's own logging setup.
+logger = logging.getLogger("vllm.plugins.jitconv")
+
+OPS_MODULE = "vllm.model_executor.layers.mamba.ops.causal_conv1d"
+GDN_MODULE = "vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn"
+GDN_LAYER = "QwenGatedDeltaNetAttention"
+TARGETS = (
+    GDN_MODULE,
+    "vllm.model_executor.layers.mamba.gdn.olmo_gdn_linear_attn",
+    "vllm.model_executor.layers.mamba.mamba_mixer",
+    "vllm.model_executor.layers.mamba.mamba_mixer2",
+    "vllm.model_executor.layers.mamba.short_conv",
+)
+OP_NAMES = ("causal_conv1d_fn", "causal_conv1d_update")
+WHOLE_STEP_ENV = "JITCONV_VLLM_WHOLE_STEP"
+
+# Set while a GDN layer runs on a conv the whole-step mode has already done.
+_conv_done = contextvars.ContextVar("jitconv_conv_done", default=False)
+
+
+def register():
+    """vLLM's entry point. Returns the names replaced (empty when nothing was)."""
+    problem = xpu_problem()
+    if problem is not None:
+        logger.info("jitconv: %s; vLLM's conv ops left as they are", problem)
+        return []
+    return install(whole_step=os.environ.get(WHOLE_STEP_ENV, "0") == "1")
+
+
+def xpu_problem():
+    """Why this process is not an XPU one (None when it is): vLLM's current platform
+    must be XPU and torch.xpu available."""
+    try:
+        from vllm.platforms import current_platform
+    except ImportError as exc:
+        return f"vllm.platforms cannot be imported ({exc})"
+    if not current_platform.is_xpu():
+        return f"vLLM's platform is {type(current_platform).__name__}, not XPU"
+    import torch
+    if not (hasattr(torch, "xpu") and torch.xpu.is_available()):
+        return "torch.xpu is not available"
+    return None
+
+
+def install(whole_step=False):
+    """Replace vLLM's conv ops by jitconv's (see the module docstring); the platform is
+    not checked here. Returns the replaced names as "module.name"."""
+    try:
+        ops_module = importlib.import_module(OPS_MODULE)
+        originals = {name: getattr(ops_module, name) for name in OP_NAMES}
+    except (ImportError, AttributeError) as exc:
+        logger.info("jitconv: vLLM's conv ops not found (%s); nothing replaced", exc)
+        return []
+    ours = {"causal_conv1d_fn": causal_conv1d_fn,
+            "causal_conv1d_update": causal_conv1d_update}
+    if any(originals[name] is ours[name] for name in OP_NAMES):
+        logger.info("jitconv: vLLM's conv ops are jitconv's already; nothing to do")
+        return []
+    # Import every target before patching: one imported afterwards would bind our ops
+    # through the patched ops module and not be counted.
+    modules, missing = {OPS_MODULE: ops_module}, []
+    for module_name in TARGETS:
+        try:
+            modules[module_name] = importlib.import_module(module_name)
+        except Exception as exc:  # a layer vLLM cannot import here is not ours to fix
+            missing.append(f"{module_name} ({type(exc).__name__})")
+    replaced = []
+    for module_name, module in modules.items():
+        for name in OP_NAMES:
+            if getattr(module, name, None) is originals[name]:
+                setattr(module, name, ours[name])
+                replaced.append(f"{module_name}.{name}")
+    if whole_step:
+        whole = _install_whole_step()
+        replaced += [whole] if whole else []
+    if replaced == [f"{OPS_MODULE}.{name}" for name in OP_NAMES]:
+        missing.insert(0, "no layer module uses them")
+    logger.info("jitconv: replaced %s%s", ", ".join(replaced),
+                f"; not found: {', '.join(missing)}" if missing else "")
+    return replaced
+
+
+def causal_conv1d_fn(x, *args, **kwargs):
+    """What replaces vLLM's op: ``jitconv.vllm.causal_conv1d_fn``, or x itself while the
+    whole-step mode has done the current layer's conv already."""
+    if _conv_done.get():
+        return x
+    return drop_ins.causal_conv1d_fn(x, *args, **kwargs)
+
+
+def causal_conv1d_update(x, *args, **kwargs):
+    """What replaces vLLM's op: ``jitconv.vllm.causal_conv1d_update``, or x (copied into
+    ``out`` when given) while the whole-step mode has done the layer's conv already."""
+    if _conv_done.get():
+        out = kwargs.get("out")
+        if out is None:
+            return x
+        out.copy_(x)
+        return out
+    return drop_ins.causal_conv1d_update(x, *args, **kwargs)
+
+
+def _install_whole_step():
+    """Wrap the Qwen GDN layer's _forward_core (see the module docstring). Returns what
+    was wrapped, or None (logged) when the layer is not as expected."""
+    try:
+        gdn = importlib.import_module(GDN_MODULE)
+        layer = getattr(gdn, GDN_LAYER)
+        original = layer._forward_core
+        from vllm.forward_context import get_forward_context
+        from vllm.model_executor.layers.mamba.mamba_utils import is_conv_state_dim_first
+    except Exception as exc:
+        logger.info("jitconv: whole-step mode not installed (%s: %s)",
+                    type(exc).__name__, exc)
+        return None
+
+    @functools.wraps(original)
+    def _forward_core(self, mixed_qkv, *args, **kwargs):
+        metadata = get_forward_context().attn_metadata
+        if isinstance(metadata, dict):
+            metadata = metadata.get(self.prefix)
+        if metadata is None:  # warm-up / profiling run: the layer's own path
+            return original(self, mixed_qkv, *args, **kwargs)
+        rows = mixed_qkv[:metadata.num_actual_tokens]
+        weight = self.conv1d.weight
+        conv_state = drop_ins.conv_state_view(self.kv_cache[0], is_conv_state_dim_first())
+        rows.copy_(drop_ins.gdn_conv_step(rows, weight.view(weight.size(0), weight.size(-1)),
+                                      self.conv1d.bias, conv_state, metadata,
+                                      activation=self.activation))
+        token = _conv_done.set(True)
+        try:
+            return original(self, mixed_qkv, *args, **kwargs)
+        finally:
+            _conv_done.reset(token)
+
+    layer._forward_core = _forward_core
+    return f"{GDN_MODULE}.{GDN_LAYER}._forward_core (whole-step mode)"
