@@ -10,7 +10,6 @@ import sys
 
 import pytest
 
-import jitconv
 from jitconv.backends.sycl import kernel_cache
 
 # A child process: one update call, then what the launcher did, as JSON.

@@ -13,7 +13,6 @@ import pytest
 import torch
 
 import jitconv
-from jitconv import device as devices
 from jitconv.backends.sycl import devices as sycl_devices
 from jitconv.backends.sycl import launching
 from jitconv.reference import causal_conv1d_reference

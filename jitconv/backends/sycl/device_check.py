@@ -200,7 +200,7 @@ def _upload(t, queue):
     data = raw.contiguous().numpy().tobytes()
     memory = dpm.MemoryUSMDevice(max(len(data), 64), queue=queue)
     memory.copy_from_host(np.frombuffer(data, np.uint8))
-    strides = storage.stride() if storage is t else t.stride()
+    strides = t.stride()  # the view's, over storage laid out as its own
     return bridge.DeviceView(memory, 0, tuple(t.shape), tuple(strides), t.element_size(),
                              memory)
 
