@@ -55,26 +55,31 @@ def info(_args):
     print(f"numba-dpex available to compile missing kernels: {compiler}")
     print("where each kernel comes from (shipped with the package / user cache / "
           "compiled on first use):")
-    for width, dtype, wide, where in kernel_origins(compiler):
-        print(f"  width {width} {dtype:9s} {'wide ' if wide else ''}{where}")
+    for width, dtype, wide, fast, where in kernel_origins(compiler):
+        print(f"  width {width} {dtype:9s} {_math_name(fast)} {'wide ' if wide else ''}"
+              f"{where}")
     for path, reason in kernel_cache.rejected:
         print(f"  ignored {path}: {reason}")
     return 0
 
 
+def _math_name(fast):
+    return "fast " if fast else "exact"
+
+
 def kernel_origins(compiler):
-    """(width, dtype, wide, where its SPIR-V comes from) for every supported
+    """(width, dtype, wide, fast, where its SPIR-V comes from) for every supported
     specialization (``kernel_cache.specializations``)."""
     from jitconv.backends.sycl import kernel_cache
     rows = []
-    for width, dtype, wide in kernel_cache.specializations():
-        entry = kernel_cache.load(width, dtype, wide)
+    for width, dtype, wide, fast in kernel_cache.specializations():
+        entry = kernel_cache.load(width, dtype, wide, fast)
         if entry is not None:
             where = f"{kernel_cache.origin(entry[2])} ({entry[2]})"
         else:
             where = ("compiled on first use (numba-dpex)" if compiler
                      else "MISSING: no SPIR-V and no numba-dpex to compile it")
-        rows.append((width, dtype, wide, where))
+        rows.append((width, dtype, wide, fast, where))
     return rows
 
 
@@ -192,17 +197,18 @@ def device_checks(queue):
           f"{device_check.verdict_dir()}"
           + ("" if device_check.ENABLED else "; the automatic check is OFF "
              "(JITCONV_DEVICE_CHECK=0)"))
-    for width, dtype, wide in kernel_cache.specializations():
+    for width, dtype, wide, fast in kernel_cache.specializations():
         t0 = time.perf_counter()
         try:
-            launching.check_kernel(width, dtype, queue, wide)
+            launching.check_kernel(width, dtype, queue, wide, fast)
             verdict = "passed"
         except device_check.DeviceCheckError as exc:
             failed += 1
             verdict = "FAILED: " + str(exc).splitlines()[0].split("known-answer step: ")[-1]
         except launching.KernelUnavailableError:
             verdict = "no kernel (not shipped, and numba-dpex is not installed)"
-        print(f"  width {width} {dtype:9s} {'wide' if wide else '    '} {verdict} "
+        print(f"  width {width} {dtype:9s} {_math_name(fast)} {'wide' if wide else '    '} "
+              f"{verdict} "
               f"({(time.perf_counter() - t0) * 1e3:.0f} ms)", flush=True)
     if failed:
         print(str(device_check.refusal(queue.sycl_device.filter_string)))
@@ -222,17 +228,19 @@ def check(args):
     for width in [int(w) for w in args.widths.split(",")]:
         for name in args.dtypes.split(","):
             dtype = getattr(torch, name)
-            step, _ = _demo_step(torch.Generator().manual_seed(width), args.dim, width, dtype)
-            ref_out, ref_state = reference.causal_conv1d_reference(**step)
-            out = jitconv.causal_conv1d_mixed(**step)
-            err, out_ok, state_ok = _verify(out, step["conv_state"], ref_out, ref_state)
-            ok = out_ok and state_ok
-            failures += not ok
-            print(f"  width {width} {name:9s} max error {err:.3g} "
-                  f"{'OK' if ok else 'FAILED'}", flush=True)
+            for math in ("exact", "fast"):
+                step, _ = _demo_step(torch.Generator().manual_seed(width), args.dim, width,
+                                     dtype)
+                ref_out, ref_state = reference.causal_conv1d_reference(**step)
+                out = jitconv.causal_conv1d_mixed(**step, math=math)
+                err, out_ok, state_ok = _verify(out, step["conv_state"], ref_out, ref_state)
+                ok = out_ok and state_ok
+                failures += not ok
+                print(f"  width {width} {name:9s} {math:5s} max error {err:.3g} "
+                      f"{'OK' if ok else 'FAILED'}", flush=True)
     import dpctl
     used = {(w, d) for w in args.widths.split(",") for d in args.dtypes.split(",")}
-    origins = sorted({where.split(" (")[0] for w, d, _wide, where in kernel_origins(False)
+    origins = sorted({where.split(" (")[0] for w, d, _wide, _fast, where in kernel_origins(False)
                       if (str(w), d) in used})
     print(f"dpctl {dpctl.__version__}, device {jitconv.get_device()}, kernels: "
           f"{launching.stats['cache_hits']} from the SPIR-V cache ({', '.join(origins)}), "
@@ -252,10 +260,6 @@ def build_kernels(args):
     if not launching.have_compiler():
         print("build-kernels needs numba-dpex (pip install jitconv's pinned stack)")
         return 2
-    if args.ship and os.environ.get("JITCONV_FAST_EXP"):
-        # The package carries the kernels the default picks (kernel_abi.fast_silu).
-        print("build-kernels --ship builds the default kernels: unset JITCONV_FAST_EXP")
-        return 2
     target = kernel_cache.PREBUILT_DIR if args.ship else (
         args.dir or kernel_cache.cache_dir())
     queue = jitconv.get_queue()
@@ -266,10 +270,11 @@ def build_kernels(args):
     dtypes = args.dtypes.split(",")
     specs = [s for s in kernel_cache.specializations() if s[0] in widths and s[1] in dtypes]
     print(f"building {len(specs)} kernels into {target}")
-    for width, dtype, wide in specs:
+    for width, dtype, wide, fast in specs:
         t0 = time.perf_counter()
-        _kernel, path = launching.compile_and_store(width, dtype, queue, target, wide=wide)
-        print(f"  width {width} {dtype:9s} {'wide' if wide else '    '} "
+        _kernel, path = launching.compile_and_store(width, dtype, queue, target, wide=wide,
+                                                    fast=fast)
+        print(f"  width {width} {dtype:9s} {_math_name(fast)} {'wide' if wide else '    '} "
               f"{path.stat().st_size / 1024:6.1f} KiB {time.perf_counter() - t0:5.2f} s  "
               f"{path.name}", flush=True)
     if args.ship:  # entries of older kernel sources would only bloat the wheel

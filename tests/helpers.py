@@ -96,9 +96,9 @@ def wide_choices(monkeypatch):
     chosen = []
     lookup = launching.get_conv_kernel
 
-    def spy(width, dtype_name, queue=None, wide=False):
+    def spy(width, dtype_name, queue=None, wide=False, fast=None):
         chosen.append(wide)
-        return lookup(width, dtype_name, queue, wide)
+        return lookup(width, dtype_name, queue, wide, fast)
     monkeypatch.setattr(launching, "get_conv_kernel", spy)
     return chosen
 

@@ -602,6 +602,35 @@ def test_plan_runs_every_layer(cuda_device):
     assert len(cuda_backend._plan_state(plan)["tables"]) == 1
 
 
+@pytest.mark.parametrize("dtype_name", list(DTYPES))
+def test_math_chooses_the_kernel(cuda_device, monkeypatch, dtype_name):
+    """``math`` picks silu's exp and division per call (None: the table's fast_exp); each
+    choice is within the contract's tolerances, with states bit-exact. On a GPU the
+    approximate exp changes some float32 outputs (the simulator runs Python's exp for
+    both)."""
+    calls = _spy_get_kernel(monkeypatch)
+    dtype = DTYPES[dtype_name]
+    case = mixed_step(torch.Generator().manual_seed(8), dim=DIM, width=4, dtype=dtype,
+                      ns_lengths=[9, 1], sp_lengths=[3], usm=True)
+    got = {}
+    for math in (None, "exact", "fast"):
+        calls.clear()
+        state = case["conv_state"].clone()
+        out = poisoned(tuple(case["x"].shape), dtype, usm=True)
+        ref_out, ref_state = causal_conv1d_reference(**dict(case, conv_state=state.clone()))
+        jitconv.causal_conv1d_mixed(**dict(case, conv_state=state), out=out, math=math)
+        assert_outputs_close(out, ref_out, dtype)
+        assert_state_exact(state, ref_state)
+        assert [c["fast_exp"] for c in calls] == [
+            tuning.CudaTuning().fast_exp if math is None else math == "fast"], math
+        got[math] = bits(out)
+    assert torch.equal(got[None], got["fast"])
+    if not SIM and dtype_name == "float32":
+        assert not torch.equal(got["exact"], got["fast"])
+    with pytest.raises(ValueError, match="math must be"):
+        jitconv.causal_conv1d_mixed(**case, math="approximate")
+
+
 def test_update_decode(cuda_device):
     gen = torch.Generator().manual_seed(3)
     dtype, batch, width = torch.bfloat16, 5, 4

@@ -165,8 +165,8 @@ def test_planted_wrong_answer_refuses_the_device(sycl_device, fresh_checks, monk
 def test_a_wrong_kernel_is_caught(sycl_device, fresh_checks, monkeypatch):
     """A real wrong kernel (width 3's code asked to compute width 4) fails the check."""
     build = launching._build
-    monkeypatch.setattr(launching, "_build", lambda width, dtype_name, queue, wide:
-                        build(3 if width == 4 else width, dtype_name, queue, wide))
+    monkeypatch.setattr(launching, "_build", lambda width, dtype_name, queue, wide, fast=None:
+                        build(3 if width == 4 else width, dtype_name, queue, wide, fast))
     with pytest.raises(device_check.DeviceCheckError, match="outputs wrong"):
         jitconv.causal_conv1d_mixed(**_step(torch.float32))
 

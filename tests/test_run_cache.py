@@ -161,7 +161,7 @@ def test_an_entry_whose_memory_is_gone_is_not_used(sycl_device):
     out = jitconv.empty(tuple(data["x"].shape))
     plan.run(**data, out=out)
     key = run_cache.key(*(data[k] for k in ("x", "weight", "bias", "conv_state")), out,
-                        "silu", jitconv.get_queue())
+                        "silu", None, jitconv.get_queue())
     assert run_cache.find(key, plan) is not None
     previous = jitconv.set_pool_limit(0)  # really free, do not keep for reuse
     try:

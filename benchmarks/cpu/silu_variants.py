@@ -1,9 +1,9 @@
-"""Same-run comparison of silu's two SYCL variants (kernel_abi.fast_silu) on one device:
-the default kernels (as jitconv picks them: shipped, cache or compiled) and the other
-variant of each dtype, compiled here, timed in turn within every repetition with the
+"""Same-run comparison of silu's two SYCL maths (``math="exact" | "fast"``) on one device:
+the default kernel of each dtype and the other math's (as jitconv picks them: shipped,
+cache or compiled), timed in turn within every repetition with the
 device copy of the same bytes (profiling events, kernel time only), on the benchmark's
 own workloads (jitconv.bench.cpu.make_step). Also the outputs of both against the float64
-reference. Needs numba-dpex (the other variant is compiled in this process).
+reference.
 
     python benchmarks/cpu/silu_variants.py [--dims 2048,8192] [--dtypes ...] [--rounds 3]
 """
@@ -16,7 +16,7 @@ import torch
 from jitconv.bench import cpu as bench
 from jitconv.backends.sycl import launching
 from jitconv.kernels.abi import WIDE_CHANNELS, fast_silu
-from same_run import accuracy, compile_variant, timed_workloads, variant_channels
+from same_run import accuracy, timed_workloads, variant_channels
 
 
 def main():
@@ -35,8 +35,8 @@ def main():
         # the kernel a launch of these (aligned) workloads takes: wide where there is one
         wide = dtype_name in WIDE_CHANNELS
         default = launching.get_conv_kernel(width, dtype_name, queue, wide)
-        other = compile_variant(width, dtype_name, queue, fast=not fast_silu(dtype_name),
-                                wide=wide)
+        other = launching.get_conv_kernel(width, dtype_name, queue, wide,
+                                          not fast_silu(dtype_name))
         channels = [variant_channels(dtype_name, {"wide": wide})] * 2
         names = ["fast" if fast_silu(dtype_name) else "exact",
                  "exact" if fast_silu(dtype_name) else "fast"]

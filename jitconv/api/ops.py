@@ -121,11 +121,12 @@ def spec_part(query_start_loc, state_indices, token_indx, num_accepted_tokens, n
                 np.ones(len(lines), bool), spec=True)
 
 
-def _prepare(x, weight, bias, conv_state, out, activation, pad_slot_id):
+def _prepare(x, weight, bias, conv_state, out, activation, math, pad_slot_id):
     """Argument checks shared by every op, before any metadata is read (so a bad tensor
     is reported first, as it always was). Returns the step's Geometry and what
     ``StepPlan.run_checked`` takes as checked tensors."""
     validation.check_activation(activation)
+    validation.check_math(math)
     if isinstance(pad_slot_id, bool) or not isinstance(pad_slot_id, (int, np.integer)):
         raise TypeError(f"pad_slot_id: expected an int, got {pad_slot_id!r}")
     tensors = bridge.normalize_all(x, weight, bias, conv_state, out)
@@ -144,19 +145,47 @@ def causal_conv1d_fn(x: Array, weight: Array, bias: Optional[Array], conv_state:
                      query_start_loc: Ints, cache_indices: Ints,
                      has_initial_state: Optional[Ints] = None,
                      activation: Optional[str] = "silu", pad_slot_id: int = -1,
-                     token_indx: Optional[Ints] = None, out: Optional[Array] = None) -> Array:
+                     token_indx: Optional[Ints] = None, out: Optional[Array] = None,
+                     math: Optional[str] = None) -> Array:
     """Causal depthwise conv1d over prefill chunks and plain decodes (non-spec tokens).
 
-    x: (num_tokens, dim), rows may be strided; weight: (dim, width) or (dim, 1, width);
-    bias: (dim,) or None; conv_state: viewed as (num_cache_lines, dim, state_len), any
-    strides, updated in place. query_start_loc: (P+1,) cumulative token counts;
-    cache_indices: (P,) cache line per sequence (pad_slot_id marks a padded sequence:
-    zeros out, state untouched); has_initial_state: (P,) bool or None (all True);
-    token_indx: row of x for each token in sequence order, or None for rows 0..n-1 (then
-    query_start_loc[-1] must equal num_tokens). Returns out (new, or the given ``out``,
-    which may alias x). See docs/SEMANTICS.md for the exact rule.
+    Parameters
+    ----------
+    x : tensor, (num_tokens, dim)
+        Rows may be strided; channels are read contiguous (a copy is made otherwise).
+    weight : tensor, (dim, width) or (dim, 1, width)
+    bias : tensor, (dim,), or None
+    conv_state : tensor, viewed as (num_cache_lines, dim, state_len)
+        Any strides; the lines of the step's sequences are updated in place.
+    query_start_loc : ints, (P+1,)
+        Cumulative token counts of the P sequences.
+    cache_indices : ints, (P,)
+        Cache line of each sequence; ``pad_slot_id`` marks a padded sequence (its
+        outputs are zeros, no state is touched).
+    has_initial_state : bools, (P,), optional
+        False: the sequence starts from zeros (None: all True).
+    activation : {"silu", "swish", None}
+    pad_slot_id : int
+    token_indx : ints, (query_start_loc[-1],), optional
+        Row of x of each token in sequence order; None: rows 0..n-1, and then
+        query_start_loc[-1] must equal num_tokens.
+    out : tensor, (num_tokens, dim), optional
+        Where the outputs go (may alias x).
+    math : {None, "exact", "fast"}
+        silu's math; see ``causal_conv1d_mixed``.
+
+    Returns
+    -------
+    tensor
+        ``out``, or a new tensor like x. Rows no sequence uses are zeros.
+
+    Notes
+    -----
+    The exact rule is docs/SEMANTICS.md. Every argument is checked before anything is
+    launched; a bad one raises an error naming it, and conv_state is left as it was.
     """
-    geo, checked = _prepare(x, weight, bias, conv_state, out, activation, pad_slot_id)
+    geo, checked = _prepare(x, weight, bias, conv_state, out, activation, math,
+                           pad_slot_id)
 
     def build():
         part = non_spec_part(query_start_loc, cache_indices, has_initial_state, token_indx,
@@ -165,7 +194,7 @@ def causal_conv1d_fn(x: Array, weight: Array, bias: Optional[Array], conv_state:
 
     metadata = (query_start_loc, cache_indices, has_initial_state, token_indx)
     plan = plan_cache.plan_for(plan_cache.key("fn", geo, metadata), build)
-    return plan.run_checked((x, weight, bias, conv_state, out), activation, checked)
+    return plan.run_checked((x, weight, bias, conv_state, out), activation, checked, math)
 
 
 def causal_conv1d_update(x: Array, weight: Array, bias: Optional[Array], conv_state: Array,
@@ -173,17 +202,33 @@ def causal_conv1d_update(x: Array, weight: Array, bias: Optional[Array], conv_st
                          num_accepted_tokens: Optional[Ints] = None,
                          activation: Optional[str] = "silu", pad_slot_id: int = -1,
                          token_indx: Optional[Ints] = None,
-                         out: Optional[Array] = None) -> Array:
+                         out: Optional[Array] = None, math: Optional[str] = None) -> Array:
     """Decode step: plain decodes, or spec verify when ``num_accepted_tokens`` is given.
 
-    x: (num_tokens, dim). conv_state_indices: (Q,) or (Q, K) int (column 0 is the line).
-    query_start_loc: (Q+1,) for several (ragged) tokens per sequence; None means one
-    token per sequence (rows 0..Q-1). num_accepted_tokens: (Q,) tokens accepted in the
-    previous step (>= 1, bonus token included): the window starts at column a-1 and the
-    state keeps the newest width-2 old columns then all new tokens. Without it, each
-    sequence continues from its state (non-spec rule).
+    Parameters
+    ----------
+    x, weight, bias, conv_state, activation, pad_slot_id, out, math
+        As in ``causal_conv1d_fn``.
+    conv_state_indices : ints, (Q,) or (Q, K)
+        Cache line of each sequence (column 0 of a 2-D array); ``pad_slot_id`` pads.
+    query_start_loc : ints, (Q+1,), optional
+        For several (ragged) tokens per sequence; None: one token per sequence, rows
+        0..Q-1.
+    num_accepted_tokens : ints, (Q,), optional
+        Tokens accepted in the previous step (>= 1, the bonus token included): the
+        window starts at state column a-1, and the state keeps the newest width-2 old
+        columns, then all new tokens. None: each sequence continues from its state (the
+        non-spec rule).
+    token_indx : ints, optional
+        Row of x of each token in sequence order; None: rows in order.
+
+    Returns
+    -------
+    tensor
+        ``out``, or a new tensor like x.
     """
-    geo, checked = _prepare(x, weight, bias, conv_state, out, activation, pad_slot_id)
+    geo, checked = _prepare(x, weight, bias, conv_state, out, activation, math,
+                           pad_slot_id)
 
     def build():
         qsl = query_start_loc
@@ -207,7 +252,7 @@ def causal_conv1d_update(x: Array, weight: Array, bias: Optional[Array], conv_st
 
     metadata = (conv_state_indices, query_start_loc, num_accepted_tokens, token_indx)
     plan = plan_cache.plan_for(plan_cache.key("update", geo, metadata), build)
-    return plan.run_checked((x, weight, bias, conv_state, out), activation, checked)
+    return plan.run_checked((x, weight, bias, conv_state, out), activation, checked, math)
 
 
 def causal_conv1d_mixed(x: Array, weight: Array, bias: Optional[Array], conv_state: Array, *,
@@ -221,24 +266,51 @@ def causal_conv1d_mixed(x: Array, weight: Array, bias: Optional[Array], conv_sta
                         num_accepted_tokens: Optional[Ints] = None,
                         non_spec_num_accepted_tokens: Optional[Ints] = None,
                         activation: Optional[str] = "silu", pad_slot_id: int = -1,
-                        out: Optional[Array] = None) -> Array:
+                        out: Optional[Array] = None, math: Optional[str] = None) -> Array:
     """One engine step of a hybrid model in ONE kernel launch: prefill chunks, plain
     decodes (the non-spec part) and spec-decode verify sequences (the spec part).
 
-    Keyword names follow vLLM's GDN metadata. Either part may be absent. Token index maps
-    may interleave spec and non-spec rows in any order; without maps the non-spec tokens
-    are rows 0..n_ns-1 and the spec tokens the rows after them (then together they must
-    cover x). Rows no sequence uses come out as zeros. ``non_spec_num_accepted_tokens``
-    (P,), optional: a non-spec sequence that follows a spec step which accepted a tokens
-    reads its window at column a-1 (default: column 0).
+    Parameters
+    ----------
+    x, weight, bias, conv_state, activation, pad_slot_id, out
+        As in ``causal_conv1d_fn``.
+    non_spec_query_start_loc, non_spec_state_indices, has_initial_state : ints, optional
+        The non-spec part (prefill chunks and plain decodes), as ``causal_conv1d_fn``'s
+        query_start_loc, cache_indices and has_initial_state. None: no such part.
+    non_spec_token_indx, spec_token_indx : ints, optional
+        Row of x of each token of the part, in sequence order; the maps may interleave
+        the parts' rows in any order. Without maps the non-spec tokens are rows
+        0..n_ns-1 and the spec tokens the rows after them (together they must cover x).
+    spec_query_start_loc, spec_state_indices : ints, optional
+        The spec (verify) part: cumulative token counts, and cache lines as (Q,) or
+        (Q, K). None: no such part.
+    num_accepted_tokens : ints, (Q,), optional
+        The spec part's accepted counts, as in ``causal_conv1d_update``.
+    non_spec_num_accepted_tokens : ints, (P,), optional
+        A non-spec sequence that follows a spec step which accepted a tokens reads its
+        window at state column a-1 (default: column 0).
+    math : {None, "exact", "fast"}
+        silu's math, with one meaning on both backends. "exact": libm's exp and IEEE
+        division. "fast": the device's approximate exp (on CUDA also the approximate
+        division), within the contract's tolerances, NaN and inf kept. None: the
+        backend's default for the dtype (SYCL: "fast" for float16 / bfloat16, "exact"
+        for float32; CUDA: "fast"). Each choice is its own kernel.
+
+    Returns
+    -------
+    tensor
+        ``out``, or a new tensor like x. Rows no sequence uses are zeros.
+
+    Keyword names follow vLLM's GDN metadata; the rule is docs/SEMANTICS.md.
     """
-    geo, checked = _prepare(x, weight, bias, conv_state, out, activation, pad_slot_id)
+    geo, checked = _prepare(x, weight, bias, conv_state, out, activation, math,
+                           pad_slot_id)
     metadata = (non_spec_query_start_loc, non_spec_state_indices, has_initial_state,
                 non_spec_token_indx, spec_query_start_loc, spec_state_indices,
                 spec_token_indx, num_accepted_tokens, non_spec_num_accepted_tokens)
     plan = plan_cache.plan_for(plan_cache.key("mixed", geo, metadata),
                                lambda: _mixed_plan(geo, None, *metadata))
-    return plan.run_checked((x, weight, bias, conv_state, out), activation, checked)
+    return plan.run_checked((x, weight, bias, conv_state, out), activation, checked, math)
 
 
 def plan(num_tokens: int, num_cache_lines: int, state_len: int, width: int, *,
@@ -250,15 +322,26 @@ def plan(num_tokens: int, num_cache_lines: int, state_len: int, width: int, *,
          num_accepted_tokens: Optional[Ints] = None,
          non_spec_num_accepted_tokens: Optional[Ints] = None, pad_slot_id: int = -1,
          queue: Any = None) -> StepPlan:
-    """Validate one engine step's metadata once and return a ``StepPlan`` whose
-    ``run(x, weight, bias, conv_state, out=None, activation="silu")`` does the conv of
-    one layer. The metadata arguments are ``causal_conv1d_mixed``'s (same rules, same
-    errors); the geometry is what every layer's tensors must have: x with ``num_tokens``
-    rows, conv_state viewed as (``num_cache_lines``, dim, ``state_len``), weight of
-    ``width`` taps. Metadata may be numpy arrays, lists, CPU or device tensors: it is read
-    here, once, and never again. ``queue``: a dpctl.SyclQueue to run on (default: torch's
-    current stream for XPU tensors, the array's own queue for dpctl/dpnp arrays, else the
-    current device's queue).
+    """Validate one engine step's metadata once, for every layer of the step.
+
+    Parameters
+    ----------
+    num_tokens, num_cache_lines, state_len, width : int
+        The geometry every layer's tensors must have: x with ``num_tokens`` rows,
+        conv_state viewed as (``num_cache_lines``, dim, ``state_len``), weights of
+        ``width`` taps.
+    non_spec_query_start_loc, ..., non_spec_num_accepted_tokens, pad_slot_id
+        ``causal_conv1d_mixed``'s metadata: same rules, same errors. Numpy arrays,
+        lists, CPU or device tensors: read here, once, and never again.
+    queue : dpctl.SyclQueue, optional
+        Where runs go on SYCL (default: torch's current stream for XPU tensors, an
+        array's own queue for dpctl/dpnp arrays, else the current device's queue).
+
+    Returns
+    -------
+    StepPlan
+        ``plan.run(x, weight, bias, conv_state, out=None, activation="silu",
+        math=None)`` does the conv of one layer.
     """
     geo = validation.check_geometry(num_tokens, num_cache_lines, state_len, width, pad_slot_id)
     return _mixed_plan(geo, queue, non_spec_query_start_loc, non_spec_state_indices,

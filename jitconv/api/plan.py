@@ -49,31 +49,55 @@ class StepPlan:
     # ---------------------------------------------------------------- per layer
 
     def run(self, x: Any, weight: Any, bias: Optional[Any], conv_state: Any,
-            out: Optional[Any] = None, activation: Optional[str] = "silu") -> Any:
-        """The conv of one layer: returns out (new, or the given ``out``, which may alias
-        x). conv_state is updated in place. Checks the tensors against the plan before
-        launching anything."""
-        return self.run_checked((x, weight, bias, conv_state, out), activation)
+            out: Optional[Any] = None, activation: Optional[str] = "silu",
+            math: Optional[str] = None) -> Any:
+        """The conv of one layer, with the plan's metadata.
 
-    def run_checked(self, args, activation, checked=None):
+        Parameters
+        ----------
+        x : tensor, (num_tokens, dim)
+            The layer's inputs; rows may be strided.
+        weight : tensor, (dim, width) or (dim, 1, width)
+        bias : tensor, (dim,), or None
+        conv_state : tensor, viewed as (num_cache_lines, dim, state_len)
+            Updated in place: only the cache lines the plan's sequences name.
+        out : tensor, (num_tokens, dim), optional
+            Where the outputs go (may alias x); a new tensor when None.
+        activation : {"silu", "swish", None}
+        math : {None, "exact", "fast"}
+            silu's math (see ``jitconv.causal_conv1d_mixed``).
+
+        Returns
+        -------
+        tensor
+            ``out``, or the new output tensor.
+
+        The tensors are checked against the plan (shapes, dtypes, strides, devices,
+        overlaps) before anything is launched; a bad one raises and leaves conv_state as
+        it was.
+        """
+        return self.run_checked((x, weight, bias, conv_state, out), activation, None, math)
+
+    def run_checked(self, args, activation, checked=None, math=None):
         """``run`` on ``args`` (x, weight, bias, conv_state, out). ``checked``: (normalized
         tensors, dtype name) when the caller has already checked them against this
         plan's geometry (the one-shot ops do), so a run that is not remembered does not
         check them twice."""
         backend = registry.for_call(args[0])
-        result, key = backend.remembered(self, args, activation)
+        result, key = backend.remembered(self, args, activation, math)
         if result is not None:  # these tensors passed the checks of this geometry
             return result
         silu = validation.check_activation(activation)
+        validation.check_math(math)
         if checked is None:
             tensors = bridge.normalize_all(*args)
             _dim, width, dtype = validation.check_tensors(*tensors)
             validation.check_fits_plan(self.geometry, tensors[0], tensors[3], width)
         else:
             tensors, dtype = checked
-        return self._launch(backend, tensors, silu, dtype, key)
+        return self._launch(backend, tensors, silu, math, dtype, key)
 
-    def _launch(self, backend, tensors, silu, dtype, key):
+    def _launch(self, backend, tensors, silu, math, dtype, key):
         """Launch on checked tensors (``run_checked`` checked them). With a ``key`` the
         backend may keep a zero-copy launch for the next run with the same key."""
         x, weight, bias, conv_state, out = tensors
@@ -97,8 +121,8 @@ class StepPlan:
         if dim == 0 or self.num_blocks == 0:
             return _finish(out, target)
         zero_copy = x is x_given and (target is out or out is None)
-        backend.launch(self, Launch(x, weight, bias, conv_state, out, target, silu, dtype,
-                                    extents, zero_copy, key))
+        backend.launch(self, Launch(x, weight, bias, conv_state, out, target, silu, math,
+                                    dtype, extents, zero_copy, key))
         return _finish(out, target)
 
 

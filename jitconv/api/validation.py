@@ -28,6 +28,13 @@ def check_activation(activation):
     return activation is not None
 
 
+def check_math(math):
+    """``math``: None (the backend's default for the dtype), "exact" or "fast"."""
+    if math not in abi.MATHS:
+        raise ValueError(f"math must be 'exact', 'fast' or None (the default), got {math!r}")
+    return math
+
+
 def check_tensors(x, weight, bias, conv_state, out):
     """Shapes, dtypes and devices of the data tensors. Returns (dim, width, dtype name).
     Runs on every layer: each property is read once."""

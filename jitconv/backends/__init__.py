@@ -22,6 +22,7 @@ class Launch(NamedTuple):
     out: object        # the caller's out (normalized), or None
     target: object     # where the kernel writes: out, or a new tensor
     silu: bool
+    math: object       # None (the backend's default for the dtype), "exact" or "fast"
     dtype: str         # "float32", "float16" or "bfloat16"
     extents: dict      # byte extents of the arguments (validation.check_aliasing)
     zero_copy: bool    # x and out are the caller's own tensors (the launch may be kept)
@@ -39,7 +40,7 @@ class Backend(Protocol):
     def takes(self, x) -> bool:
         """Whether a call whose x is ``x`` runs on this backend."""
 
-    def remembered(self, plan, args, activation):
+    def remembered(self, plan, args, activation, math):
         """(result, key): the result of a launch remembered for exactly these tensors
         (submitted now, no checks needed), else None and a key for ``launch`` to keep
         this one under (None: never kept)."""

@@ -4,44 +4,31 @@ tables: supported widths, storage types, flag bits and the argument list.
 Kept free of numba / numba-dpex imports: launching prebuilt SPIR-V needs only this.
 """
 
-import os
-
 import numpy as np
 
 SUPPORTED_WIDTHS = (2, 3, 4, 5, 6, 7, 8)
 ACTIVATIONS = (None, "silu", "swish")  # silu and its other name, or none
 
-# silu's math, per dtype: "exact" (math.exp, IEEE division, the full bf16 rounding) or
-# "fast" (OpenCL's native_exp, whose accuracy is the device's choice: here within 1e-5 of
-# exp in float32). The fast one is the default for the 16-bit dtypes only: its error is
-# far below half an ulp of their outputs (measured on opencl:cpu: 1 ulp at most, in a few
-# per mille of bfloat16 and ~1.5% of float16 outputs, all within the contract's
-# tolerances), and it made them faster on opencl:cpu (docs/design.md); float32 keeps
-# the exact math by default. (A bf16 rounding without its NaN check was 8-10% faster
-# still on the CPU, but only x86's NaNs survive it: a GPU's canonical NaN 0x7FFFFFFF would
-# round to -0.0, and no Intel GPU could be checked, so it is not used.)
-# JITCONV_FAST_EXP (read once per process) overrides the default for every dtype: "0" the
-# exact math, "1" the fast one (float32 then gets native_exp only). Each variant is its
-# own kernel with its own cache key; the shipped kernels are the defaults'.
+# silu's math, chosen per call (``math=``), with one meaning on both backends:
+# "exact": libm's exp and IEEE division (bf16 results rounded with their NaN check);
+# "fast": the device's approximate exp (OpenCL native_exp on SYCL; on CUDA also the
+# approximate division), within the contract's tolerances, NaN and inf kept.
+# None: the backend's default for the dtype. On SYCL that is "fast" for the 16-bit dtypes
+# only: its error is far below half an ulp of their outputs (measured on opencl:cpu: 1 ulp
+# at most, in a few per mille of bfloat16 and ~1.5% of float16 outputs, all within the
+# contract's tolerances), and it made them faster there (docs/design.md); float32 keeps the
+# exact math. (A bf16 rounding without its NaN check was 8-10% faster still on the CPU, but
+# only x86's NaNs survive it: a GPU's canonical NaN 0x7FFFFFFF would round to -0.0, so it
+# is not used.) CUDA's default is the tuning table's (``tuning.CudaTuning.fast_exp``).
+# Each variant is its own kernel with its own cache key; the shipped kernels are the
+# defaults'.
+MATHS = (None, "exact", "fast")
 DEFAULT_FAST_SILU = {"float32": False, "float16": True, "bfloat16": True}
-FAST_EXP = os.environ.get("JITCONV_FAST_EXP")  # None or "": the per-dtype default
 
 
-def fast_exp_setting(value):
-    """A value of JITCONV_FAST_EXP as None (unset or empty: the backend's default), True
-    ("1") or False ("0"); anything else is an error naming the variable. Both backends
-    read the variable through this (the CUDA one per launch, with its own default)."""
-    if value in (None, ""):
-        return None
-    if value not in ("0", "1"):
-        raise ValueError(f"JITCONV_FAST_EXP: expected 0 or 1, got {value!r}")
-    return value == "1"
-
-
-def fast_silu(dtype_name):
-    """Whether the kernel for ``dtype_name`` uses the fast silu (see above)."""
-    chosen = fast_exp_setting(FAST_EXP)
-    return DEFAULT_FAST_SILU[dtype_name] if chosen is None else chosen
+def fast_silu(dtype_name, math=None):
+    """Whether the SYCL kernel for ``dtype_name`` runs the fast silu under ``math``."""
+    return DEFAULT_FAST_SILU[dtype_name] if math is None else math == "fast"
 
 
 # How a tensor of each dtype is passed to the kernel: fp16/bf16 have no numba-dpex array

@@ -34,7 +34,7 @@ class CudaTuning:
     exact_grid: bool = True      # ... and no bounds guard where the grid is exact
     uniform_decode: bool = True  # plain decode steps: length 1 and window column 0 as constants
     fastmath: bool = False       # numba's fastmath for the whole kernel
-    fast_exp: bool = True        # silu's exp and division approximate (JITCONV_FAST_EXP wins)
+    fast_exp: bool = True        # silu's math when a call passes math=None: the fast one
 
 
 # (backend, architecture, dtype, kind) -> values; "*" matches anything. Entries apply in

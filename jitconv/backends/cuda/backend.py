@@ -32,12 +32,13 @@ class CudaBackend:
         raise TypeError(f"x: a CPU tensor, but the current device is {name}: pass torch "
                         f"CUDA tensors (x.to('{name}')) or select a SYCL device")
 
-    def remembered(self, plan, args, activation):
+    def remembered(self, plan, args, activation, math):
         return None, None  # each run is packed anew (see launching for its cost)
 
     def launch(self, plan, launch):
         launching.launch(plan, launch.x, launch.weight, launch.bias, launch.conv_state,
-                         launch.target, launch.silu, launch.dtype)
+                         launch.target, launch.silu, launch.dtype,
+                         launch.math)
 
 
 BACKEND = CudaBackend()

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from jitconv.kernels import tuning
-from jitconv.kernels.abi import BLOCK_FIELDS, CONV_ARGS, FAST_EXP, fast_exp_setting, rows_aligned
+from jitconv.kernels.abi import BLOCK_FIELDS, CONV_ARGS, rows_aligned
 from jitconv.backends.cuda.devices import architecture, have_numba_cuda, native_bf16, simulating
 from jitconv.backends.cuda.source import (ARG_NAMES, CALL_ARGS, EXTRA_ARGS, LAYOUT_ARGS,
                                           STATE_CHUNK_EXTRA, KernelSpec, short_tokens_for)
@@ -41,13 +41,11 @@ _streams = {}  # (device index, cudaStream_t) -> numba external stream
 KINDS = ("general", "decode", "spec")
 
 
-def _fast_exp(tune):
+def _fast_exp(tune, math=None):
     """Whether silu's exp and division are the GPU's approximate instructions (as in
-    vLLM's Triton kernels; within the contract's tolerances, NaN and inf kept): the
-    tuning's value, unless JITCONV_FAST_EXP (read once per process, as by the SYCL
-    backend) says otherwise."""
-    chosen = fast_exp_setting(FAST_EXP)
-    return tune.fast_exp if chosen is None else chosen
+    vLLM's Triton kernels; within the contract's tolerances, NaN and inf kept): the call's
+    ``math``, or the tuning's value when it is None."""
+    return tune.fast_exp if math is None else math == "fast"
 
 
 def _arch(device):
@@ -230,7 +228,7 @@ def _stream(device):
     return stream
 
 
-def launch(plan, x, weight, bias, conv_state, target, silu, dtype):
+def launch(plan, x, weight, bias, conv_state, target, silu, dtype, math=None):
     """One run of ``plan`` on checked tensors into ``target`` (StepPlan._launch checked
     them and chose target: channels of x and target contiguous, target apart from x)."""
     sim = simulating()
@@ -255,7 +253,7 @@ def launch(plan, x, weight, bias, conv_state, target, silu, dtype):
         compact = layout is not None and tune.compact_args
         fixed = block if layout is not None and tune.fixed_block else None
         spec = KernelSpec(width, dtype, channels, tune.fastmath,
-                          lookahead_for(tune, plan.longest_block), _fast_exp(tune),
+                          lookahead_for(tune, plan.longest_block), _fast_exp(tune, math),
                           tune.max_registers or None, native_bf16(x.device), short_tokens,
                           row_group, layout, tune.early_weights, group_state,
                           vector_taps_for(weight, tune), fixed, compact, tune.exact_grid,

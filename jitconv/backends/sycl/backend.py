@@ -15,6 +15,7 @@ import torch
 
 from jitconv import device as current
 from jitconv.backends.sycl import devices, launching, run_cache, tables
+from jitconv.kernels.abi import fast_silu
 from jitconv.memory import bridge
 
 
@@ -31,11 +32,11 @@ class SyclBackend:
     def _queue(plan, x):
         return plan.queue or current.queue_for(x)
 
-    def remembered(self, plan, args, activation):
+    def remembered(self, plan, args, activation, math):
         if not launching.can_resubmit():
             return None, None
         x, weight, bias, conv_state, out = args
-        key = run_cache.key(x, weight, bias, conv_state, out, activation,
+        key = run_cache.key(x, weight, bias, conv_state, out, activation, math,
                             self._queue(plan, x))
         if key is None:
             return None, None
@@ -74,7 +75,8 @@ class SyclBackend:
         dim = int(views["x"].shape[1])
         kernel, values, grid = launching.submit_conv(
             queue, plan.geometry.width, launch.dtype, views, tables.tables_on(plan, queue),
-            plan.num_blocks, dim, has_bias=bias is not None, silu=launch.silu, wait=wait)
+            plan.num_blocks, dim, has_bias=bias is not None, silu=launch.silu,
+            fast=fast_silu(launch.dtype, launch.math), wait=wait)
         for wb in write_backs:
             wb()
         # Only zero-copy launches are remembered: a copy is new memory on every run.

@@ -284,7 +284,7 @@ def refused_any():
     return bool(_refused)
 
 
-def verify(queue, width, dtype_name, wide, spirv, launch, force=False):
+def verify(queue, width, dtype_name, wide, spirv, launch, force=False, fast=None):
     """Make sure the kernel whose SPIR-V is ``spirv``, built for ``queue``'s device, passed
     the known-answer check there: from this process, the stored verdicts or a run now
     (always a run with ``force``). Raises DeviceCheckError (and refuses the device) when
@@ -307,7 +307,7 @@ def verify(queue, width, dtype_name, wide, spirv, launch, force=False):
             stats["read"] += 1
             return "stored"
     kernel = {"width": width, "dtype": dtype_name, "wide": bool(wide),
-              "cache_key": kernel_cache.key(width, dtype_name, wide)}
+              "cache_key": kernel_cache.key(width, dtype_name, wide, fast)}
     problem = run_known_answer(queue, width, dtype_name, launch)
     stats["checked"] += 1
     if problem:

@@ -80,17 +80,18 @@ def origin(path):
 
 def shipped_files():
     """The entry files the package should carry: one .spv and .json per supported
-    specialization (``specializations``), named by the current key (silu's variant: the
-    default of each dtype when JITCONV_FAST_EXP is unset)."""
+    specialization (``specializations``), named by the current key (silu's math: the
+    default of each dtype)."""
     return sorted(f"{key(*spec)}{suffix}" for spec in specializations()
                   for suffix in (".json", ".spv"))
 
 
 def specializations():
-    """(width, dtype, wide) of every kernel jitconv may launch: each supported width and
-    dtype, and its wide kernel where the dtype has one."""
-    return [(w, d, wide) for w in SUPPORTED_WIDTHS for d in STORAGE
-            for wide in ((False, True) if d in WIDE_CHANNELS else (False,))]
+    """(width, dtype, wide, fast) of every kernel jitconv may launch: each supported width
+    and dtype, its wide kernel where the dtype has one, each with silu's two maths."""
+    return [(w, d, wide, fast) for w in SUPPORTED_WIDTHS for d in STORAGE
+            for wide in ((False, True) if d in WIDE_CHANNELS else (False,))
+            for fast in (False, True)]
 
 
 def _dist_version(name):
@@ -126,10 +127,12 @@ def _code_fingerprint():
     return h.hexdigest()
 
 
-def key(width, dtype_name, wide=False):
-    """Hash of everything that changes the SPIR-V (see the module docstring)."""
+def key(width, dtype_name, wide=False, fast=None):
+    """Hash of everything that changes the SPIR-V (see the module docstring). ``fast``:
+    silu's fast math or not (None: the dtype's default, ``abi.fast_silu``)."""
     from jitconv.backends.sycl.source import name_and_source
-    name, source = name_and_source(width, dtype_name, fast_silu(dtype_name), wide)
+    fast = fast_silu(dtype_name) if fast is None else fast
+    name, source = name_and_source(width, dtype_name, fast, wide)
     h = hashlib.sha256(json.dumps([FORMAT, __version__, _abi(), name, source,
                                    _code_fingerprint()]).encode())
     return f"conv_w{width}_{dtype_name}{'_wide' if wide else ''}_{h.hexdigest()[:20]}"
@@ -139,10 +142,10 @@ def key(width, dtype_name, wide=False):
 rejected = []  # (path, reason) of entries ignored in this process
 
 
-def load(width, dtype_name, wide=False):
+def load(width, dtype_name, wide=False, fast=None):
     """(spirv bytes, kernel name, path) of a valid entry, or None. Stale entries are
     recorded in ``rejected`` and ignored."""
-    k = key(width, dtype_name, wide)
+    k = key(width, dtype_name, wide, fast)
     # The compiler's versions are checked here rather than hashed into the key: an
     # environment without numba-dpex must still find the entries shipped for it. numba
     # alone is not a compiler of ours (vLLM installs numba, never numba-dpex): its
@@ -174,16 +177,17 @@ def load(width, dtype_name, wide=False):
 
 
 
-def store(width, dtype_name, spirv, kernel_name, directory=None, wide=False):
+def store(width, dtype_name, spirv, kernel_name, directory=None, wide=False, fast=None):
     """Write an entry atomically (a concurrent reader sees the old state or the new one,
     never half a file). Returns the path of the SPIR-V file."""
     directory = Path(directory) if directory else cache_dir()
     if directory is None:
         raise OSError("no cache directory (no home directory; JITCONV_CACHE_DIR unset)")
     directory.mkdir(parents=True, exist_ok=True)
-    k = key(width, dtype_name, wide)
+    k = key(width, dtype_name, wide, fast)
     meta = {"format": FORMAT, "kernel_name": kernel_name, "width": width,
-            "dtype": dtype_name, "wide": wide, "abi": _abi(),
+            "dtype": dtype_name, "wide": wide,
+            "fast": fast_silu(dtype_name) if fast is None else fast, "abi": _abi(),
             "sha256": hashlib.sha256(spirv).hexdigest(),
             **compiler_versions()}
     # SPIR-V first, metadata last: an entry without metadata is never read.

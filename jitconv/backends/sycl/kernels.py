@@ -206,8 +206,7 @@ _window_value = dpex.device_func(window_value)
 def make_conv_kernel(width, dtype_name, fast=None, wide=False, **backend_options):
     """Build the mixed-batch causal-conv1d kernel for one (width, dtype) specialization;
     ``fast``: the fast silu (silu's exp is OpenCL's native_exp instead of math.exp);
-    None: ``kernel_abi.fast_silu(dtype_name)``
-    (the default of the dtype, or JITCONV_FAST_EXP); ``wide``: the wide kernel
+    None: the dtype's default (``abi.fast_silu``); ``wide``: the wide kernel
     (``kernel_abi.WIDE_CHANNELS`` channels per work-item, launched over dim / that many
     work-items); ``backend_options``: as in ``kernel_source`` (only for same-run
     comparisons: jitconv builds the default flags, the only ones cached and shipped).

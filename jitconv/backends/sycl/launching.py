@@ -26,7 +26,8 @@ import numpy as np
 
 from jitconv.backends.sycl import device_check
 from jitconv.backends.sycl import kernel_cache
-from jitconv.kernels.abi import CONV_ARGS, STORAGE, TABLES, WIDE_CHANNELS, rows_aligned
+from jitconv.kernels.abi import (CONV_ARGS, STORAGE, TABLES, WIDE_CHANNELS, fast_silu,
+                                 rows_aligned)
 from jitconv.backends.sycl import devices
 
 _lock = threading.Lock()
@@ -74,14 +75,14 @@ def _signature(width, dtype_name, queue):
     return types.void(*args)
 
 
-def compile_spirv(width, dtype_name, queue, wide=False):
+def compile_spirv(width, dtype_name, queue, wide=False, fast=None):
     """SPIR-V bytes and kernel name of one specialization, compiled by numba-dpex."""
     from numba.core.target_extension import target_override
 
     from jitconv.backends.sycl.kernels import make_conv_kernel
 
     _prepare_numba_dpex(queue)
-    dispatcher = make_conv_kernel(width, dtype_name, wide=wide)
+    dispatcher = make_conv_kernel(width, dtype_name, fast, wide=wide)
     with target_override("dpex"):
         result = dispatcher.get_compile_result(_signature(width, dtype_name, queue))
     stats["compiled"] += 1
@@ -105,10 +106,10 @@ def _program(queue, spirv, name):
     return kernel
 
 
-def _build(width, dtype_name, queue, wide):
+def _build(width, dtype_name, queue, wide, fast=None):
     """Disk cache first (no numba-dpex import at all), else compile and store. Returns
     (kernel, its SPIR-V)."""
-    entry = kernel_cache.load(width, dtype_name, wide)
+    entry = kernel_cache.load(width, dtype_name, wide, fast)
     if entry is not None:
         spirv, name, path = entry
         try:
@@ -128,23 +129,23 @@ def _build(width, dtype_name, queue, wide):
             f"numba-dpex is installed and point JITCONV_CACHE_DIR at the result"
             + (f" (ignored: {kernel_cache.rejected})" if kernel_cache.rejected else ""))
     return compile_and_store(width, dtype_name, queue, required=False, wide=wide,
-                             with_spirv=True)
+                             with_spirv=True, fast=fast)
 
 
 _warned_dirs = set()  # unwritable cache directories already reported in this process
 
 
 def compile_and_store(width, dtype_name, queue, directory=None, required=True, wide=False,
-                      with_spirv=False):
+                      with_spirv=False, fast=None):
     """Compile with numba-dpex, build (only what builds is stored), store the SPIR-V.
     Returns (kernel, path of the stored SPIR-V), or (kernel, SPIR-V bytes) ``with_spirv``.
     With ``required=False`` a cache that cannot be written (read-only, no home directory)
     costs a warning, once per directory, and the kernel is still returned (path None):
     compiled once, not cached."""
-    spirv, name = compile_spirv(width, dtype_name, queue, wide)
+    spirv, name = compile_spirv(width, dtype_name, queue, wide, fast)
     kernel = _program(queue, spirv, name)
     try:
-        path = kernel_cache.store(width, dtype_name, spirv, name, directory, wide)
+        path = kernel_cache.store(width, dtype_name, spirv, name, directory, wide, fast)
         return kernel, spirv if with_spirv else path
     except OSError as exc:
         if required:
@@ -160,12 +161,13 @@ def compile_and_store(width, dtype_name, queue, directory=None, required=True, w
         return kernel, spirv if with_spirv else None
 
 
-def get_conv_kernel(width, dtype_name, queue, wide=False):
+def get_conv_kernel(width, dtype_name, queue, wide=False, fast=None):
     """The built SYCL kernel for (the queue's device and context, width, dtype, wide or
-    not): from this process's table, the disk cache, or a fresh numba-dpex compile, in
+    not, silu's math: ``fast``, None for the dtype's default): from this process's table, the disk cache, or a fresh numba-dpex compile, in
     that order. A program belongs to one context: a queue of another context (torch's, a
     user's) gets its own build of the same SPIR-V."""
-    key = (queue.sycl_device.filter_string, queue.sycl_context, width, dtype_name, wide)
+    fast = fast_silu(dtype_name) if fast is None else fast
+    key = (queue.sycl_device.filter_string, queue.sycl_context, width, dtype_name, wide, fast)
     kernel = _built.get(key)
     if kernel is None:
         with _lock:
@@ -174,21 +176,23 @@ def get_conv_kernel(width, dtype_name, queue, wide=False):
                 refused = device_check.refusal(key[0])
                 if refused is not None:
                     raise refused
-                kernel, spirv = _build(width, dtype_name, queue, wide)
+                kernel, spirv = _build(width, dtype_name, queue, wide, fast)
                 # Before its first launch: a kernel that fails is never kept or launched.
                 device_check.verify(queue, width, dtype_name, wide, spirv,
-                                    _known_answer_launch(kernel, queue, dtype_name, wide))
+                                    _known_answer_launch(kernel, queue, dtype_name, wide),
+                                    fast=fast)
                 _built[key] = kernel
     return kernel
 
 
-def check_kernel(width, dtype_name, queue, wide=False):
+def check_kernel(width, dtype_name, queue, wide=False, fast=None):
     """Build one specialization for ``queue`` and run its device check now, whatever the
     stored verdicts say (``python -m jitconv check``). Raises DeviceCheckError on a wrong
     answer (the device is then refused in this process)."""
-    kernel, spirv = _build(width, dtype_name, queue, wide)
+    kernel, spirv = _build(width, dtype_name, queue, wide, fast)
     device_check.verify(queue, width, dtype_name, wide, spirv,
-                        _known_answer_launch(kernel, queue, dtype_name, wide), force=True)
+                        _known_answer_launch(kernel, queue, dtype_name, wide), force=True,
+                        fast=fast)
 
 
 def _known_answer_launch(kernel, queue, dtype_name, wide):
@@ -269,7 +273,7 @@ def _pack(views, tables, has_bias, silu):
 
 
 def submit_conv(queue, width, dtype_name, views, tables, num_blocks, dim, *, has_bias,
-                silu, wait=True):
+                silu, fast=None, wait=True):
     """Pack the conv kernel's arguments (kernel_abi.CONV_ARGS, in order) and submit it
     over (num_blocks, dim / C) work-items on ``queue`` (C channels per work-item: 1, or
     the wide kernel's where ``wide_fits``); wait for it when ``wait``.
@@ -279,7 +283,7 @@ def submit_conv(queue, width, dtype_name, views, tables, num_blocks, dim, *, has
     grid): what ``submit_packed`` needs to submit the same launch again.
     """
     wide = wide_fits(views, dim, dtype_name)
-    kernel = get_conv_kernel(width, dtype_name, queue, wide)
+    kernel = get_conv_kernel(width, dtype_name, queue, wide, fast)
     values = _pack(views, tables, has_bias, silu)
     # SYCL order (slowest first): the kernel's get_id(0) is the last, fastest dimension.
     grid = (int(num_blocks), int(dim) // WIDE_CHANNELS[dtype_name] if wide else int(dim))

@@ -28,7 +28,7 @@ import torch
 from jitconv.memory import bridge
 from jitconv.backends.sycl import launching
 from jitconv.backends.sycl import tables
-from jitconv.kernels.abi import ACTIVATIONS
+from jitconv.kernels.abi import ACTIVATIONS, MATHS
 
 LIMIT = 512  # entries: several models' layers; the table starts over when it is full
 _entries = {}
@@ -52,15 +52,15 @@ def _tensor_key(t):
             iface["typestr"], iface.get("offset"))
 
 
-def key(x, weight, bias, conv_state, out, activation, queue):
+def key(x, weight, bias, conv_state, out, activation, math, queue):
     """The key of a run, or None when it must be checked and packed from scratch."""
-    if activation not in ACTIVATIONS or not launching.can_resubmit():
+    if activation not in ACTIVATIONS or math not in MATHS or not launching.can_resubmit():
         return None
     parts = (_tensor_key(x), _tensor_key(weight), _tensor_key(bias),
              _tensor_key(conv_state), _tensor_key(out))
     if False in parts:
         return None
-    return (parts, activation, torch.is_grad_enabled(), torch.is_inference_mode_enabled(),
+    return (parts, activation, math, torch.is_grad_enabled(), torch.is_inference_mode_enabled(),
             queue)
 
 
