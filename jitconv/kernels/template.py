@@ -31,7 +31,8 @@ how to reproduce them: docs/design.md):
 - ``early_weights`` (weights and bias loaded before the state update), ``vector_taps``
   (a (dim, 4) weight's taps as one vector load);
 - backend flags: ``unit_stride_reads`` (SYCL: channel-unit-stride paths chosen by uniform
-  branches on the strides, 64-bit weight words), ``one_round_record``,
+  branches on the strides, 64-bit weight words), ``early_record`` (the block record's
+  every field read with its first ones, before the pad check),
   ``reuse_state_loads`` and ``split_window`` (CUDA: fewer instructions and memory rounds
   per decode or spec work-item).
 """
@@ -52,12 +53,12 @@ class Backend(NamedTuple):
     index: str
     extra_args: str
     unit_stride_reads: bool = False  # these four: see the module docstring
-    one_round_record: bool = False
+    early_record: bool = False
     reuse_state_loads: bool = False
     split_window: bool = False
 
 
-def window_value(x, x_at, x_row_stride, state, state_at, tables, rows, st0, base, p,
+def window_value(x, x_at, x_row_stride, state, state_at, tables, rows, first_slot, base, p,
                  initial, zero, strided):
     """The input at position p of the sequence: p >= 0 is a row of x (``x_at`` is the
     channel's offset; the row is ``base + p`` when the sequence's rows are consecutive,
@@ -67,7 +68,7 @@ def window_value(x, x_at, x_row_stride, state, state_at, tables, rows, st0, base
     if p >= 0:
         r = base + p
         if base < 0:
-            r = tables[rows + st0 + p]
+            r = tables[rows + first_slot + p]
         return x[np.uint64(x_at + r * x_row_stride)]
     if initial:
         return strided(state, np.uint64(state_at))
@@ -110,7 +111,7 @@ def {name}({index_arg}x, x_offset, x_row_stride, out, out_offset, out_row_stride
 {pad_zeros}
         return
 
-{early_weights}{late_record}    st0 = t0 - p0  # the sequence's first token slot
+{early_weights}{late_record}    first_slot = t0 - p0  # the sequence's first token slot
     initial = flags & FLAG_INITIAL_STATE
     base = -1  # the row of position 0 when the sequence's rows are consecutive
     if flags & FLAG_SEQ_ROWS:
@@ -190,301 +191,378 @@ def kernel_source(width, name, backend, channels=1, lookahead=1, word_taps=False
     line holds one token and its window starts at column 0 (see the module docstring);
     the host picks it only for steps that are so.
     """
-    G = row_group
     if uniform_decode and short_tokens != 1:
         raise ValueError(f"uniform_decode needs short_tokens 1, got {short_tokens}")
-    if G not in (1, 2, 4) or channels % G:
+    if row_group not in (1, 2, 4) or channels % row_group:
         raise ValueError(f"row_group must be 1, 2 or 4 and divide the channel count "
                          f"{channels}, got {row_group}")
-    one_round_record, reuse_state_loads = backend.one_round_record, backend.reuse_state_loads
-    S = width - 1
-    ind = " " * 4
-    suffixes = [""] if channels == 1 else [f"_{j}" for j in range(channels)]
-    chans = ["c"] + [f"(c + {j})" for j in range(1, channels)]
-    groups = [suffixes[j:j + G] for j in range(0, channels, G)]  # channels per row access
-    # The wide kernel of a backend with unit_stride_reads: G channels per access for the
-    # state too; the host picks it only for a state with contiguous, aligned channels.
-    wide = G > 1 and (backend.unit_stride_reads or group_state)
+    if vector_taps and width != 4:
+        raise ValueError(f"vector_taps needs width 4, got {width}")
+    return _Kernel(width, backend, channels, lookahead, word_taps, state_chunk, short_tokens,
+                   row_group, early_weights, group_state, vector_taps,
+                   uniform_decode).source(name)
 
-    def each(fmt, depth=1, **values):
+
+IND = " " * 4  # one level of indentation in the generated source
+
+
+def _indent(lines, depth):
+    return [IND * depth + line for line in lines]
+
+
+def _deeper(text):
+    return "\n".join(IND + line if line else line for line in text.splitlines())
+
+
+def _branch(depth, condition, special, general):
+    """``if condition: special else: general`` at ``depth``; ``general`` was written one
+    level shallower (as the only path)."""
+    at = IND * depth
+    return f"{at}if {condition}:\n{special}\n{at}else:\n{_deeper(general)}"
+
+
+class _Kernel:
+    """The pieces of one kernel's source, each a method named after what it computes;
+    ``source`` puts them into _TEMPLATE. Names in the generated code: per channel J (a
+    suffix _0.._{C-1} when C > 1) the window u0.. (raw values) and f0.. (float32), the
+    taps w0.., the accumulator acc; per token the input row r / ra{m} / rq{k}."""
+
+    def __init__(self, width, backend, channels, lookahead, word_taps, state_chunk,
+                 short_tokens, row_group, early_weights, group_state, vector_taps,
+                 uniform_decode):
+        self.width, self.backend, self.channels, self.lookahead = (width, backend, channels,
+                                                                   lookahead)
+        self.word_taps, self.short_tokens, self.early_weights = (word_taps, short_tokens,
+                                                                 early_weights)
+        self.vector_taps, self.uniform_decode = vector_taps, uniform_decode
+        self.G = row_group
+        self.S = width - 1  # window columns
+        self.K = state_chunk or self.S  # new-state values loaded per round
+        self.suffixes = [""] if channels == 1 else [f"_{j}" for j in range(channels)]
+        self.chans = ["c"] + [f"(c + {j})" for j in range(1, channels)]
+        # channels per row access
+        self.groups = [self.suffixes[j:j + row_group] for j in range(0, channels, row_group)]
+        # The wide kernel of a backend with unit_stride_reads: G channels per access for
+        # the state too; the host picks it only for a state with contiguous, aligned
+        # channels.
+        self.wide = row_group > 1 and (backend.unit_stride_reads or group_state)
+
+    # ------------------------------------------------------------ per-channel text
+
+    def each(self, fmt, depth=1, **values):
         """``fmt`` once per channel, indented by ``depth``; a multi-line ``fmt`` keeps its
         statements together per channel."""
-        return "\n".join(ind * depth + line for J, CH in zip(suffixes, chans)
+        return "\n".join(IND * depth + line for J, CH in zip(self.suffixes, self.chans)
                          for line in fmt.format(J=J, CH=CH, **values).splitlines())
 
-    def per_k(fmt, count, depth=1):
-        return "\n".join(each(fmt, depth, k=k) for k in range(count))
+    def per_tap(self, fmt, count, depth=1):
+        return "\n".join(self.each(fmt, depth, k=k) for k in range(count))
 
-    def x_row(dest, row, convert=False):
+    # ------------------------------------------------------------ rows of x and out
+
+    def x_row(self, dest, row, convert=False):
         """Lines loading row ``row`` of x for every channel into ``dest`` (a name with
         {J}), as raw values, or as float32 with ``convert``; with ``row_group`` G > 1,
         one ``load_row{G}`` per G channels (raw values first in r_``dest``)."""
+        G = self.G
         if G == 1:
             read = "load(x[U(xc{J} + {row} * x_row_stride)])" if convert else \
                 "x[U(xc{J} + {row} * x_row_stride)]"
-            return [f"{dest.format(J=J)} = {read.format(J=J, row=row)}" for J in suffixes]
+            return [f"{dest.format(J=J)} = {read.format(J=J, row=row)}" for J in self.suffixes]
         raw = "r_" + dest if convert else dest
         lines = [", ".join(raw.format(J=J) for J in part)
                  + f" = load_row{G}(x, U(xc{part[0]} + {row} * x_row_stride))"
-                 for part in groups]
+                 for part in self.groups]
         if convert:
-            lines += [f"{dest.format(J=J)} = load({raw.format(J=J)})" for J in suffixes]
+            lines += [f"{dest.format(J=J)} = load({raw.format(J=J)})" for J in self.suffixes]
         return lines
 
-    def out_row(value, row):
+    def out_row(self, value, row):
         """Lines storing ``value`` (an expression with {J}) of every channel to row
         ``row`` of out; with ``row_group`` G > 1, one ``store_row{G}`` per G channels."""
+        G = self.G
         if G == 1:
             return [f"out[U(oc{J} + {row} * out_row_stride)] = {value.format(J=J)}"
-                    for J in suffixes]
+                    for J in self.suffixes]
         return [f"store_row{G}(out, U(oc{part[0]} + {row} * out_row_stride), "
-                + ", ".join(value.format(J=J) for J in part) + ")" for part in groups]
+                + ", ".join(value.format(J=J) for J in part) + ")" for part in self.groups]
 
-    def token(xv, row):
+    # ------------------------------------------------------------ the tokens
+
+    def token(self, xv, row):
         """One token of the sliding window, its input loaded into ``xv`` (per channel):
         the taps, the shift, silu (the divisions grouped), the store at ``row``.
         ``fdiv`` is the backend's plain division (the divisor is >= 1 or NaN, never 0:
         no zero-divisor check, which numba-dpex's default error model would add and
-        which broke vectorization on the OpenCL CPU device); ``exp`` is math.exp or a
-        faster opt-in one."""
-        lines = []
-        for J in suffixes:
+        which broke vectorization on the OpenCL CPU device); ``exp`` is math.exp or the
+        device's approximate one (``math="fast"``)."""
+        S, lines = self.S, []
+        for J in self.suffixes:
             x_J = xv.format(J=J)
             taps = " + ".join([f"w{k}{J} * f{k}{J}" for k in range(S)] + [f"w{S}{J} * {x_J}"])
             lines.append(f"acc{J} = bias_c{J} + {taps}")
-        for J in suffixes:
+        for J in self.suffixes:
             lines += [f"f{k}{J} = f{k + 1}{J}" for k in range(S - 1)] + [f"f{S - 1}{J} = {xv.format(J=J)}"]
         lines.append("if silu:")
-        lines += [f"    acc{J} = fdiv(acc{J}, ONE + exp(-acc{J}))" for J in suffixes]
-        return lines + out_row("store(acc{J})", row)
+        lines += [f"    acc{J} = fdiv(acc{J}, ONE + exp(-acc{J}))" for J in self.suffixes]
+        return lines + self.out_row("store(acc{J})", row)
 
-    def token_loops(row_of):
+    def token_loops(self, row_of):
         """The block's tokens: groups of L = ``lookahead`` (all loads, then the tokens),
         one group of L / 2 when that many are left (L >= 4: a spec sequence of 1 + 3
         tokens is then one round of loads, 1.05-1.1x on spec-only launches on the H200),
         then one at a time. ``row_of(i)``: the expression of token i's row."""
-        single = [f"r = {row_of('i')}"] + x_row("xf{J}", "r", True) + token("xf{J}", "r")
-        if lookahead == 1:
-            lines = ["for i in range(nb):"] + [ind + line for line in single]
+        L = self.lookahead
+        single = [f"r = {row_of('i')}"] + self.x_row("xf{J}", "r", True) + \
+            self.token("xf{J}", "r")
+        if L == 1:
+            lines = ["for i in range(nb):"] + _indent(single, 1)
         else:
             def group(size):
                 lines = [f"ra{m} = {row_of(f'i + {m}')}" for m in range(size)]
                 for m in range(size):
-                    lines += x_row(f"xg{m}{{J}}", f"ra{m}", True)
+                    lines += self.x_row(f"xg{m}{{J}}", f"ra{m}", True)
                 for m in range(size):
-                    lines += token(f"xg{m}{{J}}", f"ra{m}")
-                return [ind + line for line in lines] + [ind + f"i += {size}"]
-            lines = ["i = 0", f"while i + {lookahead} <= nb:"] + group(lookahead)
-            if lookahead >= 4:  # one group of L / 2 (a spec sequence of 1 + 3 tokens)
-                lines += [f"if i + {lookahead // 2} <= nb:"] + group(lookahead // 2)
-            lines += ["for i in range(i, nb):"] + [ind + line for line in single]
-        return "\n".join(ind * 2 + line for line in lines)
+                    lines += self.token(f"xg{m}{{J}}", f"ra{m}")
+                return _indent(lines, 1) + [IND + f"i += {size}"]
+            lines = ["i = 0", f"while i + {L} <= nb:"] + group(L)
+            if L >= 4:  # one group of L / 2 (a spec sequence of 1 + 3 tokens)
+                lines += [f"if i + {L // 2} <= nb:"] + group(L // 2)
+            lines += ["for i in range(i, nb):"] + _indent(single, 1)
+        return "\n".join(_indent(lines, 2))
 
-    K = state_chunk or S
-    chunk_loads = []
-    for k in range(K):
-        chunk_loads += [ind * 3 + f"v{k}{J} = ZERO" for J in suffixes]
-        rq = f"rq{k}" if reuse_state_loads else "rq"
-        chunk_loads += [ind * 3 + f"if q + {k} < {S} + n:",
-                        ind * 4 + f"{rq} = base + q + {k - S}",
-                        ind * 4 + "if base < 0:",
-                        ind * 5 + f"{rq} = tables[U(rows + st0 + q + {k - S})]"]
-        chunk_loads += [ind * 4 + line for line in x_row(f"v{k}{{J}}", rq)]
-
-    def state_column(unit, column, value):
-        """Lines storing ``value`` (with {J}) of every channel to state column ``column``;
-        with ``unit`` and a row group G > 1 (the state's channels contiguous and aligned
-        to G: the host checks), one ``store_row{G}`` per G channels."""
-        if unit and wide:
-            return [f"store_row{G}(state, U(st{part[0]} + ({column}) * sc), "
-                    + ", ".join(value.format(J=J) for J in part) + ")" for part in groups]
-        return [f"state[U(st{J} + ({column}) * sc)] = {value.format(J=J)}" for J in suffixes]
-
-    def chunk_stores(unit):
-        lines = []
-        for k in range(K):
-            lines += [ind * 3 + f"if q + {k} < {S} + n:"]
-            lines += [ind * 4 + line
-                      for line in state_column(unit, f"q + {k} - q0", f"v{k}{{J}}")]
-        return lines
-
-    def cache_window(unit):
-        """The cache line's window into u0.. (zeros without initial state), as lines."""
-        read = "element" if unit else "strided"
-        lines = [f"u{k}{J} = ZERO" for k in range(S) for J in suffixes]
-        lines += ["if initial:"]
-        if unit and wide:  # see state_column
-            lines += [ind + ", ".join(f"u{k}{J}" for J in part)
-                      + f" = load_row{G}(state, U(st{part[0]} + (off + {k}) * sc))"
-                      for k in range(S) for part in groups]
-        else:
-            lines += [ind + f"u{k}{J} = {read}(state, U(st{J} + (off + {k}) * sc))"
-                      for k in range(S) for J in suffixes]
-        return lines
-
-    def split_window(unit):
-        """The window by one uniform branch on p0 (``Backend.split_window``)."""
-        lines = ["if p0 == 0:",
-                 ind + "# The cache line's window (zeros without initial state)."]
-        lines += [ind + line for line in cache_window(unit)]
-        lines += ["else:",
-                  ind + f"# p0 >= B >= {S}: the window is the {S} rows of x before the block."]
-        for k in range(S):
-            lines += [ind + f"rw{k} = base + p0 - {S - k}", ind + "if base < 0:",
-                      ind * 2 + f"rw{k} = tables[U(rows + t0 - {S - k})]"]
-        for k in range(S):
-            lines += [ind + line for line in x_row(f"u{k}{{J}}", f"rw{k}")]
-        return "\n".join(ind + line for line in lines)
-
-    def state_offsets(unit):
-        stride_c = "" if unit else " * state_stride_c"
-        return each("st{J} = state_offset + line * state_stride_line + {CH}"
-                    + stride_c + "  # line, channel")
-
-    def store_window(depth, unit):
-        """Window columns from q0 on, to the state's columns from 0."""
-        return "\n".join(ind * depth + f"if q0 <= {k}:\n" + "\n".join(
-            ind * (depth + 1) + line for line in state_column(unit, f"{k} - q0", f"u{k}{{J}}"))
-            for k in range(S))
-
-    def short_state_part(unit):
-        """``_SHORT_STATE_PART``: token k (k < n <= T) loaded into v{k} from row rq{k}."""
-        T = short_tokens
-        loads = [f"rq{k} = 0" for k in range(T)] + [f"v{k}{J} = ZERO" for k in range(T)
-                                                     for J in suffixes]
-        for k in range(T):  # nested: token k exists only if token k - 1 does
-            at = ind * (k + 1)
-            loads += [ind * k + f"if n > {k}:", at + f"rq{k} = base + {k}",
-                      at + "if base < 0:", at + ind + f"rq{k} = tables[U(rows + st0 + {k})]"]
-            loads += [at + line for line in x_row(f"v{k}{{J}}", f"rq{k}")]
-        stores = []
-        for k in range(T):
-            stores += [ind * k + f"if n > {k}:"]
-            stores += [ind * (k + 1) + line
-                       for line in state_column(unit, f"{S + k} - q0", f"v{k}{{J}}")]
-        return _SHORT_STATE_PART.format(
-            S1=S - 1, state_offsets=state_offsets(unit),
-            load_window="\n".join(ind + line for line in cache_window(unit)),
-            token_loads="\n".join(ind + line for line in loads),
-            store_window=store_window(1, unit),
-            token_stores="\n".join(ind + line for line in stores))
-
-    def state_part(unit):
-        """The state window and update; ``unit``: the channel's state stride is 1 (read
-        as a plain element, the channel's offset without a multiply)."""
-        if short_tokens:
-            return short_state_part(unit)
-        # short: the block's tokens are v0.. at rows rq0.. (defined on every path)
-        short_init = "\n".join([ind + "short = False"] + [ind + f"rq{k} = 0" for k in range(K)]
-                                + [each(f"v{k}{{J}} = ZERO") for k in range(K)]) + "\n"
-        return _STATE_PART.format(
-            short_init=short_init if reuse_state_loads else "",
-            short_flag=ind * 2 + f"short = n <= {K} and q == {S}\n" if reuse_state_loads else "",
-            S=S, S1=S - 1, K=K,
-            state_offsets=state_offsets(unit),
-            load_window=split_window(unit) if backend.split_window or wide else per_k(
-                f"u{{k}}{{J}} = _window_value(x, xc{{J}}, x_row_stride, state, "
-                f"st{{J}} + (off + p0 + {{k}}) * sc, tables, rows, st0, base, "
-                f"p0 - {S} + {{k}}, initial, ZERO, {'element' if unit else 'strided'})", S),
-            state_chunk_loads="\n".join(chunk_loads),
-            store_window=store_window(4, unit),
-            state_chunk_stores="\n".join(chunk_stores(unit)))
-
-    def deeper(text):
-        return "\n".join(ind + line if line else line for line in text.splitlines())
-
-    def branch(depth, condition, special, general):
-        """``if condition: special else: general`` at ``depth``; ``general`` was written
-        one level shallower (as the only path)."""
-        at = ind * depth
-        return f"{at}if {condition}:\n{special}\n{at}else:\n{deeper(general)}"
-
-    weights = per_k("w{k}{J} = load(strided(weight, U(weight_offset + {CH} * "
-                    "weight_stride_c + {k} * weight_stride_k)))", width)
-    if vector_taps:
-        if width != 4:
-            raise ValueError(f"vector_taps needs width 4, got {width}")
-        weights = (each("wr0{J}, wr1{J}, wr2{J}, wr3{J} = load_taps4(weight, "
-                        "U(weight_offset + {CH} * 4))")
-                   + "\n" + per_k("w{k}{J} = load(wr{k}{J})", width))
-    bias = each("bias_c{J} = load(strided(bias, U(bias_offset + {CH} * bias_stride)))", 2)
-    if backend.unit_stride_reads:
-        # Uniform branches on the strides (kernel arguments): where the channel is the
-        # unit-stride index, neighbouring work-items read neighbouring elements, which a
-        # compiler vectorizing across work-items turns into one vector load instead of a
-        # gather (vLLM's conv state and every contiguous bias are laid out so).
-        if word_taps:
-            # vLLM's (dim, width) weight: a channel's 4 taps of 16 bits are one aligned
-            # 64-bit word (one 64-bit gather instead of four 32-bit ones).
-            weights = branch(
-                1, "weight_stride_k == 1 and weight_stride_c == 4 and "
-                   "taps16_aligned(weight, U(weight_offset))",
-                each("wq{J} = load_taps16(weight, U(weight_offset + {CH} * 4))", 2)
-                + "\n" + per_k("w{k}{J} = load(tap16(wq{J}, {k}))", width, 2), weights)
-        unit_bias = each("bias_c{J} = load(element(bias, U(bias_offset + {CH})))", 3)
-        if wide:  # G channels per read where the bias' first element is aligned to G
-            grouped = [ind * 4 + ", ".join(f"rb{J}" for J in part)
-                       + f" = load_row{G}(bias, U(bias_offset + c + {j * G}))"
-                       for j, part in enumerate(groups)]
-            unit_bias = branch(3, f"aligned_row{G}(bias, U(bias_offset))",
-                               "\n".join(grouped) + "\n" + each("bias_c{J} = load(rb{J})", 4),
-                               unit_bias)
-        bias = branch(2, "bias_stride == 1", unit_bias, bias)
-    weights_and_bias = (weights + "\n" + each("bias_c{J} = F32_ZERO") + "\n"
-                        + ind + "if has_bias:\n" + bias)
-    state = state_part(False)
-    if wide:
-        state = state_part(True)
-    elif backend.unit_stride_reads:
-        state = branch(1, "state_stride_c == 1", deeper(state_part(True)), state)
-    fields = ["p0 = 0  # one block per sequence" if short_tokens else
-              "p0 = tables[U(blk + 2)]  # position of the block's first token in its sequence"]
-    if uniform_decode:
-        fields += ["# Every sequence with a cache line holds one token and its window starts",
-                   "# at column 0 (the host checked the step): constants, so the window's",
-                   "# loads, the x load and the state stores wait for no field of the record.",
-                   "n = 1", "off = 0"]
-    else:
-        fields += ["n = tables[U(blk + 3)]", "off = tables[U(blk + 5)]"]
-    record = "\n".join(ind + line for line in fields)
-
-    def from_registers(depth, count):
+    def tokens_from_registers(self, depth, count):
         """The block's ``count`` tokens at most from the state update's first round (v0..
         at rows rq0..)."""
         lines = []
         for k in range(count):
-            body = ([f"xs{k}{J} = load(v{k}{J})" for J in suffixes]
-                    + token(f"xs{k}{{J}}", f"rq{k}"))
-            lines.append(ind * k + f"if nb > {k}:")  # nb = 0: the state rule only
-            lines += [ind * (k + 1) + line for line in body]
-        return "\n".join(ind * depth + line for line in lines)
+            body = ([f"xs{k}{J} = load(v{k}{J})" for J in self.suffixes]
+                    + self.token(f"xs{k}{{J}}", f"rq{k}"))
+            lines.append(IND * k + f"if nb > {k}:")  # nb = 0: the state rule only
+            lines += _indent(body, k + 1)
+        return "\n".join(_indent(lines, depth))
 
-    def general():
+    def general_tokens(self):
         """The token loops (rows computed when consecutive, else looked up)."""
-        return (ind + "if flags & FLAG_BLOCK_ROWS:\n" + token_loops(lambda i: f"r0 + {i}")
-                + "\n" + ind + "else:\n"
-                + token_loops(lambda i: f"tables[U(rows + t0 + {i})]"))
+        return (IND + "if flags & FLAG_BLOCK_ROWS:\n"
+                + self.token_loops(lambda i: f"r0 + {i}") + "\n" + IND + "else:\n"
+                + self.token_loops(lambda i: f"tables[U(rows + t0 + {i})]"))
 
-    if short_tokens:  # no token loops
-        tokens = (ind + "# Every token was loaded by the state update (v0..).\n"
-                  + from_registers(1, short_tokens))
-    elif reuse_state_loads:
-        tokens = (ind + "if short:\n" + ind * 2 + "# The state update's first round loaded "
-                  "every token of the block (v0..): no reload after its stores.\n"
-                  + from_registers(2, K) + "\n" + ind + "el" + general().lstrip())
-    else:
-        tokens = general()
+    def tokens(self):
+        if self.short_tokens:  # no token loops
+            return (IND + "# Every token was loaded by the state update (v0..).\n"
+                    + self.tokens_from_registers(1, self.short_tokens))
+        if self.backend.reuse_state_loads:
+            return (IND + "if short:\n" + IND * 2 + "# The state update's first round "
+                    "loaded every token of the block (v0..): no reload after its stores.\n"
+                    + self.tokens_from_registers(2, self.K) + "\n" + IND + "el"
+                    + self.general_tokens().lstrip())
+        return self.general_tokens()
 
-    return _TEMPLATE.format(
-        name=name, NF=len(BLOCK_FIELDS), index_arg=backend.index_arg,
-        extra_args=backend.extra_args, index=backend.index.format(C=channels),
-        channel_offsets=each("xc{J} = x_offset + {CH}      # this channel in x and out\n"
-                             "oc{J} = out_offset + {CH}"),
-        pad_zeros="\n".join(ind * 3 + line for line in out_row("ZERO", "r")),
-        state_part=state,
-        early_record=record + "\n" if one_round_record else "",
-        late_record="" if one_round_record else record + "\n",
-        early_weights=weights_and_bias + "\n" if early_weights else "",
-        late_weights="" if early_weights else weights_and_bias + "\n",
-        window_to_float=per_k("f{k}{J} = load(u{k}{J})", S),
-        tokens=tokens)
+    # ------------------------------------------------------------ the conv state
+
+    def state_column(self, unit, column, value):
+        """Lines storing ``value`` (with {J}) of every channel to state column ``column``;
+        with ``unit`` and a row group G > 1 (the state's channels contiguous and aligned
+        to G: the host checks), one ``store_row{G}`` per G channels."""
+        if unit and self.wide:
+            return [f"store_row{self.G}(state, U(st{part[0]} + ({column}) * sc), "
+                    + ", ".join(value.format(J=J) for J in part) + ")"
+                    for part in self.groups]
+        return [f"state[U(st{J} + ({column}) * sc)] = {value.format(J=J)}"
+                for J in self.suffixes]
+
+    def state_offsets(self, unit):
+        stride_c = "" if unit else " * state_stride_c"
+        return self.each("st{J} = state_offset + line * state_stride_line + {CH}"
+                         + stride_c + "  # line, channel")
+
+    def cache_window(self, unit):
+        """The cache line's window into u0.. (zeros without initial state), as lines."""
+        S, read = self.S, "element" if unit else "strided"
+        lines = [f"u{k}{J} = ZERO" for k in range(S) for J in self.suffixes]
+        lines += ["if initial:"]
+        if unit and self.wide:  # see state_column
+            lines += [IND + ", ".join(f"u{k}{J}" for J in part)
+                      + f" = load_row{self.G}(state, U(st{part[0]} + (off + {k}) * sc))"
+                      for k in range(S) for part in self.groups]
+        else:
+            lines += [IND + f"u{k}{J} = {read}(state, U(st{J} + (off + {k}) * sc))"
+                      for k in range(S) for J in self.suffixes]
+        return lines
+
+    def window_by_position(self, unit):
+        """The window by one uniform branch on p0 (``Backend.split_window``): the cache
+        line's for a sequence's first block, else the S rows of x before the block."""
+        S = self.S
+        lines = ["if p0 == 0:",
+                 IND + "# The cache line's window (zeros without initial state)."]
+        lines += _indent(self.cache_window(unit), 1)
+        lines += ["else:",
+                  IND + f"# p0 >= B >= {S}: the window is the {S} rows of x before the block."]
+        for k in range(S):
+            lines += [IND + f"rw{k} = base + p0 - {S - k}", IND + "if base < 0:",
+                      IND * 2 + f"rw{k} = tables[U(rows + t0 - {S - k})]"]
+        for k in range(S):
+            lines += _indent(self.x_row(f"u{k}{{J}}", f"rw{k}"), 1)
+        return "\n".join(_indent(lines, 1))
+
+    def window_by_element(self, unit):
+        """The window one element at a time through ``_window_value`` (x or the cache
+        line, by each position's sign)."""
+        return self.per_tap(
+            f"u{{k}}{{J}} = _window_value(x, xc{{J}}, x_row_stride, state, "
+            f"st{{J}} + (off + p0 + {{k}}) * sc, tables, rows, first_slot, base, "
+            f"p0 - {self.S} + {{k}}, initial, ZERO, {'element' if unit else 'strided'})",
+            self.S)
+
+    def store_window(self, depth, unit):
+        """Window columns from q0 on, to the state's columns from 0."""
+        return "\n".join(IND * depth + f"if q0 <= {k}:\n" + "\n".join(
+            IND * (depth + 1) + line
+            for line in self.state_column(unit, f"{k} - q0", f"u{k}{{J}}"))
+            for k in range(self.S))
+
+    def new_state_loads(self):
+        """One round of the state update's loads: K new-state values (rows of x) v0..
+        from position q on."""
+        S, lines = self.S, []
+        for k in range(self.K):
+            lines += _indent([f"v{k}{J} = ZERO" for J in self.suffixes], 3)
+            rq = f"rq{k}" if self.backend.reuse_state_loads else "rq"
+            lines += _indent([f"if q + {k} < {S} + n:", IND + f"{rq} = base + q + {k - S}",
+                              IND + "if base < 0:",
+                              IND * 2 + f"{rq} = tables[U(rows + first_slot + q + {k - S})]"], 3)
+            lines += _indent(self.x_row(f"v{k}{{J}}", rq), 4)
+        return lines
+
+    def new_state_stores(self, unit):
+        lines = []
+        for k in range(self.K):
+            lines += [IND * 3 + f"if q + {k} < {self.S} + n:"]
+            lines += _indent(self.state_column(unit, f"q + {k} - q0", f"v{k}{{J}}"), 4)
+        return lines
+
+    def short_state_part(self, unit):
+        """``_SHORT_STATE_PART``: token k (k < n <= T) loaded into v{k} from row rq{k}."""
+        S, T = self.S, self.short_tokens
+        loads = [f"rq{k} = 0" for k in range(T)] + [f"v{k}{J} = ZERO" for k in range(T)
+                                                     for J in self.suffixes]
+        for k in range(T):  # nested: token k exists only if token k - 1 does
+            at = IND * (k + 1)
+            loads += [IND * k + f"if n > {k}:", at + f"rq{k} = base + {k}",
+                      at + "if base < 0:", at + IND + f"rq{k} = tables[U(rows + first_slot + {k})]"]
+            loads += [at + line for line in self.x_row(f"v{k}{{J}}", f"rq{k}")]
+        stores = []
+        for k in range(T):
+            stores += [IND * k + f"if n > {k}:"]
+            stores += _indent(self.state_column(unit, f"{S + k} - q0", f"v{k}{{J}}"), k + 1)
+        return _SHORT_STATE_PART.format(
+            S1=S - 1, state_offsets=self.state_offsets(unit),
+            load_window="\n".join(_indent(self.cache_window(unit), 1)),
+            token_loads="\n".join(_indent(loads, 1)),
+            store_window=self.store_window(1, unit),
+            token_stores="\n".join(_indent(stores, 1)))
+
+    def state_part(self, unit):
+        """The state window and update; ``unit``: the channel's state stride is 1 (read
+        as a plain element, the channel's offset without a multiply)."""
+        if self.short_tokens:
+            return self.short_state_part(unit)
+        S, K, reuse = self.S, self.K, self.backend.reuse_state_loads
+        # short: the block's tokens are v0.. at rows rq0.. (defined on every path)
+        short_init = "\n".join([IND + "short = False"] + [IND + f"rq{k} = 0" for k in range(K)]
+                               + [self.each(f"v{k}{{J}} = ZERO") for k in range(K)]) + "\n"
+        by_position = self.backend.split_window or self.wide
+        return _STATE_PART.format(
+            short_init=short_init if reuse else "",
+            short_flag=IND * 2 + f"short = n <= {K} and q == {S}\n" if reuse else "",
+            S=S, S1=S - 1, K=K,
+            state_offsets=self.state_offsets(unit),
+            load_window=(self.window_by_position(unit) if by_position
+                         else self.window_by_element(unit)),
+            state_chunk_loads="\n".join(self.new_state_loads()),
+            store_window=self.store_window(4, unit),
+            state_chunk_stores="\n".join(self.new_state_stores(unit)))
+
+    def state(self):
+        if self.wide:
+            return self.state_part(True)
+        if self.backend.unit_stride_reads:
+            return _branch(1, "state_stride_c == 1", _deeper(self.state_part(True)),
+                           self.state_part(False))
+        return self.state_part(False)
+
+    # ------------------------------------------------------------ weights, bias, record
+
+    def weights_and_bias(self):
+        each, per_tap, width, G = self.each, self.per_tap, self.width, self.G
+        weights = per_tap("w{k}{J} = load(strided(weight, U(weight_offset + {CH} * "
+                          "weight_stride_c + {k} * weight_stride_k)))", width)
+        if self.vector_taps:
+            weights = (each("wr0{J}, wr1{J}, wr2{J}, wr3{J} = load_taps4(weight, "
+                            "U(weight_offset + {CH} * 4))")
+                       + "\n" + per_tap("w{k}{J} = load(wr{k}{J})", width))
+        bias = each("bias_c{J} = load(strided(bias, U(bias_offset + {CH} * bias_stride)))", 2)
+        if self.backend.unit_stride_reads:
+            # Uniform branches on the strides (kernel arguments): where the channel is the
+            # unit-stride index, neighbouring work-items read neighbouring elements, which
+            # a compiler vectorizing across work-items turns into one vector load instead
+            # of a gather (vLLM's conv state and every contiguous bias are laid out so).
+            if self.word_taps:
+                # vLLM's (dim, width) weight: a channel's 4 taps of 16 bits are one
+                # aligned 64-bit word (one 64-bit gather instead of four 32-bit ones).
+                weights = _branch(
+                    1, "weight_stride_k == 1 and weight_stride_c == 4 and "
+                       "taps16_aligned(weight, U(weight_offset))",
+                    each("wq{J} = load_taps16(weight, U(weight_offset + {CH} * 4))", 2)
+                    + "\n" + per_tap("w{k}{J} = load(tap16(wq{J}, {k}))", width, 2), weights)
+            unit_bias = each("bias_c{J} = load(element(bias, U(bias_offset + {CH})))", 3)
+            if self.wide:  # G channels per read where the bias' first element is aligned
+                grouped = [IND * 4 + ", ".join(f"rb{J}" for J in part)
+                           + f" = load_row{G}(bias, U(bias_offset + c + {j * G}))"
+                           for j, part in enumerate(self.groups)]
+                unit_bias = _branch(3, f"aligned_row{G}(bias, U(bias_offset))",
+                                    "\n".join(grouped) + "\n"
+                                    + each("bias_c{J} = load(rb{J})", 4), unit_bias)
+            bias = _branch(2, "bias_stride == 1", unit_bias, bias)
+        return (weights + "\n" + each("bias_c{J} = F32_ZERO") + "\n"
+                + IND + "if has_bias:\n" + bias)
+
+    def block_fields(self):
+        """The record's fields that the state part and the tokens need (the first ones,
+        read before the pad check, are in _TEMPLATE)."""
+        fields = ["p0 = 0  # one block per sequence" if self.short_tokens else
+                  "p0 = tables[U(blk + 2)]  # position of the block's first token in its "
+                  "sequence"]
+        if self.uniform_decode:
+            fields += ["# Every sequence with a cache line holds one token and its window "
+                       "starts",
+                       "# at column 0 (the host checked the step): constants, so the "
+                       "window's",
+                       "# loads, the x load and the state stores wait for no field of the "
+                       "record.",
+                       "n = 1", "off = 0"]
+        else:
+            fields += ["n = tables[U(blk + 3)]", "off = tables[U(blk + 5)]"]
+        return "\n".join(_indent(fields, 1))
+
+    # ------------------------------------------------------------ the whole kernel
+
+    def source(self, name):
+        backend, S = self.backend, self.S
+        record, weights = self.block_fields(), self.weights_and_bias()
+        early_record, early_weights = backend.early_record, self.early_weights
+        return _TEMPLATE.format(
+            name=name, NF=len(BLOCK_FIELDS), index_arg=backend.index_arg,
+            extra_args=backend.extra_args, index=backend.index.format(C=self.channels),
+            channel_offsets=self.each("xc{J} = x_offset + {CH}      # this channel in x and "
+                                      "out\noc{J} = out_offset + {CH}"),
+            pad_zeros="\n".join(_indent(self.out_row("ZERO", "r"), 3)),
+            state_part=self.state(),
+            early_record=record + "\n" if early_record else "",
+            late_record="" if early_record else record + "\n",
+            early_weights=weights + "\n" if early_weights else "",
+            late_weights="" if early_weights else weights + "\n",
+            window_to_float=self.per_tap("f{k}{J} = load(u{k}{J})", S),
+            tokens=self.tokens())

@@ -51,7 +51,7 @@ def jitconv_conv_w4_bfloat16_c2_l4_fastexp_r64_short1_g2_ew_gs_vt_ud(x, x_offset
     if has_bias:
         bias_c_0 = load(strided(bias, U(bias_offset + c * bias_stride)))
         bias_c_1 = load(strided(bias, U(bias_offset + (c + 1) * bias_stride)))
-    st0 = t0 - p0  # the sequence's first token slot
+    first_slot = t0 - p0  # the sequence's first token slot
     initial = flags & FLAG_INITIAL_STATE
     base = -1  # the row of position 0 when the sequence's rows are consecutive
     if flags & FLAG_SEQ_ROWS:
@@ -82,7 +82,7 @@ def jitconv_conv_w4_bfloat16_c2_l4_fastexp_r64_short1_g2_ew_gs_vt_ud(x, x_offset
     if n > 0:
         rq0 = base + 0
         if base < 0:
-            rq0 = tables[U(rows + st0 + 0)]
+            rq0 = tables[U(rows + first_slot + 0)]
         v0_0, v0_1 = load_row2(x, U(xc_0 + rq0 * x_row_stride))
     if q0 <= 0:
         store_row2(state, U(st_0 + (0 - q0) * sc), u0_0, u0_1)

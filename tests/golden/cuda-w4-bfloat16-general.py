@@ -33,7 +33,7 @@ def jitconv_conv_w4_bfloat16_c2_l8_fastexp_r64_g2_vt(x, x_offset, x_row_stride, 
             store_row2(out, U(oc_0 + r * out_row_stride), ZERO, ZERO)
         return
 
-    st0 = t0 - p0  # the sequence's first token slot
+    first_slot = t0 - p0  # the sequence's first token slot
     initial = flags & FLAG_INITIAL_STATE
     base = -1  # the row of position 0 when the sequence's rows are consecutive
     if flags & FLAG_SEQ_ROWS:
@@ -101,28 +101,28 @@ def jitconv_conv_w4_bfloat16_c2_l8_fastexp_r64_g2_vt(x, x_offset, x_row_stride, 
             if q + 0 < 3 + n:
                 rq0 = base + q + -3
                 if base < 0:
-                    rq0 = tables[U(rows + st0 + q + -3)]
+                    rq0 = tables[U(rows + first_slot + q + -3)]
                 v0_0, v0_1 = load_row2(x, U(xc_0 + rq0 * x_row_stride))
             v1_0 = ZERO
             v1_1 = ZERO
             if q + 1 < 3 + n:
                 rq1 = base + q + -2
                 if base < 0:
-                    rq1 = tables[U(rows + st0 + q + -2)]
+                    rq1 = tables[U(rows + first_slot + q + -2)]
                 v1_0, v1_1 = load_row2(x, U(xc_0 + rq1 * x_row_stride))
             v2_0 = ZERO
             v2_1 = ZERO
             if q + 2 < 3 + n:
                 rq2 = base + q + -1
                 if base < 0:
-                    rq2 = tables[U(rows + st0 + q + -1)]
+                    rq2 = tables[U(rows + first_slot + q + -1)]
                 v2_0, v2_1 = load_row2(x, U(xc_0 + rq2 * x_row_stride))
             v3_0 = ZERO
             v3_1 = ZERO
             if q + 3 < 3 + n:
                 rq3 = base + q + 0
                 if base < 0:
-                    rq3 = tables[U(rows + st0 + q + 0)]
+                    rq3 = tables[U(rows + first_slot + q + 0)]
                 v3_0, v3_1 = load_row2(x, U(xc_0 + rq3 * x_row_stride))
             if first:
                 if q0 <= 0:

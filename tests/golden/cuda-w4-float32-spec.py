@@ -48,7 +48,7 @@ def jitconv_conv_w4_float32_c2_l4_fastexp_r64_short4_g2_ew_gs_vt(x, x_offset, x_
     if has_bias:
         bias_c_0 = load(strided(bias, U(bias_offset + c * bias_stride)))
         bias_c_1 = load(strided(bias, U(bias_offset + (c + 1) * bias_stride)))
-    st0 = t0 - p0  # the sequence's first token slot
+    first_slot = t0 - p0  # the sequence's first token slot
     initial = flags & FLAG_INITIAL_STATE
     base = -1  # the row of position 0 when the sequence's rows are consecutive
     if flags & FLAG_SEQ_ROWS:
@@ -88,22 +88,22 @@ def jitconv_conv_w4_float32_c2_l4_fastexp_r64_short4_g2_ew_gs_vt(x, x_offset, x_
     if n > 0:
         rq0 = base + 0
         if base < 0:
-            rq0 = tables[U(rows + st0 + 0)]
+            rq0 = tables[U(rows + first_slot + 0)]
         v0_0, v0_1 = load_row2(x, U(xc_0 + rq0 * x_row_stride))
         if n > 1:
             rq1 = base + 1
             if base < 0:
-                rq1 = tables[U(rows + st0 + 1)]
+                rq1 = tables[U(rows + first_slot + 1)]
             v1_0, v1_1 = load_row2(x, U(xc_0 + rq1 * x_row_stride))
             if n > 2:
                 rq2 = base + 2
                 if base < 0:
-                    rq2 = tables[U(rows + st0 + 2)]
+                    rq2 = tables[U(rows + first_slot + 2)]
                 v2_0, v2_1 = load_row2(x, U(xc_0 + rq2 * x_row_stride))
                 if n > 3:
                     rq3 = base + 3
                     if base < 0:
-                        rq3 = tables[U(rows + st0 + 3)]
+                        rq3 = tables[U(rows + first_slot + 3)]
                     v3_0, v3_1 = load_row2(x, U(xc_0 + rq3 * x_row_stride))
     if q0 <= 0:
         store_row2(state, U(st_0 + (0 - q0) * sc), u0_0, u0_1)

@@ -34,7 +34,7 @@ def jitconv_conv_w4_bfloat16_fast_wide(item, x, x_offset, x_row_stride, out, out
     p0 = tables[U(blk + 2)]  # position of the block's first token in its sequence
     n = tables[U(blk + 3)]
     off = tables[U(blk + 5)]
-    st0 = t0 - p0  # the sequence's first token slot
+    first_slot = t0 - p0  # the sequence's first token slot
     initial = flags & FLAG_INITIAL_STATE
     base = -1  # the row of position 0 when the sequence's rows are consecutive
     if flags & FLAG_SEQ_ROWS:
@@ -95,7 +95,7 @@ def jitconv_conv_w4_bfloat16_fast_wide(item, x, x_offset, x_row_stride, out, out
             if q + 0 < 3 + n:
                 rq = base + q + -3
                 if base < 0:
-                    rq = tables[U(rows + st0 + q + -3)]
+                    rq = tables[U(rows + first_slot + q + -3)]
                 v0_0, v0_1, v0_2, v0_3 = load_row4(x, U(xc_0 + rq * x_row_stride))
             v1_0 = ZERO
             v1_1 = ZERO
@@ -104,7 +104,7 @@ def jitconv_conv_w4_bfloat16_fast_wide(item, x, x_offset, x_row_stride, out, out
             if q + 1 < 3 + n:
                 rq = base + q + -2
                 if base < 0:
-                    rq = tables[U(rows + st0 + q + -2)]
+                    rq = tables[U(rows + first_slot + q + -2)]
                 v1_0, v1_1, v1_2, v1_3 = load_row4(x, U(xc_0 + rq * x_row_stride))
             v2_0 = ZERO
             v2_1 = ZERO
@@ -113,7 +113,7 @@ def jitconv_conv_w4_bfloat16_fast_wide(item, x, x_offset, x_row_stride, out, out
             if q + 2 < 3 + n:
                 rq = base + q + -1
                 if base < 0:
-                    rq = tables[U(rows + st0 + q + -1)]
+                    rq = tables[U(rows + first_slot + q + -1)]
                 v2_0, v2_1, v2_2, v2_3 = load_row4(x, U(xc_0 + rq * x_row_stride))
             if first:
                 if q0 <= 0:

@@ -28,7 +28,7 @@ def jitconv_conv_w4_float32(item, x, x_offset, x_row_stride, out, out_offset, ou
     p0 = tables[U(blk + 2)]  # position of the block's first token in its sequence
     n = tables[U(blk + 3)]
     off = tables[U(blk + 5)]
-    st0 = t0 - p0  # the sequence's first token slot
+    first_slot = t0 - p0  # the sequence's first token slot
     initial = flags & FLAG_INITIAL_STATE
     base = -1  # the row of position 0 when the sequence's rows are consecutive
     if flags & FLAG_SEQ_ROWS:
@@ -37,9 +37,9 @@ def jitconv_conv_w4_float32(item, x, x_offset, x_row_stride, out, out_offset, ou
         st = state_offset + line * state_stride_line + c  # line, channel
         sc = state_stride_col
         # u = concat(window, x_seq); u0..u2 hold u[p0 .. p0+S-1] as raw values.
-        u0 = _window_value(x, xc, x_row_stride, state, st + (off + p0 + 0) * sc, tables, rows, st0, base, p0 - 3 + 0, initial, ZERO, element)
-        u1 = _window_value(x, xc, x_row_stride, state, st + (off + p0 + 1) * sc, tables, rows, st0, base, p0 - 3 + 1, initial, ZERO, element)
-        u2 = _window_value(x, xc, x_row_stride, state, st + (off + p0 + 2) * sc, tables, rows, st0, base, p0 - 3 + 2, initial, ZERO, element)
+        u0 = _window_value(x, xc, x_row_stride, state, st + (off + p0 + 0) * sc, tables, rows, first_slot, base, p0 - 3 + 0, initial, ZERO, element)
+        u1 = _window_value(x, xc, x_row_stride, state, st + (off + p0 + 1) * sc, tables, rows, first_slot, base, p0 - 3 + 1, initial, ZERO, element)
+        u2 = _window_value(x, xc, x_row_stride, state, st + (off + p0 + 2) * sc, tables, rows, first_slot, base, p0 - 3 + 2, initial, ZERO, element)
         if p0 == 0:
             # Sole reader of this line's old window (per channel): write the new state.
             # New state = u[q0:] from column 0: spec keeps all but the oldest column
@@ -55,19 +55,19 @@ def jitconv_conv_w4_float32(item, x, x_offset, x_row_stride, out, out_offset, ou
                 if q + 0 < 3 + n:
                     rq = base + q + -3
                     if base < 0:
-                        rq = tables[U(rows + st0 + q + -3)]
+                        rq = tables[U(rows + first_slot + q + -3)]
                     v0 = x[U(xc + rq * x_row_stride)]
                 v1 = ZERO
                 if q + 1 < 3 + n:
                     rq = base + q + -2
                     if base < 0:
-                        rq = tables[U(rows + st0 + q + -2)]
+                        rq = tables[U(rows + first_slot + q + -2)]
                     v1 = x[U(xc + rq * x_row_stride)]
                 v2 = ZERO
                 if q + 2 < 3 + n:
                     rq = base + q + -1
                     if base < 0:
-                        rq = tables[U(rows + st0 + q + -1)]
+                        rq = tables[U(rows + first_slot + q + -1)]
                     v2 = x[U(xc + rq * x_row_stride)]
                 if first:
                     if q0 <= 0:
@@ -88,9 +88,9 @@ def jitconv_conv_w4_float32(item, x, x_offset, x_row_stride, out, out_offset, ou
         st = state_offset + line * state_stride_line + c * state_stride_c  # line, channel
         sc = state_stride_col
         # u = concat(window, x_seq); u0..u2 hold u[p0 .. p0+S-1] as raw values.
-        u0 = _window_value(x, xc, x_row_stride, state, st + (off + p0 + 0) * sc, tables, rows, st0, base, p0 - 3 + 0, initial, ZERO, strided)
-        u1 = _window_value(x, xc, x_row_stride, state, st + (off + p0 + 1) * sc, tables, rows, st0, base, p0 - 3 + 1, initial, ZERO, strided)
-        u2 = _window_value(x, xc, x_row_stride, state, st + (off + p0 + 2) * sc, tables, rows, st0, base, p0 - 3 + 2, initial, ZERO, strided)
+        u0 = _window_value(x, xc, x_row_stride, state, st + (off + p0 + 0) * sc, tables, rows, first_slot, base, p0 - 3 + 0, initial, ZERO, strided)
+        u1 = _window_value(x, xc, x_row_stride, state, st + (off + p0 + 1) * sc, tables, rows, first_slot, base, p0 - 3 + 1, initial, ZERO, strided)
+        u2 = _window_value(x, xc, x_row_stride, state, st + (off + p0 + 2) * sc, tables, rows, first_slot, base, p0 - 3 + 2, initial, ZERO, strided)
         if p0 == 0:
             # Sole reader of this line's old window (per channel): write the new state.
             # New state = u[q0:] from column 0: spec keeps all but the oldest column
@@ -106,19 +106,19 @@ def jitconv_conv_w4_float32(item, x, x_offset, x_row_stride, out, out_offset, ou
                 if q + 0 < 3 + n:
                     rq = base + q + -3
                     if base < 0:
-                        rq = tables[U(rows + st0 + q + -3)]
+                        rq = tables[U(rows + first_slot + q + -3)]
                     v0 = x[U(xc + rq * x_row_stride)]
                 v1 = ZERO
                 if q + 1 < 3 + n:
                     rq = base + q + -2
                     if base < 0:
-                        rq = tables[U(rows + st0 + q + -2)]
+                        rq = tables[U(rows + first_slot + q + -2)]
                     v1 = x[U(xc + rq * x_row_stride)]
                 v2 = ZERO
                 if q + 2 < 3 + n:
                     rq = base + q + -1
                     if base < 0:
-                        rq = tables[U(rows + st0 + q + -1)]
+                        rq = tables[U(rows + first_slot + q + -1)]
                     v2 = x[U(xc + rq * x_row_stride)]
                 if first:
                     if q0 <= 0:

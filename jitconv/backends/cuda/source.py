@@ -30,7 +30,7 @@ def cuda_index(block=None, exact=False):
 
 
 CUDA = Backend(name="cuda", index_arg="", extra_args=", dim, num_blocks", index=cuda_index(),
-               one_round_record=True, reuse_state_loads=True, split_window=True)
+               early_record=True, reuse_state_loads=True, split_window=True)
 EXTRA_ARGS = (("dim", 0, "int64", None), ("num_blocks", 0, "int64", None))
 # New-state values read from x per round of loads: width - 1 + this (the template's
 # state_chunk). With one more than the window's width - 1, a spec sequence of 1 + 3
