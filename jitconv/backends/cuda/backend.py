@@ -37,8 +37,7 @@ class CudaBackend:
 
     def launch(self, plan, launch):
         launching.launch(plan, launch.x, launch.weight, launch.bias, launch.conv_state,
-                         launch.target, launch.silu, launch.dtype,
-                         launch.math)
+                         launch.target, launch.silu, launch.dtype, launch.math)
 
 
 BACKEND = CudaBackend()

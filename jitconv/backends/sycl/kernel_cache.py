@@ -184,10 +184,10 @@ def store(width, dtype_name, spirv, kernel_name, directory=None, wide=False, fas
     if directory is None:
         raise OSError("no cache directory (no home directory; JITCONV_CACHE_DIR unset)")
     directory.mkdir(parents=True, exist_ok=True)
+    fast = fast_silu(dtype_name) if fast is None else fast
     k = key(width, dtype_name, wide, fast)
     meta = {"format": FORMAT, "kernel_name": kernel_name, "width": width,
-            "dtype": dtype_name, "wide": wide,
-            "fast": fast_silu(dtype_name) if fast is None else fast, "abi": _abi(),
+            "dtype": dtype_name, "wide": wide, "fast": fast, "abi": _abi(),
             "sha256": hashlib.sha256(spirv).hexdigest(),
             **compiler_versions()}
     # SPIR-V first, metadata last: an entry without metadata is never read.
