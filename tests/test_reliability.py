@@ -194,10 +194,12 @@ def test_state_lines_may_share_memory_when_only_one_is_written(sycl_device):
     assert torch.equal(bits(storage[4]), bits(torch.from_numpy(ref_state[4]).float()))
 
 
-def test_out_may_still_alias_x_exactly(sycl_device, monkeypatch):
-    """out=x is allowed, and the kernel must then not write the rows it reads: later
-    blocks read earlier rows of x. That race rarely shows on the CPU device, so the
-    launch itself is checked too: the kernel writes a buffer other than x."""
+@pytest.mark.parametrize("tokens", [1, 40], ids=["one-block", "three-blocks"])
+def test_out_may_still_alias_x_exactly(sycl_device, monkeypatch, tokens):
+    """out=x is allowed. When every sequence fits one block, each element of x is read and
+    its output written by one work-item, reads first: the kernel writes into x itself.
+    Otherwise later blocks read earlier rows of x, so the kernel must write another
+    buffer (the race rarely shows on the CPU device, so the launch is checked too)."""
     from jitconv.backends.sycl import launching
     launched = []
     submit = launching.submit_conv
@@ -206,17 +208,21 @@ def test_out_may_still_alias_x_exactly(sycl_device, monkeypatch):
                         launched.append(views) or submit(queue, width, dtype, views, *a, **k))
     gen = torch.Generator().manual_seed(4)
     case = decode_case(gen, usm_memory=True)  # zero-copy: x and out are one memory
-    case["x"] = randn(gen, (2, DIM), torch.float32, usm=True)
+    case["x"] = randn(gen, (2 * tokens, DIM), torch.float32, usm=True)
+    qsl = [0, tokens, 2 * tokens]
     ref_out, ref_state = causal_conv1d_reference(
         case["x"], case["weight"], case["bias"], case["conv_state"],
-        non_spec_query_start_loc=[0, 1, 2], non_spec_state_indices=[0, 1])
+        non_spec_query_start_loc=qsl, non_spec_state_indices=[0, 1])
     x = case["x"]
     assert jitconv.causal_conv1d_update(x, case["weight"], case["bias"], case["conv_state"],
-                                        i32(0, 1), out=x) is x
+                                        i32(0, 1), query_start_loc=i32(*qsl), out=x) is x
     assert_outputs_close(x, ref_out, torch.float32)
     assert_state_exact(case["conv_state"], ref_state)
     (views,) = launched
-    assert views["out"].address != views["x"].address, "the kernel wrote into x"
+    if tokens == 1:
+        assert views["out"].address == views["x"].address, "a copy where none is needed"
+    else:
+        assert views["out"].address != views["x"].address, "the kernel wrote into x"
 
 
 # ------------------------------------------------------- read-only and autograd

@@ -67,6 +67,13 @@ class Batch:
         spec = (self.seq_flags & FLAG_SPEC) != 0
         return tuple(int(self.seq_len[real & kind].max(initial=0)) for kind in (~spec, spec))
 
+    def uniform_decode(self):
+        """Whether every sequence with a cache line holds one token and has its window at
+        column 0 (a plain decode step: the CUDA backend's uniform decode kernel)."""
+        real = self.seq_line >= 0
+        return bool(real.any() and (self.seq_len[real] == 1).all()
+                    and (self.seq_off[real] == 0).all())
+
     def tables(self):
         """The int32 arrays in the kernel's argument order (kernel_abi.TABLES): the rows,
         padded to whole records so that the records start aligned, then the records."""

@@ -19,13 +19,17 @@ from typing import Any, Optional
 import numpy as np
 
 from jitconv.api import validation
-from jitconv.api.batch import build_batch
+from jitconv.api.batch import DEFAULT_BLOCK_TOKENS, build_batch
 from jitconv.backends import Launch, registry
 from jitconv.memory import bridge
 
 
 class StepPlan:
     """One engine step, ready to run on every layer (build it with ``jitconv.plan``)."""
+
+    # Whether runs read the step's metadata on the device (``DevicePlan``): only those
+    # follow metadata rewritten in place, so only those may be captured in a CUDA graph.
+    on_device = False
 
     def __init__(self, parts, geometry, *, queue=None, row_names="token_indx",
                  line_names="state_indices"):
@@ -41,6 +45,10 @@ class StepPlan:
         # tokens of the longest block (a backend may pick its code by it)
         self.longest_block = int(batch.blk_len.max(initial=0))
         self.longest_sequences = batch.longest_sequences()  # (non-spec, spec)
+        self.uniform_decode = batch.uniform_decode()
+        # Every sequence with a cache line in one block: then each element of x is read
+        # and its output written by one work-item, reads first, so out may be x itself.
+        self.in_place = max(self.longest_sequences) <= DEFAULT_BLOCK_TOKENS
         self.queue = queue  # None: chosen per run (torch's stream, or the current device)
         self.host_tables = batch.tables()  # the kernel's int32 tables (kernels.abi.TABLES)
         # what a remembered launch compares: the geometry its tensors were checked against
@@ -110,7 +118,10 @@ class StepPlan:
         x_given, x = x, bridge.channels_contiguous(x)
         x_extent = extents["x"] if x is x_given else bridge.byte_extent(x)
         target = out
-        if out is None or bridge.extents_meet(extents["out"], x_extent) or \
+        into_x = self.in_place and x is x_given and out is not None and \
+            extents["out"] == x_extent and validation.shape_of(out) == validation.shape_of(x) \
+            and tuple(out.stride()) == tuple(x.stride())
+        if out is None or (bridge.extents_meet(extents["out"], x_extent) and not into_x) or \
                 not bridge.has_unit_channel_stride(out):
             if out is not None and not bridge.can_assign(out):
                 raise ValueError(f"out: a {type(out.source).__name__} that overlaps x or "

@@ -11,14 +11,21 @@ those into the core ops' arguments, so the core's validation still applies.
 and spec verify sequences) straight from vLLM's ``GDNAttentionMetadata``, in one launch.
 ``jitconv.vllm.plugin`` puts them into a vLLM XPU server.
 
+``causal_conv1d_update`` with CUDA tensors and its metadata on x's device (vLLM's call)
+leaves the metadata there: it runs a ``jitconv.device_plan`` kept per set of metadata
+buffers, so it never waits for the device and a CUDA graph may capture it. Every other
+call reads the metadata on the host.
+
 Output rows that no sequence computes (rows of skipped sequences, rows of x beyond the
 batch) hold zeros here, also when the result is written into x; vLLM's kernels leave
 them as they were. jitconv writes them so that no stale or uninitialised value flows on.
 """
 
 import numpy as np
+import torch
 
 from jitconv.api import ops
+from jitconv.api.device_plan import device_plan
 from jitconv.api.validation import host_ints
 from jitconv.vllm import conventions
 from jitconv.vllm.conventions import NULL_BLOCK_ID, PAD_SLOT_ID
@@ -89,6 +96,12 @@ def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None,
     """
     null_block_id = conventions.check_skipped_id(null_block_id, "null_block_id")
     target = x if out is None else out
+    if _on_device(x, conv_state_indices, query_start_loc, num_accepted_tokens) and \
+            (out is None or (out.shape == x.shape and out.dtype == x.dtype)) and \
+            x.dtype == conv_state.dtype:
+        return _device_update(x, conv_state, weight, bias, activation, conv_state_indices,
+                              num_accepted_tokens, query_start_loc, max_query_len,
+                              null_block_id, target)
     if out is not None:
         if tuple(out.shape) != tuple(x.shape):
             raise ValueError(f"out: expected shape {tuple(x.shape)} (same as x), got "
@@ -147,6 +160,92 @@ def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None,
         target.copy_(result if batch_form is None
                      else result.reshape(batch_form).transpose(1, 2))
     return target
+
+
+def _on_device(x, *metadata):
+    """Whether a drop-in call takes the device-metadata path: x a 2-D CUDA tensor and
+    every metadata argument given a tensor on its device."""
+    return (isinstance(x, torch.Tensor) and x.device.type == "cuda" and x.dim() == 2
+            and metadata[0] is not None
+            and all(m is None or (isinstance(m, torch.Tensor) and m.device == x.device)
+                    for m in metadata))
+
+
+_device_plans = {}  # what the metadata tensors are (addresses, shapes, ...) -> DevicePlan
+_DEVICE_PLANS_LIMIT = 64
+
+
+def _describe(t):
+    return None if t is None else (t.data_ptr(), t.shape, t.stride(), t.dtype, t.device)
+
+
+def _device_update(x, conv_state, weight, bias, activation, conv_state_indices,
+                   num_accepted_tokens, query_start_loc, max_query_len, null_block_id,
+                   target):
+    """``causal_conv1d_update`` with its metadata left on the device (never read back):
+    a ``jitconv.device_plan`` per set of metadata tensors, kept (engines pass the same
+    persistent buffers, or the same slices of them, at every layer and step), run on
+    torch's stream; a CUDA graph may capture the call. The same conventions: the batch
+    is conv_state_indices' length (column 0 of a 2-D table), longer query_start_loc and
+    num_accepted_tokens are cut to it, the null block and empty sequences are skipped,
+    rows of x after the batch's tokens come out zero."""
+    num_lines, _dim, state_len = (int(s) for s in conv_state.shape)
+    width = int(weight.shape[-1])
+    declared = int(max_query_len) if max_query_len is not None and max_query_len > 0 else None
+    # Keyed by the arguments as given (slices of them are new objects at every call).
+    key = (_describe(conv_state_indices), _describe(query_start_loc),
+           _describe(num_accepted_tokens), int(x.shape[0]), num_lines, state_len, width,
+           null_block_id, declared)
+    plan = _device_plans.get(key)
+    if plan is None:
+        plan = _device_update_plan(x, conv_state_indices, num_accepted_tokens,
+                                   query_start_loc, declared, null_block_id,
+                                   (num_lines, state_len, width))
+        if len(_device_plans) >= _DEVICE_PLANS_LIMIT:
+            _device_plans.clear()
+        _device_plans[key] = plan
+    if weight.dtype != conv_state.dtype or (bias is not None and bias.dtype != weight.dtype):
+        weight, bias = _to_state_dtype(conv_state, weight, bias)
+    # Straight into target when the plan allows it (x itself included: every sequence
+    # in one block), else a new output copied there.
+    result = plan.run(x, weight, bias, conv_state, out=target if plan.in_place else None,
+                      activation=_activation(activation))
+    if result is not target:
+        target.copy_(result)
+    return target
+
+
+def _device_update_plan(x, conv_state_indices, num_accepted_tokens, query_start_loc,
+                        declared, null_block_id, geometry):
+    lines = conv_state_indices
+    if lines.dim() == 2:
+        if lines.shape[1] == 0:
+            raise ValueError(f"conv_state_indices: expected shape (batch,) or (batch, K) "
+                             f"with K >= 1, got {tuple(lines.shape)}")
+        lines = lines[:, 0]
+    batch = lines.shape[0]
+    qsl, accepted = query_start_loc, num_accepted_tokens
+    for name, t, need in (("query_start_loc", qsl, batch + 1),
+                          ("num_accepted_tokens", accepted, batch)):
+        if t is not None and (t.dim() != 1 or t.shape[0] < need):
+            raise ValueError(f"{name}: expected at least {need} entries (the batch being "
+                             f"conv_state_indices' {batch}), got shape {tuple(t.shape)}")
+    qsl = None if qsl is None else qsl[:batch + 1]
+    accepted = None if accepted is None else accepted[:batch]
+    if accepted is not None and qsl is None:  # one token per sequence
+        qsl = torch.arange(batch + 1, dtype=torch.int32, device=x.device)
+    parts = (dict(spec_query_start_loc=qsl, spec_state_indices=lines,
+                  num_accepted_tokens=accepted) if accepted is not None else
+             dict(non_spec_query_start_loc=qsl, non_spec_state_indices=lines))
+    num_lines, state_len, width = geometry
+    # Lines that are not the null block must be real cache lines: no pad id (a value no
+    # int32 line can equal).
+    return device_plan(int(x.shape[0]), num_lines, state_len, width, max_query_len=declared,
+                       pad_slot_id=_NO_LINE, null_block_id=null_block_id, skip_empty=True,
+                       **parts)
+
+
+_NO_LINE = -(2 ** 40)
 
 
 def gdn_conv_step(mixed_qkv, weight, bias, conv_state, attn_metadata, activation="silu",

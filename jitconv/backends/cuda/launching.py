@@ -5,11 +5,17 @@ stream. Needs numba-cuda (``pip install 'jitconv[cuda]'``); neither dpctl nor nu
 Memory: each tensor reaches the kernel as the device address of its first element (no
 copy; the kernel takes typed pointers, ``kernels.pointer_signature``) with element
 strides as scalars, the layout the SYCL backend uses too (there, flat arrays from the
-first to the last element). fp16/bf16 are read as int16 (their bit patterns). The
-plan's int32 tables are copied to the device once per plan and device.
+first to the last element). fp16/bf16 are read as int16 (their bit patterns). A host
+plan's int32 tables are copied to the device once per plan and device; a device plan's
+(``jitconv.device_plan``) are written by its planner kernel before each conv launch.
 
-Order: the kernel goes on torch's current stream of x's device, so it is ordered with
-torch's work before and after it; ``run`` does not wait for it.
+Launches: the first run of a plan on a set of tensors works out the kernel and packs its
+arguments (``driver.Prepared``) and keeps them under the run's key (``run_key``); a later
+run with the same key is the driver launch(es) alone (``remembered``). Runs of host plans
+refuse to be captured in a CUDA graph (``backend``).
+
+Order: the kernels go on torch's current stream of x's device, so they are ordered with
+torch's work before and after them; ``run`` does not wait for them.
 
 numba's CUDA simulator (NUMBA_ENABLE_CUDASIM=1, numba-cuda installed) runs the same
 kernels as Python on the CPU: then "cuda:0" is listed, ``jitconv.set_device("cuda:0")``
@@ -27,8 +33,9 @@ import weakref
 import numpy as np
 import torch
 
-from jitconv.kernels import tuning
-from jitconv.kernels.abi import BLOCK_FIELDS, CONV_ARGS, rows_aligned
+from jitconv.kernels import planner, tuning
+from jitconv.kernels.abi import CONV_ARGS, rows_aligned
+from jitconv.backends.cuda import driver
 from jitconv.backends.cuda.devices import architecture, have_numba_cuda, native_bf16, simulating
 from jitconv.backends.cuda.source import (ARG_NAMES, CALL_ARGS, EXTRA_ARGS, LAYOUT_ARGS,
                                           STATE_CHUNK_EXTRA, KernelSpec, short_tokens_for)
@@ -37,7 +44,6 @@ _SIXTEEN_BIT = (torch.float16, torch.bfloat16)
 
 _lock = threading.Lock()
 _kernels = {}  # source.KernelSpec -> dispatcher
-_streams = {}  # (device index, cudaStream_t) -> numba external stream
 KINDS = ("general", "decode", "spec")
 
 
@@ -154,19 +160,28 @@ def _as_kernel_arg(t, sim):
     return bits.as_strided((extent,), (1,)).numpy()
 
 
-def _tables(plan, device, sim):
+def _tables(plan, device, sim, stream=None):
     """The plan's tables as the kernel's argument (``_as_kernel_arg`` of one int32
-    tensor on ``device``) and their offsets; copied once per plan and device (the plan
-    keeps the tensor)."""
+    tensor on ``device``) and their offsets. A host plan's are copied once per plan and
+    device (the plan keeps the tensor); a device plan's are written by its planner before
+    each conv launch, into a table of its own per device and stream (runs on one stream
+    are ordered; on two they would race for one table)."""
     cache = _plan_state(plan).setdefault("tables", {})
-    found = cache.get(str(device))
+    where = (str(device), stream)
+    found = cache.get(where)
     if found is None:
-        host = [np.asarray(a, np.int32) for a in plan.host_tables]
-        offsets = tuple(int(o) for o in np.cumsum([0] + [len(a) for a in host[:-1]]))
-        tensor = torch.from_numpy(np.concatenate(host + [np.zeros(1, np.int32)]))
-        if not sim:
-            tensor = tensor.to(device)
-        found = cache.setdefault(str(device), (_as_kernel_arg(tensor, sim), offsets, tensor))
+        if plan.on_device:
+            size = planner.ROWS_WORDS + plan.num_blocks * planner.NF
+            tensor = torch.empty(size, dtype=torch.int32,
+                                 device="cpu" if sim else device)
+            offsets = (0, planner.ROWS_WORDS)
+        else:
+            host = [np.asarray(a, np.int32) for a in plan.host_tables]
+            offsets = tuple(int(o) for o in np.cumsum([0] + [len(a) for a in host[:-1]]))
+            tensor = torch.from_numpy(np.concatenate(host + [np.zeros(1, np.int32)]))
+            if not sim:
+                tensor = tensor.to(device)
+        found = cache.setdefault(where, (_as_kernel_arg(tensor, sim), offsets, tensor))
     return found[0], found[1]
 
 
@@ -198,43 +213,25 @@ def _plan_short_tokens(plan):
     return _once_per_plan(plan, "_cuda_short_tokens", compute)
 
 
-def _plan_uniform_decode(plan):
-    """Whether every sequence of the plan with a cache line holds one token and has its
-    window at column 0 (``kernel_template``'s uniform_decode; a plain decode step), from
-    the plan's block records."""
-    def compute():
-        records = np.asarray(plan.host_tables[1]).reshape(-1, len(BLOCK_FIELDS))
-        at = BLOCK_FIELDS.index
-        real = records[records[:, at("line")] >= 0]
-        return bool(len(real) and (real[:, at("seq_len")] == 1).all()
-                    and (real[:, at("off")] == 0).all())
-    return _once_per_plan(plan, "_cuda_uniform_decode", compute)
-
-
 def _uniform_decode(plan, short_tokens, tune):
     """The uniform decode kernel for this launch: the tuning asks for it, a decode kernel
-    (short_tokens 1) and a plan whose sequences allow it (``_plan_uniform_decode``)."""
-    return short_tokens == 1 and tune.uniform_decode and _plan_uniform_decode(plan)
+    (short_tokens 1) and a plan whose sequences allow it (``plan.uniform_decode``)."""
+    return short_tokens == 1 and tune.uniform_decode and plan.uniform_decode
 
 
-def _stream(device):
-    """numba's handle on torch's current stream of ``device``."""
-    from numba import cuda
-    handle = torch.cuda.current_stream(device).cuda_stream
-    key = (device.index, handle)
-    stream = _streams.get(key)
-    if stream is None:
-        stream = _streams.setdefault(key, cuda.external_stream(handle))
-    return stream
-
-
-def launch(plan, x, weight, bias, conv_state, target, silu, dtype, math=None):
+def launch(plan, x, weight, bias, conv_state, target, silu, dtype, math=None, key=None,
+           new_output=False):
     """One run of ``plan`` on checked tensors into ``target`` (StepPlan._launch checked
-    them and chose target: channels of x and target contiguous, target apart from x)."""
+    them and chose target: channels of x and target contiguous, target apart from x):
+    for a device plan its planner, then the conv kernel, on torch's current stream. With
+    a ``key`` (``run_key``) the prepared launches are kept for ``remembered`` runs;
+    ``new_output``: target is a new tensor at every such run."""
     sim = simulating()
     if not sim and not have_numba_cuda():
         raise RuntimeError("x: a CUDA tensor, but numba-cuda is not installed: "
                            "pip install 'jitconv[cuda]'")
+    if plan.on_device and not sim and plan.device != x.device:
+        raise ValueError(f"x: on {x.device}, but the plan's metadata is on {plan.device}")
     dim = x.shape[1]
     if weight.dim() == 3:  # (dim, 1, width)
         weight = weight[:, 0, :]
@@ -246,9 +243,14 @@ def launch(plan, x, weight, bias, conv_state, target, silu, dtype, math=None):
     channels = channels_for(dim, tune.channels)
     row_group, group_state = row_group_for(channels, tune, x, target, conv_state)
     grid, block = launch_shape(dim // channels, plan.num_blocks, tune.threads)
+    stream = None if sim else driver.current_stream(x.device.index)
 
-    def kernel_and_args():
-        args = _arguments(plan, x, weight, bias, conv_state, target, silu, dim, sim)
+    def kernels_and_args():
+        """[(kernel, args, grid, block)]: the planner's launch (device plans), then the
+        conv kernel's; and the index of out's address among the conv's arguments."""
+        tables, offsets = _tables(plan, x.device, sim, stream)
+        args = _arguments(tables, offsets, plan, x, weight, bias, conv_state, target, silu,
+                          dim, sim)
         layout = _layout(args) if tune.constant_layout else None
         compact = layout is not None and tune.compact_args
         fixed = block if layout is not None and tune.fixed_block else None
@@ -258,24 +260,144 @@ def launch(plan, x, weight, bias, conv_state, target, silu, dtype, math=None):
                           row_group, layout, tune.early_weights, group_state,
                           vector_taps_for(weight, tune), fixed, compact, tune.exact_grid,
                           _uniform_decode(plan, short_tokens, tune))
-        kernel = get_kernel(spec)
+        names = CALL_ARGS if compact else ARG_NAMES
         if compact:  # the layout's values are in the kernel: pass the per-call ones
             args = tuple(args[i] for i in _call_at())
-        return kernel, args
+        launches = [(get_kernel(spec), args, grid, block)]
+        if plan.on_device:
+            launches.insert(0, _planner_launch(plan, tables, sim))
+        return launches, names.index("out")
 
     if sim:
-        kernel, args = kernel_and_args()
-        kernel[grid, block](*args)
+        for kernel, args, grid_, block_ in kernels_and_args()[0]:
+            kernel[grid_, block_](*args)
         return
     from numba import cuda
     with cuda.gpus[x.device.index]:
-        kernel, args = kernel_and_args()
-        # The dispatcher's one compiled kernel (source.pointer_signature), launched
-        # with the addresses and scalars as they are: the dispatcher's call would type the
-        # arguments again (about 65 us of Python per launch on the H200 machine) and
-        # would not take addresses for pointers.
-        (compiled,) = kernel.overloads.values()
-        compiled.launch(args, grid + (1,), block + (1,), _stream(x.device), 0)
+        launches, out_at = kernels_and_args()
+        context = driver._address(cuda.current_context().handle)
+        # Each dispatcher's one compiled kernel (source.pointer_signature), launched
+        # through the driver with its arguments packed once (``driver``): the
+        # dispatcher's call would type the arguments again at every launch (about 65 us
+        # of Python on the H200 machine).
+        prepared = []
+        for n, (kernel, args, grid_, block_) in enumerate(launches):
+            (compiled,) = kernel.overloads.values()
+            patch = out_at if new_output and n == len(launches) - 1 else None
+            prepared.append(driver.Prepared(compiled._codelibrary.get_cufunc().handle, args,
+                                            grid_, block_, patch))
+    run = Run(tuple(prepared), x.device.index, context,
+              new_output and (tuple(target.shape), target.dtype, target.device))
+    run.launch(stream, target)
+    if key is not None:
+        runs = _plan_state(plan).setdefault("runs", {})
+        if len(runs) >= MAX_RUNS:
+            runs.clear()
+        runs[key] = run
+
+
+MAX_RUNS = 64  # remembered launches per plan (a plan serves a step's layers)
+
+
+class Run:
+    """A run's prepared launches (``driver.Prepared``), kept for the next run with the
+    same tensors (``run_key``). ``output``: (shape, dtype, device) of the new tensor each
+    run writes (out was None), or None (the caller's out)."""
+
+    __slots__ = ("launches", "device_index", "context", "output")
+
+    def __init__(self, launches, device_index, context, output):
+        self.launches, self.device_index, self.output = launches, device_index, output
+        self.context = context  # the device's primary context (int handle)
+
+    def launch(self, stream, target):
+        address = target.data_ptr()
+        current = driver.in_context(self.context)
+        try:
+            for prepared in self.launches:
+                prepared.launch(stream, address)
+        finally:
+            if not current:
+                driver.leave_context()
+
+    def __call__(self, out):
+        """The run on the current stream; returns its output."""
+        if self.output:
+            shape, dtype, device = self.output
+            out = torch.empty(shape, dtype=dtype, device=device)
+        self.launch(driver.current_stream(self.device_index), out)
+        return out
+
+
+def _describe(t):
+    return None if t is None else (t.data_ptr(), t.shape, t.stride(), t.dtype, t.get_device(),
+                                   t.requires_grad, t.is_inference())
+
+
+def _describe_inference(t):
+    """``_describe`` in inference mode, where the checks read neither flag (no autograd;
+    every tensor may be written)."""
+    return None if t is None else (t.data_ptr(), t.shape, t.stride(), t.dtype, t.get_device())
+
+
+def run_key(args, activation, math):
+    """What a remembered run must match: what the checks and the launch's arguments read
+    (each tensor's address, shape, strides, dtype, device and autograd / inference flags,
+    torch's grad and inference modes), the call's activation and math, the tuning's
+    overrides and torch's current stream. None: not a run to remember (not all CUDA tensors)."""
+    x, weight, bias, conv_state, out = args
+    for t in args:
+        if t is not None and (not isinstance(t, torch.Tensor) or t.device.type != "cuda"):
+            return None
+    index = x.device.index
+    inference = torch.is_inference_mode_enabled()
+    describe = _describe_inference if inference else _describe
+    # tuning overrides (tests, benchmarks) choose other kernels: part of the key
+    overrides = tuple(sorted(tuning._overrides.items())) if tuning._overrides else ()
+    return (index, driver.current_stream(index), activation, math, inference,
+            torch.is_grad_enabled(), overrides, describe(x), describe(weight),
+            describe(bias), describe(conv_state), describe(out))
+
+
+def forget_runs():
+    """Drop every remembered run (tests that watch which kernel a launch chooses: a
+    remembered run chooses none)."""
+    with _lock:
+        for state in list(_per_plan.values()):
+            state.pop("runs", None)
+
+
+def remembered(plan, key):
+    """The run kept for ``key``, or None."""
+    runs = _plan_state(plan).get("runs")
+    return None if runs is None else runs.get(key)
+
+
+def _planner_launch(plan, tables, sim):
+    """(kernel, args, grid, block) of a device plan's planner writing ``tables``."""
+    geo = plan.geometry
+    values, types_ = {}, []
+    placeholder = plan.errors  # any valid int32 memory for an absent array
+    for name in planner.METADATA_ARRAYS:
+        t, stride = plan.arrays.get(name, (placeholder, 0))
+        types_.append("uint8" if t.dtype == torch.bool else str(t.dtype).split(".")[-1])
+        values[name], values[name + "_stride"] = _as_kernel_arg(t, sim), stride
+    bound = plan.max_len if plan.max_len is not None else geo.num_tokens
+    values.update(
+        num_ns=plan.num_ns, num_sp=plan.num_sp, ns_implicit=int(plan.ns_implicit),
+        has_ns_init=int("ns_init" in plan.arrays),
+        has_ns_accepted=int("ns_accepted" in plan.arrays),
+        num_tokens=geo.num_tokens, num_lines=geo.num_lines, state_len=geo.state_len,
+        width=geo.width, pad_line=geo.pad_slot_id,
+        null_line=plan.null_line if plan.null_line is not None else 0,
+        has_null=int(plan.null_line is not None), skip_empty=int(plan.skip_empty),
+        max_len=bound, one_slot=int(plan.one_slot), tail_first=plan.tail_first,
+        tables=tables, blocks=planner.ROWS_WORDS, errors=_as_kernel_arg(plan.errors, sim),
+        capacity=plan.num_blocks)
+    from jitconv.backends.cuda import planner as cuda_planner  # numba-cuda
+    grid, block = cuda_planner.launch_shape(plan.num_blocks)
+    return (cuda_planner.get_planner(tuple(types_)),
+            tuple(values[a] for a in planner.PLAN_ARGS), grid, block)
 
 
 @functools.lru_cache(maxsize=None)
@@ -306,9 +428,8 @@ def _layout(args):
     return layout
 
 
-def _arguments(plan, x, weight, bias, conv_state, target, silu, dim, sim):
+def _arguments(tables, offsets, plan, x, weight, bias, conv_state, target, silu, dim, sim):
     """The kernel's arguments (``kernel_abi.CONV_ARGS`` and ``source.EXTRA_ARGS``)."""
-    tables, offsets = _tables(plan, x.device, sim)
     xa, oa, wa, sa = (_as_kernel_arg(t, sim) for t in (x, target, weight, conv_state))
     ba = _as_kernel_arg(bias, sim) if bias is not None else wa  # not read without bias
     return (xa, 0, x.stride(0), oa, 0, target.stride(0),

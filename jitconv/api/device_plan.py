@@ -1,0 +1,233 @@
+"""Device plans: an engine step whose metadata stays in device tensors.
+
+``jitconv.plan`` reads the metadata once on the host and builds fixed tables: fast to
+run, but blind to metadata rewritten later. Engines that capture CUDA graphs keep the
+metadata in persistent device tensors and rewrite them in place before each replay;
+engines that run eagerly would have to read them back (a synchronization) for every
+call. ``jitconv.device_plan`` takes those tensors and never reads their values on the
+host: each run launches the device planner (``jitconv.kernels.planner``), which builds
+the block records from the tensors' current values into a table of fixed capacity,
+then the conv kernel, on the same stream. So every run, and every replay of a graph that
+captured runs, follows the values the tensors hold at that moment.
+
+What the host checks (at ``device_plan`` and at every run): shapes, dtypes and devices of
+the metadata and the layer's tensors, and the capacity the shapes give. What the device
+checks (values): every sequence, by SEMANTICS.md's rules; a bad one is skipped (rows
+zeros, state untouched), its error is recorded in the plan's error table and
+``check_errors()`` raises it. Cache lines named twice are not detected (the runs of both
+sequences write that line). No token maps: each part's tokens are consecutive rows of x,
+non-spec then spec, and the rows after them come out zero.
+"""
+
+from typing import Any, Optional
+
+import torch
+
+from jitconv.api import validation
+from jitconv.api.plan import StepPlan
+from jitconv.backends import registry
+from jitconv.kernels import planner
+
+_INDEX_DTYPES = (torch.int32, torch.int64)
+_FLAG_DTYPES = (torch.bool, torch.uint8, torch.int32, torch.int64)
+
+
+def _tensor(value, name, ndim=(1,), dtypes=_INDEX_DTYPES):
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{name}: a device plan takes torch tensors (values stay on the "
+                        f"device), got {type(value).__name__}")
+    if value.dtype not in dtypes:
+        raise TypeError(f"{name}: expected dtype {' or '.join(str(d) for d in dtypes)}, "
+                        f"got {value.dtype}")
+    if value.dim() not in ndim:
+        want = " or ".join(f"{n}-D" for n in ndim)
+        raise ValueError(f"{name}: expected a {want} tensor, got shape {tuple(value.shape)}")
+    return value
+
+
+def _count(value, name, expected, what):
+    if value.shape[0] != expected:
+        raise ValueError(f"{name}: expected {expected} entries ({what}), got "
+                         f"{value.shape[0]}")
+
+
+class DevicePlan(StepPlan):
+    """One engine step whose metadata the device reads at every run (build it with
+    ``jitconv.device_plan``). ``run`` is ``StepPlan.run``; runs may be captured in a CUDA
+    graph, and replays follow the metadata tensors' values at replay time."""
+
+    on_device = True
+
+    def __init__(self, geometry, arrays, counts, max_len, null_line, skip_empty, device):
+        self.geometry = geometry
+        self.arrays = arrays  # planner.METADATA_ARRAYS name -> (tensor, element stride)
+        self.num_ns, self.num_sp, self.ns_implicit = counts
+        self.max_len = max_len  # None: no bound
+        self.null_line, self.skip_empty = null_line, skip_empty
+        self.device = device
+        n_seq = self.num_ns + self.num_sp
+        self.one_slot = max_len is not None and max_len <= planner.BLOCK
+        self.in_place = self.one_slot  # (StepPlan.in_place)
+        self.num_blocks = planner.capacity(n_seq, geometry.num_tokens, self.one_slot)
+        self.tail_first = planner.tail_slots(n_seq, geometry.num_tokens, self.one_slot)[0]
+        bound = max_len if max_len is not None else geometry.num_tokens
+        self.longest_block = min(planner.BLOCK, bound)
+        ns_max = (1 if self.ns_implicit else bound) if self.num_ns else 0
+        self.longest_sequences = (ns_max, bound if self.num_sp else 0)
+        self.uniform_decode = (self.ns_implicit and self.num_ns > 0 and not self.num_sp
+                               and "ns_accepted" not in arrays)
+        self.queue = None
+        self.lines = range(geometry.num_lines)  # any line may be written
+        self.fit = (geometry.num_tokens, geometry.num_lines, geometry.state_len,
+                    geometry.width)
+        # One word per kind of bad value (planner.ERRORS), set by the planner.
+        self.errors = torch.zeros(len(planner.ERRORS), dtype=torch.int32, device=device)
+
+    def check_errors(self) -> None:
+        """Raise ValueError if a run since the last check met bad metadata values (which
+        sequences were skipped, and why), then clear the record. Waits for the device's
+        work so far; not allowed while a CUDA graph is being captured."""
+        if self.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("check_errors: waits for the device, which a CUDA graph "
+                               "capture does not allow; call it after the replay")
+        found = self.errors.cpu().tolist()
+        if any(found):
+            self.errors.zero_()
+            kinds = "; ".join(planner.ERRORS[i] for i, v in enumerate(found) if v)
+            raise ValueError(f"device plan: bad metadata values were met on the device "
+                             f"and those sequences skipped (outputs zero, states "
+                             f"untouched): {kinds}")
+
+
+def device_plan(num_tokens: int, num_cache_lines: int, state_len: int, width: int, *,
+                non_spec_query_start_loc: Optional[Any] = None,
+                non_spec_state_indices: Optional[Any] = None,
+                has_initial_state: Optional[Any] = None,
+                spec_query_start_loc: Optional[Any] = None,
+                spec_state_indices: Optional[Any] = None,
+                num_accepted_tokens: Optional[Any] = None,
+                non_spec_num_accepted_tokens: Optional[Any] = None,
+                max_query_len: Optional[int] = None, pad_slot_id: int = -1,
+                null_block_id: Optional[int] = None,
+                skip_empty: bool = False) -> DevicePlan:
+    """A plan whose metadata stays on the device: runs read the tensors' values when
+    they run (see the module docstring), so they follow values rewritten in place and
+    may be captured in CUDA graphs.
+
+    Parameters
+    ----------
+    num_tokens, num_cache_lines, state_len, width : int
+        As in ``jitconv.plan``.
+    non_spec_query_start_loc : tensor, (P+1,), optional
+        The non-spec part's cumulative token counts. None with
+        ``non_spec_state_indices`` given: a decode step, one token per sequence (rows
+        0..P-1).
+    non_spec_state_indices, has_initial_state, non_spec_num_accepted_tokens : tensors, (P,)
+    spec_query_start_loc : tensor, (Q+1,)
+    spec_state_indices : tensor, (Q,) or (Q, K) (column 0 used)
+    num_accepted_tokens : tensor, (Q,)
+        As in ``jitconv.causal_conv1d_mixed``; int32 or int64 tensors (has_initial_state
+        also bool) on the device the runs use, rewritten in place between runs as the
+        engine likes. The spec part's tokens follow the non-spec part's.
+    max_query_len : int, optional
+        The most tokens any sequence holds (declared, not read): with 16 or fewer the
+        planner takes one block per sequence, and short steps (decode, spec verify) run
+        the short kernels. A longer sequence is a bad value. None: no bound.
+    pad_slot_id : int
+        A cache line that marks a padded sequence (outputs zeros, no state touched).
+    null_block_id : int, optional
+        A second such line (vLLM's null block 0).
+    skip_empty : bool
+        Sequences without tokens are skipped too (vLLM's kernels do so).
+
+    Returns
+    -------
+    DevicePlan
+        ``run(x, weight, bias, conv_state, out=None, activation="silu", math=None)``;
+        ``check_errors()``.
+    """
+    geo = validation.check_geometry(num_tokens, num_cache_lines, state_len, width,
+                                    pad_slot_id)
+    if null_block_id is not None:
+        if isinstance(null_block_id, bool) or not isinstance(null_block_id, int):
+            raise TypeError(f"null_block_id: expected an int or None, got {null_block_id!r}")
+    if max_query_len is not None and (isinstance(max_query_len, bool) or not isinstance(
+            max_query_len, int) or max_query_len < 1):
+        raise ValueError(f"max_query_len: expected an int >= 1 or None, got {max_query_len!r}")
+    if not isinstance(skip_empty, bool):
+        raise TypeError(f"skip_empty: expected a bool, got {skip_empty!r}")
+    arrays, tensors = {}, []
+
+    def take(key, value, name, **kw):
+        t = _tensor(value, name, **kw)
+        tensors.append((name, t))
+        arrays[key] = (t, int(t.stride(0)))
+        return t
+
+    num_ns, implicit = 0, True
+    if non_spec_query_start_loc is not None:
+        qsl = take("ns_qsl", non_spec_query_start_loc, "non_spec_query_start_loc")
+        if qsl.shape[0] < 1:
+            raise ValueError("non_spec_query_start_loc: expected at least 1 entry")
+        num_ns, implicit = qsl.shape[0] - 1, False
+        if non_spec_state_indices is None:
+            raise ValueError("non_spec_state_indices: required with "
+                             "non_spec_query_start_loc (one cache line per sequence)")
+    if non_spec_state_indices is not None:
+        lines = take("ns_lines", non_spec_state_indices, "non_spec_state_indices")
+        if implicit:
+            num_ns = lines.shape[0]
+            if num_ns > geo.num_tokens:
+                raise ValueError(f"non_spec_state_indices: {num_ns} decode sequences (one "
+                                 f"row each), but x has {geo.num_tokens} rows")
+        _count(lines, "non_spec_state_indices", num_ns, "one per sequence")
+        for key, value, name, dtypes in (
+                ("ns_init", has_initial_state, "has_initial_state", _FLAG_DTYPES),
+                ("ns_accepted", non_spec_num_accepted_tokens, "non_spec_num_accepted_tokens",
+                 _INDEX_DTYPES)):
+            if value is not None:
+                _count(take(key, value, name, dtypes=dtypes), name, num_ns,
+                       "one per sequence")
+    else:
+        for value, name in ((has_initial_state, "has_initial_state"),
+                            (non_spec_num_accepted_tokens, "non_spec_num_accepted_tokens")):
+            if value is not None:
+                raise ValueError(f"{name}: given without non_spec_state_indices")
+    num_sp = 0
+    if spec_query_start_loc is not None:
+        qsl = take("sp_qsl", spec_query_start_loc, "spec_query_start_loc")
+        if qsl.shape[0] < 1:
+            raise ValueError("spec_query_start_loc: expected at least 1 entry")
+        num_sp = qsl.shape[0] - 1
+        if spec_state_indices is None or num_accepted_tokens is None:
+            missing = "spec_state_indices" if spec_state_indices is None \
+                else "num_accepted_tokens"
+            raise ValueError(f"{missing}: required with spec_query_start_loc")
+        lines = take("sp_lines", spec_state_indices, "spec_state_indices", ndim=(1, 2))
+        if lines.dim() == 2 and lines.shape[1] == 0:
+            raise ValueError(f"spec_state_indices: expected shape (Q,) or (Q, K) with K >= "
+                             f"1, got {tuple(lines.shape)}")
+        _count(lines, "spec_state_indices", num_sp, "one per sequence")
+        _count(take("sp_accepted", num_accepted_tokens, "num_accepted_tokens"),
+               "num_accepted_tokens", num_sp, "one per sequence")
+    else:
+        for value, name in ((spec_state_indices, "spec_state_indices"),
+                            (num_accepted_tokens, "num_accepted_tokens")):
+            if value is not None:
+                raise ValueError(f"{name}: given without spec_query_start_loc")
+    if not tensors:
+        raise ValueError("device_plan: no metadata given (pass non_spec_state_indices, "
+                         "or spec_query_start_loc with its arrays)")
+    device = tensors[0][1].device
+    for name, t in tensors[1:]:
+        if t.device != device:
+            raise ValueError(f"{name}: on {t.device}, but {tensors[0][0]} is on {device}; "
+                             f"a plan's metadata lives on one device")
+    if registry.for_call(tensors[0][1]).name != "cuda":
+        raise NotImplementedError(
+            f"{tensors[0][0]}: device plans run on CUDA devices only so far (a tensor on "
+            f"{device}); on SYCL devices use jitconv.plan with the metadata's values")
+    if implicit and num_ns and max_query_len is None:
+        max_query_len = 1 if not num_sp else None
+    return DevicePlan(geo, arrays, (num_ns, num_sp, implicit), max_query_len, null_block_id,
+                      skip_empty, device)

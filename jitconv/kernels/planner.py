@@ -1,0 +1,243 @@
+"""The device planner: the conv kernel's block records built on the device, from
+metadata that stays there (``jitconv.device_plan``).
+
+A host plan reads the step's metadata once and builds its tables on the host
+(``api.batch``). A device plan never reads metadata values on the host: before each
+conv launch a planning kernel (one work-item per block slot, this module's
+``plan_slot``) reads query_start_loc, cache lines, initial-state flags and accepted
+counts where they are, and writes one record per slot into a table of fixed capacity
+that the conv kernel then reads. Records past the step's real blocks are inert (no
+tokens, no cache line: the conv kernel does nothing for them), so the conv grid is fixed
+by the capacity and a CUDA graph that captured both launches follows metadata rewritten
+in place before each replay.
+
+Slots. Sequences are numbered non-spec first (i < P), then spec (P <= i < P + Q); their
+tokens are consecutive rows of x, non-spec then spec, and the rows after the last token
+are the "tail", zeros in the output (a device plan has no token maps). Sequence i,
+starting at token slot T(i), owns slots ``i + T(i) // B`` onward, one per block of B
+(``batch.DEFAULT_BLOCK_TOKENS``) tokens and at least one: no sequence's slots meet the
+next one's, so a work-item finds its sequence by binary search over T, with no prefix
+sum and no synchronization between work-items. A plan whose sequences hold at most B
+tokens each (declared: ``max_query_len``) takes one slot per sequence, no search. The
+tail's blocks come after the sequences' slots.
+
+Bad values are found on the device, where they are: each sequence is checked by the
+work-item of slot i (every sequence has one, the capacity is at least P + Q), which sets
+its error's word in the plan's error table; a bad sequence is skipped as a pad (its rows
+zeros, its cache line untouched) and no record ever points outside x, out or the conv
+state (``device_plan.DevicePlan.check_errors`` reports the words).
+
+This module imports no kernel framework: backends compile ``plan_slot`` as a device
+function (numba-cuda: ``backends/cuda/planner.py``).
+"""
+
+from jitconv.api.batch import DEFAULT_BLOCK_TOKENS as BLOCK
+from jitconv.kernels.abi import (BLOCK_FIELDS, FLAG_BLOCK_ROWS, FLAG_INITIAL_STATE,
+                                 FLAG_SEQ_ROWS, FLAG_SPEC)
+
+# Words of the error table, one per kind of bad value (index: what it means).
+ERRORS = (
+    "query_start_loc: not starting at 0, decreasing, or covering more rows than x has",
+    "state indices: a cache line out of range that is not a pad",
+    "num_accepted_tokens: an entry < 1, or one that puts the window beyond state_len",
+    "a sequence longer than max_query_len, or a spec sequence too long for state_len",
+)
+E_QSL, E_LINE, E_ACCEPTED, E_LENGTH = range(len(ERRORS))
+NF = len(BLOCK_FIELDS)
+ROWS_WORDS = NF  # the (unused) rows table before the records: one record's worth
+
+
+def capacity(num_sequences, num_tokens, one_slot_per_sequence):
+    """Block slots of a device plan: the sequences' slots (one each, or, with longer
+    sequences, ``i + T(i) // B`` onward: at most P + Q + ceil(num_tokens / B) in all),
+    then the tail's blocks (ceil(num_tokens / B))."""
+    tail = -(-num_tokens // BLOCK)
+    return num_sequences + tail if one_slot_per_sequence else num_sequences + 2 * tail
+
+
+def tail_slots(num_sequences, num_tokens, one_slot_per_sequence):
+    """(first slot of the tail's blocks, how many)."""
+    tail = -(-num_tokens // BLOCK)
+    return capacity(num_sequences, num_tokens, one_slot_per_sequence) - tail, tail
+
+
+# The planner's arguments after the slot, in order (backends build their signature and
+# their launch from this list). Metadata arrays come as (array, element stride); an
+# absent one is any valid array with its "has_" word 0.
+PLAN_ARGS = (
+    "ns_qsl", "ns_qsl_stride", "ns_lines", "ns_lines_stride", "ns_init", "ns_init_stride",
+    "ns_accepted", "ns_accepted_stride",
+    "sp_qsl", "sp_qsl_stride", "sp_lines", "sp_lines_stride", "sp_accepted",
+    "sp_accepted_stride",
+    "num_ns", "num_sp", "ns_implicit", "has_ns_init", "has_ns_accepted",
+    "num_tokens", "num_lines", "state_len", "width", "pad_line", "null_line", "has_null",
+    "skip_empty", "max_len", "one_slot", "tail_first",
+    "tables", "blocks", "errors", "capacity",
+)
+METADATA_ARRAYS = ("ns_qsl", "ns_lines", "ns_init", "ns_accepted", "sp_qsl", "sp_lines",
+                   "sp_accepted")
+
+
+def _start_token(i, ns_qsl, ns_qsl_stride, sp_qsl, sp_qsl_stride, num_ns, ns_implicit):
+    """T(i): the token slot of sequence i's first token (i may be num_ns + num_sp: the
+    slot after the last token)."""
+    if i <= num_ns:
+        if ns_implicit:
+            return i
+        return ns_qsl[i * ns_qsl_stride]
+    n_ns = num_ns
+    if not ns_implicit:
+        n_ns = ns_qsl[num_ns * ns_qsl_stride]
+    return n_ns + sp_qsl[(i - num_ns) * sp_qsl_stride]
+
+
+def plan_slot(s, ns_qsl, ns_qsl_stride, ns_lines, ns_lines_stride, ns_init, ns_init_stride,
+              ns_accepted, ns_accepted_stride, sp_qsl, sp_qsl_stride, sp_lines,
+              sp_lines_stride, sp_accepted, sp_accepted_stride, num_ns, num_sp, ns_implicit,
+              has_ns_init, has_ns_accepted, num_tokens, num_lines, state_len, width,
+              pad_line, null_line, has_null, skip_empty, max_len, one_slot, tail_first,
+              tables, blocks, errors):
+    """Write the record of block slot ``s`` (and, for s < P + Q, check sequence s)."""
+    n_seq = num_ns + num_sp
+    # Which sequence (i, block k of it) this slot holds; i = -1: the tail's block k;
+    # i = -2: an inert slot.
+    i = -2
+    k = 0
+    if s >= tail_first:
+        i = -1
+        k = s - tail_first
+    elif one_slot:
+        if s < n_seq:
+            i = s
+    elif n_seq > 0:
+        lo = 0
+        hi = n_seq
+        first = _start_token(0, ns_qsl, ns_qsl_stride, sp_qsl, sp_qsl_stride, num_ns,
+                             ns_implicit)
+        if first // BLOCK <= s:
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                t_mid = _start_token(mid, ns_qsl, ns_qsl_stride, sp_qsl, sp_qsl_stride,
+                                     num_ns, ns_implicit)
+                if mid + t_mid // BLOCK <= s:
+                    lo = mid
+                else:
+                    hi = mid
+            t_lo = _start_token(lo, ns_qsl, ns_qsl_stride, sp_qsl, sp_qsl_stride, num_ns,
+                                ns_implicit)
+            i = lo
+            k = s - (lo + t_lo // BLOCK)
+
+    if s == 0:  # the parts' query_start_loc start at 0
+        if not ns_implicit and ns_qsl[0] != 0:
+            errors[E_QSL] = 1
+        if num_sp > 0 and sp_qsl[0] != 0:
+            errors[E_QSL] = 1
+    if s < n_seq and s != i:  # this slot's work-item checks sequence s too
+        _sequence(s, True, ns_qsl, ns_qsl_stride, ns_lines, ns_lines_stride, ns_init,
+                  ns_init_stride, ns_accepted, ns_accepted_stride, sp_qsl, sp_qsl_stride,
+                  sp_lines, sp_lines_stride, sp_accepted, sp_accepted_stride, num_ns,
+                  ns_implicit, has_ns_init, has_ns_accepted, num_tokens, num_lines,
+                  state_len, width, pad_line, null_line, has_null, skip_empty, max_len,
+                  errors)
+
+    tok = 0
+    n = 0
+    pos = 0
+    seq_len = 0
+    line = -1
+    off = 0
+    flags = FLAG_BLOCK_ROWS | FLAG_SEQ_ROWS
+    if i == -1:
+        t_end = _start_token(n_seq, ns_qsl, ns_qsl_stride, sp_qsl, sp_qsl_stride, num_ns,
+                             ns_implicit)
+        if t_end < 0:
+            t_end = num_tokens  # bad query_start_loc (flagged): no tail
+        tok = t_end + k * BLOCK
+        if tok < num_tokens:
+            n = min(BLOCK, num_tokens - tok)
+        else:
+            tok = 0
+        seq_len = n
+    elif i >= 0:
+        t0, length, line, off, flags, ok = _sequence(
+            i, s == i, ns_qsl, ns_qsl_stride, ns_lines, ns_lines_stride, ns_init,
+            ns_init_stride, ns_accepted, ns_accepted_stride, sp_qsl, sp_qsl_stride,
+            sp_lines, sp_lines_stride, sp_accepted, sp_accepted_stride, num_ns,
+            ns_implicit, has_ns_init, has_ns_accepted, num_tokens, num_lines, state_len,
+            width, pad_line, null_line, has_null, skip_empty, max_len, errors)
+        if ok:
+            blocks_of_seq = max(1, (length + BLOCK - 1) // BLOCK)
+            if one_slot:
+                blocks_of_seq = 1
+            if k < blocks_of_seq:
+                pos = k * BLOCK
+                tok = t0 + pos
+                n = max(0, length - pos)
+                if not one_slot:
+                    n = min(BLOCK, n)
+                seq_len = length
+            else:
+                line = -1
+        else:
+            line = -1  # rows outside x: nothing to write
+    at = blocks + s * NF
+    tables[at] = tok
+    tables[at + 1] = n
+    tables[at + 2] = pos
+    tables[at + 3] = seq_len
+    tables[at + 4] = line
+    tables[at + 5] = off
+    tables[at + 6] = flags
+    tables[at + 7] = tok
+
+
+def _sequence(i, report, ns_qsl, ns_qsl_stride, ns_lines, ns_lines_stride, ns_init,
+              ns_init_stride, ns_accepted, ns_accepted_stride, sp_qsl, sp_qsl_stride,
+              sp_lines, sp_lines_stride, sp_accepted, sp_accepted_stride, num_ns,
+              ns_implicit, has_ns_init, has_ns_accepted, num_tokens, num_lines, state_len,
+              width, pad_line, null_line, has_null, skip_empty, max_len, errors):
+    """Sequence i's (first token slot, length, cache line (-1: pad), window offset, flags,
+    rows inside x), by SEMANTICS.md's rules; a bad value becomes a pad (and, with
+    ``report``, sets its error word). ``ok`` False: its rows are not inside x."""
+    spec = i >= num_ns
+    t0 = _start_token(i, ns_qsl, ns_qsl_stride, sp_qsl, sp_qsl_stride, num_ns, ns_implicit)
+    t1 = _start_token(i + 1, ns_qsl, ns_qsl_stride, sp_qsl, sp_qsl_stride, num_ns,
+                      ns_implicit)
+    length = t1 - t0
+    flags = FLAG_BLOCK_ROWS | FLAG_SEQ_ROWS
+    if length < 0 or t0 < 0 or t1 > num_tokens:
+        if report:
+            errors[E_QSL] = 1
+        return 0, 0, -1, 0, flags, False
+    if spec:
+        j = i - num_ns
+        raw = sp_lines[j * sp_lines_stride]
+        flags |= FLAG_SPEC | FLAG_INITIAL_STATE
+    else:
+        raw = ns_lines[i * ns_lines_stride]
+        if not has_ns_init or ns_init[i * ns_init_stride] != 0:
+            flags |= FLAG_INITIAL_STATE
+    line = raw
+    if raw == pad_line or (has_null and raw == null_line) or (skip_empty and length == 0):
+        return t0, length, -1, 0, flags, True
+    bad = -1
+    if raw < 0 or raw >= num_lines:
+        bad = E_LINE
+    off = 0
+    if spec or has_ns_accepted:
+        if spec:
+            accepted = sp_accepted[(i - num_ns) * sp_accepted_stride]
+        else:
+            accepted = ns_accepted[i * ns_accepted_stride]
+        if accepted < 1 or accepted - 1 + width - 1 > state_len:
+            bad = E_ACCEPTED
+        else:
+            off = accepted - 1
+    if length > max_len or (spec and width - 2 + length > state_len):
+        bad = E_LENGTH
+    if bad >= 0:
+        if report:
+            errors[bad] = 1
+        return t0, length, -1, 0, flags, True
+    return t0, length, line, off, flags, True

@@ -1,0 +1,416 @@
+"""Device plans (``jitconv.device_plan``): metadata that stays in device tensors, read by
+the device planner at every run, on the CUDA backend.
+
+Runs under numba's CUDA simulator in CI (tests/test_cuda_simulator.py starts this file
+with test_cuda.py) and on an NVIDIA GPU; the CUDA-graph tests and the remembered-launch
+tests need a GPU (the simulator has neither graphs nor driver launches).
+"""
+
+import pytest
+import torch
+
+import jitconv
+from jitconv.backends.cuda import devices as cuda_devices
+from jitconv.backends.cuda import launching as cuda_launching
+from jitconv.kernels import planner
+from jitconv.reference import causal_conv1d_reference
+
+from helpers import (DTYPES, POISON, assert_outputs_close, assert_state_exact, bits,
+                     cumulative, make_state, randn)
+
+SIM = cuda_devices.simulating()
+pytestmark = pytest.mark.skipif(not cuda_devices.devices(),
+                                reason=f"no CUDA device: {cuda_devices.why_unavailable()}")
+DIM = 12 if SIM else 136
+GPU_ONLY = pytest.mark.skipif(SIM, reason="needs a GPU (the simulator has no CUDA graphs "
+                                          "and no driver launches)")
+KINDS = ("decode", "spec", "mixed", "prefill")
+
+
+@pytest.fixture(scope="module")
+def device():
+    name = jitconv.set_device(cuda_devices.devices()[0])
+    return cuda_devices.torch_device(name)
+
+
+def random_metadata(gen, kind, num_seqs, num_tokens, num_lines, state_len, width,
+                    max_len=None, pads=1):
+    """Metadata of one step of ``kind`` with ``num_seqs`` sequences of each part it has,
+    as CPU tensors (kwargs of ``jitconv.device_plan``), at most ``num_tokens`` tokens in
+    all; lengths, cache lines (distinct, ``pads`` of them -1), flags and accepted counts
+    random."""
+    S = width - 1
+    lines = torch.randperm(num_lines, generator=gen)[:2 * num_seqs].to(torch.int32)
+    ns_lines, sp_lines = lines[:num_seqs].clone(), lines[num_seqs:].clone()
+
+    def lengths(low, high, n):
+        return [int(v) for v in torch.randint(low, high + 1, (n,), generator=gen)]
+
+    def accepted(n):
+        return torch.randint(1, state_len - S + 2, (n,), generator=gen, dtype=torch.int32)
+
+    md = {}
+    budget = num_tokens
+    if kind == "decode":
+        md["non_spec_state_indices"] = ns_lines
+        budget -= num_seqs
+    if kind in ("mixed", "prefill"):
+        longest = max_len or 40
+        ns = lengths(0, longest, num_seqs)
+        while sum(ns) > budget // 2:
+            ns = [n // 2 for n in ns]
+        budget -= sum(ns)
+        md.update(non_spec_query_start_loc=cumulative(ns), non_spec_state_indices=ns_lines,
+                  has_initial_state=torch.rand(num_seqs, generator=gen) < 0.7)
+        if kind == "prefill":
+            md["non_spec_num_accepted_tokens"] = accepted(num_seqs)
+    if kind in ("spec", "mixed"):
+        longest = min(max_len or 16, state_len - width + 2)
+        sp = lengths(1, longest, num_seqs)
+        while sum(sp) > budget:
+            sp = [max(1, n // 2) for n in sp]
+        md.update(spec_query_start_loc=cumulative(sp), spec_state_indices=sp_lines,
+                  num_accepted_tokens=accepted(num_seqs))
+    for key in ("non_spec_state_indices", "spec_state_indices"):
+        if key in md and pads:
+            md[key][torch.randperm(num_seqs, generator=gen)[:pads]] = -1
+    return md
+
+
+def reference_of(md, data, activation="silu"):
+    """The float64 reference of a device plan's step: each part's tokens consecutive
+    rows, non-spec then spec, the rest of x zeros."""
+    args = {k: v.cpu() for k, v in md.items()}
+    if "non_spec_state_indices" in args and "non_spec_query_start_loc" not in args:
+        args["non_spec_query_start_loc"] = torch.arange(len(args["non_spec_state_indices"]) + 1)
+    n_ns = int(args["non_spec_query_start_loc"][-1]) if "non_spec_query_start_loc" in args \
+        else 0
+    if n_ns or "non_spec_query_start_loc" in args:
+        args["non_spec_token_indx"] = torch.arange(n_ns)
+    if "spec_query_start_loc" in args:
+        n_sp = int(args["spec_query_start_loc"][-1])
+        args["spec_token_indx"] = torch.arange(n_ns, n_ns + n_sp)
+    return causal_conv1d_reference(*(t.cpu() if t is not None else None for t in data),
+                                   activation=activation, **args)
+
+
+def layer(gen, dtype, num_tokens, num_lines, state_len, width, device, layout="SD"):
+    data = (randn(gen, (num_tokens, DIM), dtype), randn(gen, (DIM, width), dtype),
+            randn(gen, (DIM,), dtype), make_state(gen, num_lines, DIM, state_len, dtype, layout))
+    return tuple(t.to(device) if t is not None else None for t in data[:3]) + \
+        (data[3].to(device),)
+
+
+def run_checked(plan, data, md, dtype):
+    """One run into a poisoned out, checked against the reference (outputs within the
+    dtype's tolerance, every cache line bit-exact, touched or not)."""
+    x, w, b, state = data
+    want_out, want_state = reference_of(md, (x, w, b, state))
+    out = torch.full(tuple(x.shape), POISON, dtype=dtype, device=x.device)
+    got = plan.run(x, w, b, state, out=out)
+    assert got is out
+    assert_outputs_close(out, want_out, dtype)
+    assert_state_exact(state, want_state)
+    plan.check_errors()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("dtype_name", ["float32", "bfloat16"])
+@pytest.mark.parametrize("declared", [True, False])
+def test_runs_follow_rewritten_metadata(device, kind, dtype_name, declared):
+    """One plan, three steps: the metadata tensors are rewritten in place between runs
+    (lengths, cache lines, flags, accepted counts) and each run matches the reference of
+    the values they hold then. ``declared``: max_query_len given (one block per sequence,
+    the short kernels) or not (the block search, the general kernel)."""
+    dtype = DTYPES[dtype_name]
+    width, num_tokens, num_lines, nseq = 4, 40, 20, 5
+    max_len = (1 if kind == "decode" else 5 if kind == "spec" else 12) if declared else None
+    state_len = 3 + (max_len or 5) if kind in ("spec", "mixed") else 6
+    gen = torch.Generator().manual_seed(7 + len(kind) + declared)
+    md = random_metadata(gen, kind, nseq, num_tokens, num_lines, state_len, width, max_len)
+    live = {k: v.to(device) for k, v in md.items()}
+    plan = jitconv.device_plan(num_tokens, num_lines, state_len, width, max_query_len=max_len,
+                               **live)
+    assert plan.one_slot == (declared or kind == "decode")  # a decode step: 1 token each
+    assert plan.uniform_decode == (kind == "decode")
+    data = layer(gen, dtype, num_tokens, num_lines, state_len, width, device)
+    for step in range(3):
+        if step:
+            new = random_metadata(gen, kind, nseq, num_tokens, num_lines, state_len, width,
+                                  max_len, pads=step - 1)
+            for k, v in new.items():
+                live[k].copy_(v)
+        run_checked(plan, data, live, dtype)
+
+
+@pytest.mark.parametrize("width", [2, 3, 5])
+def test_widths_and_layouts(device, width):
+    gen = torch.Generator().manual_seed(width)
+    md = random_metadata(gen, "mixed", 4, 30, 12, width - 1 + 6, width)
+    live = {k: v.to(device) for k, v in md.items()}
+    plan = jitconv.device_plan(30, 12, width - 1 + 6, width, **live)
+    for layout in ("SD", "DS"):
+        run_checked(plan, layer(gen, torch.float32, 30, 12, width + 5, width, device, layout),
+                    live, torch.float32)
+
+
+def test_vllm_conventions(device):
+    """null_block_id and skip_empty: sequences on the null line or without tokens are
+    skipped (state untouched, outputs zero), as vLLM's kernels do."""
+    gen = torch.Generator().manual_seed(3)
+    qsl = torch.tensor([0, 3, 3, 5, 9], dtype=torch.int32)
+    lines = torch.tensor([4, 6, 0, 2], dtype=torch.int32)  # line 0: vLLM's null block
+    md = dict(non_spec_query_start_loc=qsl.to(device), non_spec_state_indices=lines.to(device))
+    plan = jitconv.device_plan(12, 8, 3, 4, null_block_id=0, skip_empty=True, **md)
+    data = layer(gen, torch.float32, 12, 8, 3, 4, device)
+    as_pads = dict(non_spec_query_start_loc=qsl,
+                   non_spec_state_indices=torch.tensor([4, -1, -1, 2], dtype=torch.int32))
+    x, w, b, state = data
+    want_out, want_state = reference_of(as_pads, data)
+    out = plan.run(x, w, b, state)
+    assert_outputs_close(out, want_out, torch.float32)
+    assert_state_exact(state, want_state)
+
+
+BAD = {  # name: (how the metadata is spoiled, the error word it sets)
+    "line out of range": (lambda md: md["spec_state_indices"].__setitem__(1, 99),
+                          planner.E_LINE),
+    "negative line": (lambda md: md["non_spec_state_indices"].__setitem__(0, -5),
+                      planner.E_LINE),
+    "accepted 0": (lambda md: md["num_accepted_tokens"].__setitem__(0, 0), planner.E_ACCEPTED),
+    "accepted too far": (lambda md: md["num_accepted_tokens"].__setitem__(2, 50),
+                         planner.E_ACCEPTED),
+    "qsl decreasing": (lambda md: md["spec_query_start_loc"].__setitem__(2, 0), planner.E_QSL),
+    "qsl past x": (lambda md: md["non_spec_query_start_loc"].__setitem__(-1, 10 ** 6),
+                   planner.E_QSL),
+    "qsl not from 0": (lambda md: md["spec_query_start_loc"].__setitem__(0, 1), planner.E_QSL),
+    "too long": (lambda md: md["spec_query_start_loc"][1:].add_(9), planner.E_LENGTH),
+}
+
+
+@pytest.mark.parametrize("bad", list(BAD))
+@pytest.mark.parametrize("declared", [True, False])
+def test_bad_values_are_flagged_and_stay_inside(device, bad, declared):
+    """A bad value found on the device: its error word is set (check_errors raises it and
+    clears it), and nothing outside x, out and conv_state is written: each lies inside a
+    larger poisoned buffer whose margins must stay bit-identical, and every cache line
+    no sequence owns is unchanged."""
+    spoil, word = BAD[bad]
+    gen = torch.Generator().manual_seed(11)
+    width, num_tokens, num_lines, state_len = 4, 40, 12, 8
+    md = random_metadata(gen, "mixed", 4, num_tokens, num_lines, state_len, width,
+                         max_len=5 if declared else None, pads=0)
+    spoil(md)
+    live = {k: v.to(device) for k, v in md.items()}
+    plan = jitconv.device_plan(num_tokens, num_lines, state_len, width,
+                               max_query_len=5 if declared else None, **live)
+
+    def inside(shape, dtype=torch.float32):
+        """A view of ``shape`` in the middle of a poisoned buffer, and the buffer."""
+        n = 1
+        for s in shape:
+            n *= s
+        buffer = torch.full((n + 64,), POISON, dtype=dtype, device=device)
+        return buffer[32:32 + n].view(shape), buffer
+
+    x, xb = inside((num_tokens, DIM))
+    x.copy_(randn(gen, (num_tokens, DIM), torch.float32))
+    out, ob = inside((num_tokens, DIM))
+    state, sb = inside((num_lines, state_len, DIM))
+    state.copy_(randn(gen, (num_lines, state_len, DIM), torch.float32))
+    before = [bits(t) for t in (xb, sb)]
+    w, b = randn(gen, (DIM, width), torch.float32).to(device), \
+        randn(gen, (DIM,), torch.float32).to(device)
+    plan.run(x, w, b, state.transpose(1, 2), out=out)
+    with pytest.raises(ValueError, match="bad metadata values") as raised:
+        plan.check_errors()
+    assert planner.ERRORS[word] in str(raised.value)
+    plan.check_errors()  # cleared: nothing new since
+    for t, margin in ((xb, before[0]), (ob, None), (sb, before[1])):
+        got = bits(t)
+        if margin is None:  # out's margins: still poison
+            assert torch.isnan(t[:32]).all() and torch.isnan(t[-32:]).all()
+        else:
+            assert torch.equal(got[:32], margin[:32]) and torch.equal(got[-32:], margin[-32:])
+    assert torch.equal(bits(xb), before[0])  # x is only read
+    if word != planner.E_QSL:  # (with bad query_start_loc rows may be left unwritten)
+        assert not torch.isnan(out).any()  # every row written, skipped ones as zeros
+
+
+def test_host_checks(device):
+    """What the host can see is checked before anything runs, by name."""
+    lines = torch.tensor([1, 2], dtype=torch.int32, device=device)
+    qsl = torch.tensor([0, 1, 3], dtype=torch.int32, device=device)
+    cases = [
+        (dict(non_spec_state_indices=[1, 2]), TypeError, "non_spec_state_indices: a device plan"),
+        (dict(non_spec_state_indices=lines.float()), TypeError, "expected dtype"),
+        (dict(non_spec_query_start_loc=qsl), ValueError, "non_spec_state_indices: required"),
+        (dict(non_spec_query_start_loc=qsl[:2], non_spec_state_indices=lines), ValueError,
+         "non_spec_state_indices: expected 1 entries"),
+        (dict(spec_query_start_loc=qsl, spec_state_indices=lines), ValueError,
+         "num_accepted_tokens: required"),
+        (dict(spec_query_start_loc=qsl, spec_state_indices=lines,
+              num_accepted_tokens=lines[:1]), ValueError, "num_accepted_tokens: expected 2"),
+        (dict(num_accepted_tokens=lines), ValueError, "num_accepted_tokens: given without"),
+        (dict(non_spec_state_indices=lines, has_initial_state=lines.float()), TypeError,
+         "has_initial_state: expected dtype"),
+        (dict(non_spec_state_indices=lines, max_query_len=0), ValueError, "max_query_len"),
+        (dict(), ValueError, "no metadata"),
+    ]
+    for kwargs, error, message in cases:
+        with pytest.raises(error, match=message):
+            jitconv.device_plan(4, 8, 3, 4, **kwargs)
+    plan = jitconv.device_plan(4, 8, 3, 4, non_spec_state_indices=lines)
+    gen = torch.Generator().manual_seed(1)
+    x, w, b, state = layer(gen, torch.float32, 5, 8, 3, 4, device)
+    before = bits(state)
+    with pytest.raises(ValueError, match="x"):  # 5 rows, the plan has 4
+        plan.run(x, w, b, state)
+    assert torch.equal(bits(state), before)
+
+
+@GPU_ONLY
+def test_graph_replays_follow_rewritten_metadata(device):
+    """A CUDA graph that captured runs of a device plan (three layers) replays them with
+    the metadata the tensors hold at replay time, bit-exact against the reference for
+    decode, spec verify and mixed steps."""
+    for kind, max_len in (("decode", 1), ("spec", 4), ("mixed", None)):
+        gen = torch.Generator().manual_seed(len(kind))
+        width, num_tokens, num_lines, state_len = 4, 48, 24, 8
+        md = random_metadata(gen, kind, 6, num_tokens, num_lines, state_len, width, max_len)
+        live = {k: v.to(device) for k, v in md.items()}
+        plan = jitconv.device_plan(num_tokens, num_lines, state_len, width,
+                                   max_query_len=max_len, **live)
+        layers = [layer(gen, torch.bfloat16, num_tokens, num_lines, state_len, width, device)
+                  for _ in range(3)]
+        outs = [torch.empty((num_tokens, DIM), dtype=torch.bfloat16, device=device)
+                for _ in layers]
+        for (x, w, b, s), o in zip(layers, outs):  # warm-up: compiles, prepares
+            plan.run(x, w, b, s.clone(), out=o)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for (x, w, b, s), o in zip(layers, outs):
+                plan.run(x, w, b, s, out=o)
+        for step in range(3):
+            new = random_metadata(gen, kind, 6, num_tokens, num_lines, state_len, width,
+                                  max_len)
+            for k, v in new.items():
+                live[k].copy_(v)
+            wants = [reference_of(live, data) for data in layers]
+            graph.replay()
+            torch.cuda.synchronize()
+            for (x, w, b, s), o, (want_out, want_state) in zip(layers, outs, wants):
+                assert_outputs_close(o, want_out, torch.bfloat16)
+                assert_state_exact(s, want_state)
+        plan.check_errors()
+
+
+@GPU_ONLY
+def test_host_plans_refuse_capture(device):
+    """A plan built from host values cannot follow new metadata: capturing its run is an
+    error (a stale replay would write the old cache lines), and so is check_errors."""
+    gen = torch.Generator().manual_seed(5)
+    x, w, b, state = layer(gen, torch.float32, 3, 6, 3, 4, device)
+    plan = jitconv.plan(3, 6, 3, 4, non_spec_query_start_loc=[0, 1, 2, 3],
+                        non_spec_state_indices=[0, 1, 2])
+    plan.run(x, w, b, state)
+    dplan = jitconv.device_plan(3, 6, 3, 4, non_spec_state_indices=torch.tensor(
+        [0, 1, 2], dtype=torch.int32, device=device))
+    graph = torch.cuda.CUDAGraph()
+    with pytest.raises(RuntimeError, match="capture runs of jitconv.device_plan"):
+        with torch.cuda.graph(graph):
+            plan.run(x, w, b, state)
+    with pytest.raises(RuntimeError, match="check_errors"):
+        with torch.cuda.graph(torch.cuda.CUDAGraph()):
+            dplan.check_errors()
+
+
+@GPU_ONLY
+def test_runs_are_remembered(device, monkeypatch):
+    """The second run with the same tensors goes straight to the prepared launches (no
+    checks, no packing): launching.launch is not called again; a run with out=None gets
+    a new output each time; different tensors are packed anew."""
+    gen = torch.Generator().manual_seed(9)
+    lines = torch.tensor([0, 3, 5], dtype=torch.int32, device=device)
+    for make in (lambda: jitconv.device_plan(3, 8, 3, 4, non_spec_state_indices=lines),
+                 lambda: jitconv.plan(3, 8, 3, 4, non_spec_query_start_loc=[0, 1, 2, 3],
+                                      non_spec_state_indices=[0, 3, 5])):
+        plan = make()
+        calls = []
+        real = cuda_launching.launch
+        monkeypatch.setattr(cuda_launching, "launch",
+                            lambda *a, **k: calls.append(1) or real(*a, **k))
+        x, w, b, state = layer(gen, torch.float32, 3, 8, 3, 4, device)
+        first = plan.run(x, w, b, state)
+        second = plan.run(x, w, b, state)
+        assert len(calls) == 1 and second.data_ptr() != first.data_ptr()
+        want_out, want_state = reference_of(
+            dict(non_spec_state_indices=lines), (x, w, b, state))  # from the updated state
+        out = torch.full_like(x, POISON)
+        plan.run(x, w, b, state, out=out)  # another out: packed anew
+        assert len(calls) == 2
+        assert_outputs_close(out, want_out, torch.float32)
+        assert_state_exact(state, want_state)
+        plan.run(x, w, b, state.clone(), out=out)  # another conv_state: packed anew
+        assert len(calls) == 3
+        monkeypatch.undo()
+
+
+@GPU_ONLY
+@pytest.mark.parametrize("spec", [False, True])
+def test_vllm_update_keeps_metadata_on_the_device(device, monkeypatch, spec):
+    """jitconv.vllm.causal_conv1d_update with CUDA metadata takes the device path (one
+    device plan for the persistent buffers, kept), writes into x as vLLM's does, equals
+    the host-metadata drop-in bit for bit, and can be captured: a replay after the
+    buffers are rewritten equals the host drop-in on the new values."""
+    from jitconv import vllm as drop_in
+    gen = torch.Generator().manual_seed(21 + spec)
+    batch, each, num_lines, dim = 8, 4 if spec else 1, 20, DIM
+    state_len = 3 + each - 1
+    built = []
+    real = drop_in._device_update_plan
+    monkeypatch.setattr(drop_in, "_device_update_plan",
+                        lambda *a, **k: built.append(1) or real(*a, **k))
+    table = torch.zeros(batch, 2, dtype=torch.int32, device=device)  # vLLM's (batch, K)
+    accepted = torch.ones(batch + 2, dtype=torch.int32, device=device)  # padded: longer
+    qsl = torch.arange(0, batch * each + 1, each, dtype=torch.int32, device=device)
+
+    def rewrite():
+        table[:, 0] = (1 + torch.randperm(num_lines - 1, generator=gen)[:batch]).to(device)
+        table[2, 0] = 0  # the null block: skipped
+        accepted[:batch] = torch.randint(1, each + 1, (batch,), generator=gen).to(device)
+
+    def meta(on):
+        m = dict(conv_state_indices=table.to(on))
+        if spec:
+            m.update(num_accepted_tokens=accepted.to(on), query_start_loc=qsl.to(on),
+                     max_query_len=each)
+        return m
+
+    w = randn(gen, (dim, 4), torch.bfloat16).to(device)
+    b = randn(gen, (dim,), torch.bfloat16).to(device)
+    x = randn(gen, (batch * each + 3, dim), torch.bfloat16).to(device)  # 3 extra rows
+    state = make_state(gen, num_lines, dim, state_len, torch.bfloat16, "SD").to(device)
+
+    def host_result(x0, s0):
+        xs, ss = x0.clone(), s0.clone()
+        drop_in.causal_conv1d_update(xs, ss, w, b, "silu", **meta("cpu"))
+        return bits(xs), bits(ss)
+
+    rewrite()
+    want = host_result(x, state)
+    got = drop_in.causal_conv1d_update(x, state, w, b, "silu", **meta(device))
+    assert got is x and len(built) == 1
+    assert torch.equal(bits(x), want[0]) and torch.equal(bits(state), want[1])
+    drop_in.causal_conv1d_update(x, state, w, b, "silu", **meta(device))  # warm, kept
+    assert len(built) == 1
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        drop_in.causal_conv1d_update(x, state, w, b, "silu", **meta(device))
+    for _ in range(2):
+        rewrite()
+        x.copy_(randn(gen, tuple(x.shape), torch.bfloat16))
+        want = host_result(x, state)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(bits(x), want[0]) and torch.equal(bits(state), want[1])
