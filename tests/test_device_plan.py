@@ -308,7 +308,8 @@ def test_graph_replays_follow_rewritten_metadata(device):
 @GPU_ONLY
 def test_host_plans_refuse_capture(device):
     """A plan built from host values cannot follow new metadata: capturing its run is an
-    error (a stale replay would write the old cache lines), and so is check_errors."""
+    error (a stale replay would write the old cache lines), and so are check_errors and
+    a one-shot op whose metadata would be read back."""
     gen = torch.Generator().manual_seed(5)
     x, w, b, state = layer(gen, torch.float32, 3, 6, 3, 4, device)
     plan = jitconv.plan(3, 6, 3, 4, non_spec_query_start_loc=[0, 1, 2, 3],
@@ -323,6 +324,11 @@ def test_host_plans_refuse_capture(device):
     with pytest.raises(RuntimeError, match="check_errors"):
         with torch.cuda.graph(torch.cuda.CUDAGraph()):
             dplan.check_errors()
+    # a one-shot op reads its device metadata on the host: refused by name
+    with pytest.raises(RuntimeError, match="conv_state_indices: read on the host"):
+        with torch.cuda.graph(torch.cuda.CUDAGraph()):
+            jitconv.causal_conv1d_update(x, w, b, state, torch.tensor(
+                [0, 1, 2], dtype=torch.int32, device=device))
 
 
 @GPU_ONLY

@@ -28,6 +28,8 @@ def _content(value):
         return value
     try:
         if isinstance(value, torch.Tensor):
+            if value.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+                return False  # no read-back during a capture: the op's checks say why
             array = value.detach().cpu().numpy()
         elif isinstance(value, (list, tuple, np.ndarray)):
             array = np.asarray(value)

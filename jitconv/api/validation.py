@@ -120,6 +120,11 @@ def host_ints(t, name, ndim=1, allow_bool=False):
         if t.device.type == "meta":
             raise TypeError(f"{name}: a tensor on torch's meta device has no values; pass "
                             f"it on the CPU or the device")
+        if t.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(f"{name}: read on the host while a CUDA graph is captured "
+                               f"(the replays would keep this step's values); capture runs "
+                               f"of jitconv.device_plan, which read the metadata on the "
+                               f"device")
         arr = t.detach().cpu().numpy()
     else:
         arr = bridge.host_array(t, name) if bridge.is_device_array(t) else np.asarray(t)

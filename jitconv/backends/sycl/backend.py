@@ -48,6 +48,10 @@ class SyclBackend:
         return None, key
 
     def launch(self, plan, launch):
+        if plan.on_device:
+            raise NotImplementedError("x: a SYCL tensor, but this plan reads its metadata on "
+                                      "the device, which only the CUDA backend does so far; "
+                                      "use jitconv.plan with the metadata's values")
         x, weight, bias, conv_state, out, target = launch[:6]
         queue = self._queue(plan, x)
         views, write_backs = {}, []
