@@ -261,3 +261,12 @@ def test_both_submit_paths_compute_the_contract(sycl_device, monkeypatch, path):
     out = plan_for(step, meta).run(**step)
     assert_outputs_close(out, ref_out, torch.bfloat16)
     assert_state_exact(step["conv_state"], ref_state)
+
+
+def test_device_plans_are_not_on_sycl_yet(sycl_device):
+    """jitconv.device_plan runs on the CUDA backend only: metadata that a SYCL device
+    would run (CPU tensors here) is refused by name, not planned on the host instead."""
+    with pytest.raises(NotImplementedError, match="non_spec_state_indices: device plans run "
+                                                  "on CUDA devices only"):
+        jitconv.device_plan(2, 4, 3, 4, non_spec_state_indices=torch.tensor(
+            [0, 1], dtype=torch.int32))
