@@ -69,7 +69,7 @@ class DevicePlan(StepPlan):
         self.one_slot = max_len is not None and max_len <= planner.BLOCK
         self.in_place = self.one_slot  # (StepPlan.in_place)
         self.num_blocks = planner.capacity(n_seq, geometry.num_tokens, self.one_slot)
-        self.tail_first = planner.tail_slots(n_seq, geometry.num_tokens, self.one_slot)[0]
+        self.tail_first = planner.tail_first(n_seq, geometry.num_tokens, self.one_slot)
         bound = max_len if max_len is not None else geometry.num_tokens
         self.longest_block = min(planner.BLOCK, bound)
         ns_max = (1 if self.ns_implicit else bound) if self.num_ns else 0

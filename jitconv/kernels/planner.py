@@ -55,10 +55,9 @@ def capacity(num_sequences, num_tokens, one_slot_per_sequence):
     return num_sequences + tail if one_slot_per_sequence else num_sequences + 2 * tail
 
 
-def tail_slots(num_sequences, num_tokens, one_slot_per_sequence):
-    """(first slot of the tail's blocks, how many)."""
-    tail = -(-num_tokens // BLOCK)
-    return capacity(num_sequences, num_tokens, one_slot_per_sequence) - tail, tail
+def tail_first(num_sequences, num_tokens, one_slot_per_sequence):
+    """The first slot of the tail's blocks (the last ceil(num_tokens / B) slots)."""
+    return capacity(num_sequences, num_tokens, one_slot_per_sequence) - -(-num_tokens // BLOCK)
 
 
 # The planner's arguments after the slot, in order (backends build their signature and

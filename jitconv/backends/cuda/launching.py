@@ -286,8 +286,8 @@ def launch(plan, x, weight, bias, conv_state, target, silu, dtype, math=None, ke
             patch = out_at if new_output and n == len(launches) - 1 else None
             prepared.append(driver.Prepared(compiled._codelibrary.get_cufunc().handle, args,
                                             grid_, block_, patch))
-    run = Run(tuple(prepared), x.device.index, context,
-              new_output and (tuple(target.shape), target.dtype, target.device))
+    output = (tuple(target.shape), target.dtype, target.device) if new_output else None
+    run = Run(tuple(prepared), x.device.index, context, output)
     run.launch(stream, target)
     if key is not None:
         runs = _plan_state(plan).setdefault("runs", {})
