@@ -278,6 +278,14 @@ def build_kernels(args):
         print(f"  width {width} {dtype:9s} {_math_name(fast)} {'wide' if wide else '    '} "
               f"{path.stat().st_size / 1024:6.1f} KiB {time.perf_counter() - t0:5.2f} s  "
               f"{path.name}", flush=True)
+    # the device planners (jitconv.device_plan): one per shipped set of metadata types
+    from jitconv.backends.sycl import planner
+    for types in kernel_cache.planner_specializations():
+        t0 = time.perf_counter()
+        _kernel, path = planner.compile_and_store(types, queue, target)
+        print(f"  planner {types[0]}, flags {types[2]:5s} "
+              f"{path.stat().st_size / 1024:6.1f} KiB {time.perf_counter() - t0:5.2f} s  "
+              f"{path.name}", flush=True)
     if args.ship:  # entries of older kernel sources would only bloat the wheel
         keep = set(kernel_cache.shipped_files())
         for stale in target.iterdir():

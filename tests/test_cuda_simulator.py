@@ -31,7 +31,9 @@ def test_cuda_kernels_in_the_simulator():
     passed = re.search(r"(\d+) passed", done.stdout)
     assert passed and int(passed.group(1)) >= 60, tail
     # Only what needs a GPU may skip: the stream test (the simulator has no streams) and
-    # the device-plan tests of graphs and driver launches.
+    # the device-plan tests of graphs and driver launches; and the device-plan tests'
+    # SYCL cases (SYCL is hidden here; the main run has them).
     reasons = re.findall(r"SKIPPED \[(\d+)\] [^:]+:\d+: (.*)", done.stdout)
+    reasons = [(n, why) for n, why in reasons if not why.startswith("SYCL device plans")]
     assert all("simulator has no" in why for _, why in reasons), tail
     assert sum(int(n) for n, _ in reasons) <= 6, tail

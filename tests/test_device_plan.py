@@ -1,10 +1,14 @@
 """Device plans (``jitconv.device_plan``): metadata that stays in device tensors, read by
-the device planner at every run, on the CUDA backend.
+the device planner at every run, on both backends.
 
-Runs under numba's CUDA simulator in CI (tests/test_cuda_simulator.py starts this file
-with test_cuda.py) and on an NVIDIA GPU; the CUDA-graph tests and the remembered-launch
-tests need a GPU (the simulator has neither graphs nor driver launches).
+The shared tests run on the SYCL device under test (``sycl``: torch CPU tensors in USM
+memory, ``jitconv.empty``, so that nothing is copied) and on CUDA (``cuda``): under numba's
+CUDA simulator in CI (tests/test_cuda_simulator.py starts this file with test_cuda.py)
+and on an NVIDIA GPU. The CUDA-graph tests and the remembered-launch tests need a GPU
+(the simulator has neither graphs nor driver launches).
 """
+
+import os
 
 import pytest
 import torch
@@ -19,18 +23,48 @@ from helpers import (DTYPES, POISON, assert_outputs_close, assert_state_exact, b
                      cumulative, make_state, randn)
 
 SIM = cuda_devices.simulating()
-pytestmark = pytest.mark.skipif(not cuda_devices.devices(),
-                                reason=f"no CUDA device: {cuda_devices.why_unavailable()}")
+SYCL_HIDDEN = os.environ.get("JITCONV_TEST_HIDE_SYCL") == "1"
 DIM = 12 if SIM else 136
-GPU_ONLY = pytest.mark.skipif(SIM, reason="needs a GPU (the simulator has no CUDA graphs "
-                                          "and no driver launches)")
+GPU_ONLY = pytest.mark.skipif(SIM or not cuda_devices.devices(),
+                              reason="needs a GPU (the simulator has no CUDA graphs and no "
+                                     "driver launches)")
 KINDS = ("decode", "spec", "mixed", "prefill")
 
 
+@pytest.fixture(scope="module", params=["sycl", "cuda"])
+def device(request):
+    """The torch device of a backend's tensors: "cpu" for the SYCL device under test
+    (tensors made by ``put``: USM memory), the CUDA device (or the simulator's "cpu")."""
+    if request.param == "cuda":
+        if not cuda_devices.devices():
+            pytest.skip(f"no CUDA device: {cuda_devices.why_unavailable()}")
+        name = jitconv.set_device(cuda_devices.devices()[0])
+        return cuda_devices.torch_device(name)
+    if SYCL_HIDDEN or SIM:
+        pytest.skip("SYCL device plans: not in the CUDA simulator's run (SYCL hidden)")
+    jitconv.set_device(request.getfixturevalue("sycl_device"))
+    return torch.device("cpu")
+
+
 @pytest.fixture(scope="module")
-def device():
+def cuda_device():
     name = jitconv.set_device(cuda_devices.devices()[0])
     return cuda_devices.torch_device(name)
+
+
+def put(t, device):
+    """``t`` on ``device``: for the SYCL device a copy in USM memory (zero-copy for the
+    kernels), strides kept."""
+    if device.type != "cpu" or SIM:
+        return t.to(device)
+    base = jitconv.empty((t.untyped_storage().nbytes() // t.element_size(),), t.dtype)
+    u = base.as_strided(t.shape, t.stride(), t.storage_offset())
+    u.copy_(t)
+    return u
+
+
+def full(shape, value, dtype, device):
+    return put(torch.full(shape, value, dtype=dtype), device)
 
 
 def random_metadata(gen, kind, num_seqs, num_tokens, num_lines, state_len, width,
@@ -97,8 +131,7 @@ def reference_of(md, data, activation="silu"):
 def layer(gen, dtype, num_tokens, num_lines, state_len, width, device, layout="SD"):
     data = (randn(gen, (num_tokens, DIM), dtype), randn(gen, (DIM, width), dtype),
             randn(gen, (DIM,), dtype), make_state(gen, num_lines, DIM, state_len, dtype, layout))
-    return tuple(t.to(device) if t is not None else None for t in data[:3]) + \
-        (data[3].to(device),)
+    return tuple(put(t, device) for t in data)
 
 
 def run_checked(plan, data, md, dtype):
@@ -106,7 +139,7 @@ def run_checked(plan, data, md, dtype):
     dtype's tolerance, every cache line bit-exact, touched or not)."""
     x, w, b, state = data
     want_out, want_state = reference_of(md, (x, w, b, state))
-    out = torch.full(tuple(x.shape), POISON, dtype=dtype, device=x.device)
+    out = full(tuple(x.shape), POISON, dtype, x.device)
     got = plan.run(x, w, b, state, out=out)
     assert got is out
     assert_outputs_close(out, want_out, dtype)
@@ -128,7 +161,7 @@ def test_runs_follow_rewritten_metadata(device, kind, dtype_name, declared):
     state_len = 3 + (max_len or 5) if kind in ("spec", "mixed") else 6
     gen = torch.Generator().manual_seed(7 + len(kind) + declared)
     md = random_metadata(gen, kind, nseq, num_tokens, num_lines, state_len, width, max_len)
-    live = {k: v.to(device) for k, v in md.items()}
+    live = {k: put(v, device) for k, v in md.items()}
     plan = jitconv.device_plan(num_tokens, num_lines, state_len, width, max_query_len=max_len,
                                **live)
     assert plan.one_slot == (declared or kind == "decode")  # a decode step: 1 token each
@@ -147,7 +180,7 @@ def test_runs_follow_rewritten_metadata(device, kind, dtype_name, declared):
 def test_widths_and_layouts(device, width):
     gen = torch.Generator().manual_seed(width)
     md = random_metadata(gen, "mixed", 4, 30, 12, width - 1 + 6, width)
-    live = {k: v.to(device) for k, v in md.items()}
+    live = {k: put(v, device) for k, v in md.items()}
     plan = jitconv.device_plan(30, 12, width - 1 + 6, width, **live)
     for layout in ("SD", "DS"):
         run_checked(plan, layer(gen, torch.float32, 30, 12, width + 5, width, device, layout),
@@ -160,7 +193,8 @@ def test_vllm_conventions(device):
     gen = torch.Generator().manual_seed(3)
     qsl = torch.tensor([0, 3, 3, 5, 9], dtype=torch.int32)
     lines = torch.tensor([4, 6, 0, 2], dtype=torch.int32)  # line 0: vLLM's null block
-    md = dict(non_spec_query_start_loc=qsl.to(device), non_spec_state_indices=lines.to(device))
+    md = dict(non_spec_query_start_loc=put(qsl, device),
+              non_spec_state_indices=put(lines, device))
     plan = jitconv.device_plan(12, 8, 3, 4, null_block_id=0, skip_empty=True, **md)
     data = layer(gen, torch.float32, 12, 8, 3, 4, device)
     as_pads = dict(non_spec_query_start_loc=qsl,
@@ -201,7 +235,7 @@ def test_bad_values_are_flagged_and_stay_inside(device, bad, declared):
     md = random_metadata(gen, "mixed", 4, num_tokens, num_lines, state_len, width,
                          max_len=5 if declared else None, pads=0)
     spoil(md)
-    live = {k: v.to(device) for k, v in md.items()}
+    live = {k: put(v, device) for k, v in md.items()}
     plan = jitconv.device_plan(num_tokens, num_lines, state_len, width,
                                max_query_len=5 if declared else None, **live)
 
@@ -210,7 +244,7 @@ def test_bad_values_are_flagged_and_stay_inside(device, bad, declared):
         n = 1
         for s in shape:
             n *= s
-        buffer = torch.full((n + 64,), POISON, dtype=dtype, device=device)
+        buffer = full((n + 64,), POISON, dtype, device)
         return buffer[32:32 + n].view(shape), buffer
 
     x, xb = inside((num_tokens, DIM))
@@ -219,8 +253,8 @@ def test_bad_values_are_flagged_and_stay_inside(device, bad, declared):
     state, sb = inside((num_lines, state_len, DIM))
     state.copy_(randn(gen, (num_lines, state_len, DIM), torch.float32))
     before = [bits(t) for t in (xb, sb)]
-    w, b = randn(gen, (DIM, width), torch.float32).to(device), \
-        randn(gen, (DIM,), torch.float32).to(device)
+    w, b = put(randn(gen, (DIM, width), torch.float32), device), \
+        put(randn(gen, (DIM,), torch.float32), device)
     plan.run(x, w, b, state.transpose(1, 2), out=out)
     with pytest.raises(ValueError, match="bad metadata values") as raised:
         plan.check_errors()
@@ -239,8 +273,8 @@ def test_bad_values_are_flagged_and_stay_inside(device, bad, declared):
 
 def test_host_checks(device):
     """What the host can see is checked before anything runs, by name."""
-    lines = torch.tensor([1, 2], dtype=torch.int32, device=device)
-    qsl = torch.tensor([0, 1, 3], dtype=torch.int32, device=device)
+    lines = put(torch.tensor([1, 2], dtype=torch.int32), device)
+    qsl = put(torch.tensor([0, 1, 3], dtype=torch.int32), device)
     cases = [
         (dict(non_spec_state_indices=[1, 2]), TypeError, "non_spec_state_indices: a device plan"),
         (dict(non_spec_state_indices=lines.float()), TypeError, "expected dtype"),
@@ -270,10 +304,11 @@ def test_host_checks(device):
 
 
 @GPU_ONLY
-def test_graph_replays_follow_rewritten_metadata(device):
+def test_graph_replays_follow_rewritten_metadata(cuda_device):
     """A CUDA graph that captured runs of a device plan (three layers) replays them with
     the metadata the tensors hold at replay time, bit-exact against the reference for
     decode, spec verify and mixed steps."""
+    device = cuda_device
     for kind, max_len in (("decode", 1), ("spec", 4), ("mixed", None)):
         gen = torch.Generator().manual_seed(len(kind))
         width, num_tokens, num_lines, state_len = 4, 48, 24, 8
@@ -306,10 +341,11 @@ def test_graph_replays_follow_rewritten_metadata(device):
 
 
 @GPU_ONLY
-def test_host_plans_refuse_capture(device):
+def test_host_plans_refuse_capture(cuda_device):
     """A plan built from host values cannot follow new metadata: capturing its run is an
     error (a stale replay would write the old cache lines), and so are check_errors and
     a one-shot op whose metadata would be read back."""
+    device = cuda_device
     gen = torch.Generator().manual_seed(5)
     x, w, b, state = layer(gen, torch.float32, 3, 6, 3, 4, device)
     plan = jitconv.plan(3, 6, 3, 4, non_spec_query_start_loc=[0, 1, 2, 3],
@@ -332,10 +368,11 @@ def test_host_plans_refuse_capture(device):
 
 
 @GPU_ONLY
-def test_runs_are_remembered(device, monkeypatch):
+def test_runs_are_remembered(cuda_device, monkeypatch):
     """The second run with the same tensors goes straight to the prepared launches (no
     checks, no packing): launching.launch is not called again; a run with out=None gets
     a new output each time; different tensors are packed anew."""
+    device = cuda_device
     gen = torch.Generator().manual_seed(9)
     lines = torch.tensor([0, 3, 5], dtype=torch.int32, device=device)
     for make in (lambda: jitconv.device_plan(3, 8, 3, 4, non_spec_state_indices=lines),
@@ -364,11 +401,12 @@ def test_runs_are_remembered(device, monkeypatch):
 
 @GPU_ONLY
 @pytest.mark.parametrize("spec", [False, True])
-def test_vllm_update_keeps_metadata_on_the_device(device, monkeypatch, spec):
+def test_vllm_update_keeps_metadata_on_the_device(cuda_device, monkeypatch, spec):
     """jitconv.vllm.causal_conv1d_update with CUDA metadata takes the device path (one
     device plan for the persistent buffers, kept), writes into x as vLLM's does, equals
     the host-metadata drop-in bit for bit, and can be captured: a replay after the
     buffers are rewritten equals the host drop-in on the new values."""
+    device = cuda_device
     from jitconv import vllm as drop_in
     gen = torch.Generator().manual_seed(21 + spec)
     batch, each, num_lines, dim = 8, 4 if spec else 1, 20, DIM

@@ -263,10 +263,16 @@ def test_both_submit_paths_compute_the_contract(sycl_device, monkeypatch, path):
     assert_state_exact(step["conv_state"], ref_state)
 
 
-def test_device_plans_are_not_on_sycl_yet(sycl_device):
-    """jitconv.device_plan runs on the CUDA backend only: metadata that a SYCL device
-    would run (CPU tensors here) is refused by name, not planned on the host instead."""
-    with pytest.raises(NotImplementedError, match="non_spec_state_indices: device plans run "
-                                                  "on CUDA devices only"):
-        jitconv.device_plan(2, 4, 3, 4, non_spec_state_indices=torch.tensor(
-            [0, 1], dtype=torch.int32))
+def test_device_plan_metadata_types_without_a_planner_are_named(sycl_device, monkeypatch):
+    """Without numba-dpex, metadata whose element types no shipped planner takes (an
+    int32 / int64 mix) is refused by name, with the types that are shipped."""
+    from jitconv.backends.sycl import launching
+    monkeypatch.setattr(launching, "have_compiler", lambda: False)
+    monkeypatch.setenv("JITCONV_NO_SHIPPED_KERNELS", "0")
+    plan = jitconv.device_plan(
+        2, 4, 3, 4, non_spec_query_start_loc=jitconv.zeros((3,), torch.int64),
+        non_spec_state_indices=jitconv.zeros((2,), torch.int32))
+    x, w, state = jitconv.zeros((2, 8)), torch.randn(8, 4), jitconv.zeros((4, 8, 3))
+    with pytest.raises(launching.KernelUnavailableError,
+                       match=r"no planner for metadata of element types \('int64', 'int32'"):
+        plan.run(x, w, None, state)

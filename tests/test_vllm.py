@@ -310,6 +310,33 @@ def test_update_in_place_with_null_blocks(sycl_device, rand, dtype_name, width, 
     run_update(case, activation, dtype)
 
 
+@pytest.mark.parametrize("spec", [False, True])
+def test_update_with_pad_slot_id_as_vllm_0_32_passes_it(sycl_device, rand, spec):
+    """vLLM <= 0.32: pads are PAD_SLOT_ID (-1), passed as pad_slot_id, and line 0 is a
+    cache line like any other (no null block): pads skipped, line 0 updated."""
+    gen, rng = rand
+    case = update_case(gen, rng, form="varlen", spec=spec, x_dtype=torch.float32,
+                       state_dtype=torch.float32, width=4, pads=())
+    table = case.conv_state_indices.clone()
+    table[1, 0], table[4, 0], table[2, 0] = vllm.PAD_SLOT_ID, vllm.PAD_SLOT_ID, 0
+    case.conv_state_indices = table
+    case.ref_lines = table[:, 0].numpy().copy()  # pads -1 like the reference's; 0 is real
+    before = bits(case.state)
+    ref_out, ref_state = update_reference(case, "silu")
+    out = vllm.causal_conv1d_update(
+        case.x, case.state, case.weight, case.bias, "silu", table, case.num_accepted_tokens,
+        case.query_start_loc, case.max_query_len, pad_slot_id=vllm.PAD_SLOT_ID)
+    assert_outputs_close(out, ref_out, torch.float32)
+    assert_state_exact(case.state, ref_state)
+    assert not torch.equal(bits(case.state)[0], before[0]), "line 0 was not updated"
+    with pytest.raises(ValueError, match="cache line -1"):  # -1 is no pad without it
+        vllm.causal_conv1d_update(case.x, case.state, case.weight, case.bias, "silu", table,
+                                  case.num_accepted_tokens, case.query_start_loc)
+    with pytest.raises(TypeError, match="pad_slot_id"):
+        vllm.causal_conv1d_update(case.x, case.state, case.weight, pad_slot_id="-1",
+                                  conv_state_indices=table)
+
+
 @pytest.mark.parametrize("form", ["2d", "3d_view", "varlen"])
 def test_update_into_out_leaves_x(sycl_device, rand, form):
     case = update_case(*rand, form=form, spec=form == "varlen", x_dtype=torch.float32,

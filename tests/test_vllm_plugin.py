@@ -271,3 +271,66 @@ def test_gdn_layer_runs_on_jitconv(sycl_device, standin, whole_step, dim_first):
                          ref_out[reference["non_spec_token_indx"].numpy()], torch.float32)
     assert_state_exact(conv_state, ref_state)
     assert torch.equal(bits(conv_state)[0], before[0]), "the null block was written"
+
+
+# ------------------------------------------------------ platforms and vLLM versions
+
+def test_register_on_cuda_only_when_asked(standin, monkeypatch, caplog):
+    """A CUDA platform: nothing replaced unless JITCONV_VLLM_ON_CUDA=1; with it, the
+    CUDA checks run (this machine has no CUDA GPU: one line saying so)."""
+    import vllm.platforms as platforms
+
+    class CudaPlatform:
+        def is_xpu(self):
+            return False
+
+        def is_cuda(self):
+            return True
+    monkeypatch.setattr(platforms, "current_platform", CudaPlatform())
+    caplog.set_level(logging.INFO, logger=vllm_plugin.logger.name)
+    monkeypatch.delenv(vllm_plugin.ON_CUDA_ENV, raising=False)
+    assert vllm_plugin.register() == []
+    monkeypatch.setenv(vllm_plugin.ON_CUDA_ENV, "1")
+    assert not torch.cuda.is_available()
+    assert vllm_plugin.register() == []
+    lines = plugin_lines(caplog)
+    assert len(lines) == 2, lines
+    assert f"on CUDA only with {vllm_plugin.ON_CUDA_ENV}=1" in lines[0], lines
+    assert "torch.cuda is not available" in lines[1], lines
+
+
+def test_install_follows_the_conventions_of_vllm_0_32(sycl_device, standin, caplog):
+    """vLLM 0.32 installed: the ops installed skip pad_slot_id (-1) lines and treat line
+    0 as a cache line (no null block), as that vLLM's callers expect."""
+    import vllm
+    vllm.__version__ = "0.32.1"
+    caplog.set_level(logging.INFO, logger=vllm_plugin.logger.name)
+    assert vllm_plugin.install() == TARGET_NAMES
+    import vllm.model_executor.layers.mamba.mamba_mixer2 as mixer
+    assert mixer.causal_conv1d_update is vllm_plugin.causal_conv1d_update_pad_slot
+    assert mixer.causal_conv1d_fn is vllm_plugin.causal_conv1d_fn_pad_slot
+    assert "vLLM 0.32 conventions: pad_slot_id, no null block" in plugin_lines(caplog)[0]
+    gen = torch.Generator().manual_seed(32)
+    lines = torch.tensor([0, -1, 3, 2], dtype=torch.int32)
+    state = randn(gen, (5, DIM, WIDTH - 1), torch.float32)
+    w, b = randn(gen, (DIM, WIDTH), torch.float32), randn(gen, (DIM,), torch.float32)
+    x = randn(gen, (4, DIM), torch.float32)
+    ref_out, ref_state = causal_conv1d_reference(
+        x, w, b, state, non_spec_query_start_loc=[0, 1, 2, 3, 4],
+        non_spec_state_indices=lines, activation="silu")
+    before = bits(state)
+    out = mixer.causal_conv1d_update(x.clone(), state, w, b, "silu", lines)
+    assert_outputs_close(out, ref_out, torch.float32)
+    assert_state_exact(state, ref_state)
+    assert not torch.equal(bits(state)[0], before[0]), "line 0 was skipped"
+    # causal_conv1d_fn: one prefill sequence on line 0, one pad
+    qsl = torch.tensor([0, 3, 5], dtype=torch.int32)
+    tokens = randn(gen, (5, DIM), torch.float32)
+    fn_lines = torch.tensor([0, -1], dtype=torch.int32)
+    ref_out, ref_state = causal_conv1d_reference(
+        tokens, w, b, state, non_spec_query_start_loc=qsl, non_spec_state_indices=fn_lines,
+        has_initial_state=torch.tensor([True, True]), activation="silu")
+    out = mixer.causal_conv1d_fn(tokens.t(), w, b, state, qsl, fn_lines,
+                                 torch.tensor([True, True]))
+    assert_outputs_close(out.t(), ref_out, torch.float32)
+    assert_state_exact(state, ref_state)

@@ -58,9 +58,12 @@ class DevicePlan(StepPlan):
 
     on_device = True
 
-    def __init__(self, geometry, arrays, counts, max_len, null_line, skip_empty, device):
+    def __init__(self, geometry, arrays, counts, max_len, null_line, skip_empty, device,
+                 backend):
         self.geometry = geometry
         self.arrays = arrays  # planner.METADATA_ARRAYS name -> (tensor, element stride)
+        self.kernel_arrays = _with_placeholders(arrays)
+        self.backend = backend  # the backend of the metadata's device
         self.num_ns, self.num_sp, self.ns_implicit = counts
         self.max_len = max_len  # None: no bound
         self.null_line, self.skip_empty = null_line, skip_empty
@@ -78,10 +81,19 @@ class DevicePlan(StepPlan):
                                and "ns_accepted" not in arrays)
         self.queue = None
         self.lines = range(geometry.num_lines)  # any line may be written
+        self.written_lines = None  # so a copied conv_state is copied back whole
         self.fit = (geometry.num_tokens, geometry.num_lines, geometry.state_len,
                     geometry.width)
-        # One word per kind of bad value (planner.ERRORS), set by the planner.
-        self.errors = torch.zeros(len(planner.ERRORS), dtype=torch.int32, device=device)
+        self.planner_scalars = dict(  # the planner's scalar arguments (planner.PLAN_ARGS)
+            num_ns=self.num_ns, num_sp=self.num_sp, ns_implicit=int(self.ns_implicit),
+            has_ns_init=int("ns_init" in arrays), has_ns_accepted=int("ns_accepted" in arrays),
+            num_tokens=geometry.num_tokens, num_lines=geometry.num_lines,
+            state_len=geometry.state_len, width=geometry.width,
+            pad_line=geometry.pad_slot_id, null_line=0 if null_line is None else null_line,
+            has_null=int(null_line is not None), skip_empty=int(skip_empty),
+            max_len=geometry.num_tokens if max_len is None else max_len,
+            one_slot=int(self.one_slot), tail_first=self.tail_first,
+            blocks=planner.ROWS_WORDS, capacity=self.num_blocks)
 
     def check_errors(self) -> None:
         """Raise ValueError if a run since the last check met bad metadata values (which
@@ -90,9 +102,8 @@ class DevicePlan(StepPlan):
         if self.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             raise RuntimeError("check_errors: waits for the device, which a CUDA graph "
                                "capture does not allow; call it after the replay")
-        found = self.errors.cpu().tolist()
+        found = self.backend.read_errors(self)  # the planner's error words, cleared
         if any(found):
-            self.errors.zero_()
             kinds = "; ".join(planner.ERRORS[i] for i, v in enumerate(found) if v)
             raise ValueError(f"device plan: bad metadata values were met on the device "
                              f"and those sequences skipped (outputs zero, states "
@@ -223,11 +234,17 @@ def device_plan(num_tokens: int, num_cache_lines: int, state_len: int, width: in
         if t.device != device:
             raise ValueError(f"{name}: on {t.device}, but {tensors[0][0]} is on {device}; "
                              f"a plan's metadata lives on one device")
-    if registry.for_call(tensors[0][1]).name != "cuda":
-        raise NotImplementedError(
-            f"{tensors[0][0]}: device plans run on CUDA devices only so far (a tensor on "
-            f"{device}); on SYCL devices use jitconv.plan with the metadata's values")
+    backend = registry.for_call(tensors[0][1])
     if implicit and num_ns and max_query_len is None:
         max_query_len = 1 if not num_sp else None
     return DevicePlan(geo, arrays, (num_ns, num_sp, implicit), max_query_len, null_block_id,
-                      skip_empty, device)
+                      skip_empty, device, backend)
+
+
+def _with_placeholders(arrays):
+    """Every array of ``planner.METADATA_ARRAYS``: the given ones, and for each absent one
+    (never read: its "has_" word is 0) a given index array with stride 0. So the planner's
+    element types are those of the metadata given: all int32, or all int64, is one
+    planner kernel (and one of those the SYCL backend ships)."""
+    index = next(t for name, (t, _s) in arrays.items() if name != "ns_init")
+    return {name: arrays.get(name, (index, 0)) for name in planner.METADATA_ARRAYS}

@@ -92,6 +92,10 @@ class StepPlan:
         plan's geometry (the one-shot ops do), so a run that is not remembered does not
         check them twice."""
         backend = registry.for_call(args[0])
+        if self.on_device and backend is not self.backend:
+            raise ValueError(f"x: runs on the {backend.name} backend, but this plan's "
+                             f"metadata tensors are on {self.device}; put x, weight, bias "
+                             f"and conv_state where the metadata are")
         result, key = backend.remembered(self, args, activation, math)
         if result is not None:  # these tensors passed the checks of this geometry
             return result

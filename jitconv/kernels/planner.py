@@ -28,7 +28,7 @@ zeros, its cache line untouched) and no record ever points outside x, out or the
 state (``device_plan.DevicePlan.check_errors`` reports the words).
 
 This module imports no kernel framework: backends compile ``plan_slot`` as a device
-function (numba-cuda: ``backends/cuda/planner.py``).
+function (numba-cuda: ``backends/cuda/planner.py``; numba-dpex: ``backends/sycl/planner.py``).
 """
 
 from jitconv.api.batch import DEFAULT_BLOCK_TOKENS as BLOCK
@@ -57,45 +57,45 @@ def capacity(num_sequences, num_tokens, one_slot_per_sequence):
 
 def tail_first(num_sequences, num_tokens, one_slot_per_sequence):
     """The first slot of the tail's blocks (the last ceil(num_tokens / B) slots)."""
-    return capacity(num_sequences, num_tokens, one_slot_per_sequence) - -(-num_tokens // BLOCK)
+    return capacity(num_sequences, num_tokens, one_slot_per_sequence) - -(-num_tokens //
+                    BLOCK)
 
 
 # The planner's arguments after the slot, in order (backends build their signature and
 # their launch from this list). Metadata arrays come as (array, element stride); an
 # absent one is any valid array with its "has_" word 0.
-PLAN_ARGS = (
-    "ns_qsl", "ns_qsl_stride", "ns_lines", "ns_lines_stride", "ns_init", "ns_init_stride",
-    "ns_accepted", "ns_accepted_stride",
-    "sp_qsl", "sp_qsl_stride", "sp_lines", "sp_lines_stride", "sp_accepted",
-    "sp_accepted_stride",
+METADATA_ARRAYS = ("ns_qsl", "ns_lines", "ns_init", "ns_accepted", "sp_qsl", "sp_lines",
+                   "sp_accepted")
+PLAN_ARGS = tuple(f"{a}{part}" for a in METADATA_ARRAYS
+                  for part in ("", "_offset", "_stride")) + (
     "num_ns", "num_sp", "ns_implicit", "has_ns_init", "has_ns_accepted",
     "num_tokens", "num_lines", "state_len", "width", "pad_line", "null_line", "has_null",
     "skip_empty", "max_len", "one_slot", "tail_first",
     "tables", "blocks", "errors", "capacity",
 )
-METADATA_ARRAYS = ("ns_qsl", "ns_lines", "ns_init", "ns_accepted", "sp_qsl", "sp_lines",
-                   "sp_accepted")
 
 
-def _start_token(i, ns_qsl, ns_qsl_stride, sp_qsl, sp_qsl_stride, num_ns, ns_implicit):
+def _start_token(i, ns_qsl, ns_qsl_offset, ns_qsl_stride, sp_qsl, sp_qsl_offset,
+                 sp_qsl_stride, num_ns, ns_implicit):
     """T(i): the token slot of sequence i's first token (i may be num_ns + num_sp: the
     slot after the last token)."""
     if i <= num_ns:
         if ns_implicit:
             return i
-        return ns_qsl[i * ns_qsl_stride]
+        return ns_qsl[ns_qsl_offset + i * ns_qsl_stride]
     n_ns = num_ns
     if not ns_implicit:
-        n_ns = ns_qsl[num_ns * ns_qsl_stride]
-    return n_ns + sp_qsl[(i - num_ns) * sp_qsl_stride]
+        n_ns = ns_qsl[ns_qsl_offset + num_ns * ns_qsl_stride]
+    return n_ns + sp_qsl[sp_qsl_offset + (i - num_ns) * sp_qsl_stride]
 
 
-def plan_slot(s, ns_qsl, ns_qsl_stride, ns_lines, ns_lines_stride, ns_init, ns_init_stride,
-              ns_accepted, ns_accepted_stride, sp_qsl, sp_qsl_stride, sp_lines,
-              sp_lines_stride, sp_accepted, sp_accepted_stride, num_ns, num_sp, ns_implicit,
-              has_ns_init, has_ns_accepted, num_tokens, num_lines, state_len, width,
-              pad_line, null_line, has_null, skip_empty, max_len, one_slot, tail_first,
-              tables, blocks, errors):
+def plan_slot(s, ns_qsl, ns_qsl_offset, ns_qsl_stride, ns_lines, ns_lines_offset,
+              ns_lines_stride, ns_init, ns_init_offset, ns_init_stride, ns_accepted,
+              ns_accepted_offset, ns_accepted_stride, sp_qsl, sp_qsl_offset, sp_qsl_stride,
+              sp_lines, sp_lines_offset, sp_lines_stride, sp_accepted, sp_accepted_offset,
+              sp_accepted_stride, num_ns, num_sp, ns_implicit, has_ns_init, has_ns_accepted,
+              num_tokens, num_lines, state_len, width, pad_line, null_line, has_null,
+              skip_empty, max_len, one_slot, tail_first, tables, blocks, errors):
     """Write the record of block slot ``s`` (and, for s < P + Q, check sequence s)."""
     n_seq = num_ns + num_sp
     # Which sequence (i, block k of it) this slot holds; i = -1: the tail's block k;
@@ -111,34 +111,35 @@ def plan_slot(s, ns_qsl, ns_qsl_stride, ns_lines, ns_lines_stride, ns_init, ns_i
     elif n_seq > 0:
         lo = 0
         hi = n_seq
-        first = _start_token(0, ns_qsl, ns_qsl_stride, sp_qsl, sp_qsl_stride, num_ns,
-                             ns_implicit)
+        first = _start_token(0, ns_qsl, ns_qsl_offset, ns_qsl_stride, sp_qsl, sp_qsl_offset,
+                             sp_qsl_stride, num_ns, ns_implicit)
         if first // BLOCK <= s:
             while hi - lo > 1:
                 mid = (lo + hi) // 2
-                t_mid = _start_token(mid, ns_qsl, ns_qsl_stride, sp_qsl, sp_qsl_stride,
-                                     num_ns, ns_implicit)
+                t_mid = _start_token(mid, ns_qsl, ns_qsl_offset, ns_qsl_stride, sp_qsl,
+                                     sp_qsl_offset, sp_qsl_stride, num_ns, ns_implicit)
                 if mid + t_mid // BLOCK <= s:
                     lo = mid
                 else:
                     hi = mid
-            t_lo = _start_token(lo, ns_qsl, ns_qsl_stride, sp_qsl, sp_qsl_stride, num_ns,
-                                ns_implicit)
+            t_lo = _start_token(lo, ns_qsl, ns_qsl_offset, ns_qsl_stride, sp_qsl,
+                                sp_qsl_offset, sp_qsl_stride, num_ns, ns_implicit)
             i = lo
             k = s - (lo + t_lo // BLOCK)
 
     if s == 0:  # the parts' query_start_loc start at 0
-        if not ns_implicit and ns_qsl[0] != 0:
+        if not ns_implicit and ns_qsl[ns_qsl_offset] != 0:
             errors[E_QSL] = 1
-        if num_sp > 0 and sp_qsl[0] != 0:
+        if num_sp > 0 and sp_qsl[sp_qsl_offset] != 0:
             errors[E_QSL] = 1
     if s < n_seq and s != i:  # this slot's work-item checks sequence s too
-        _sequence(s, True, ns_qsl, ns_qsl_stride, ns_lines, ns_lines_stride, ns_init,
-                  ns_init_stride, ns_accepted, ns_accepted_stride, sp_qsl, sp_qsl_stride,
-                  sp_lines, sp_lines_stride, sp_accepted, sp_accepted_stride, num_ns,
-                  ns_implicit, has_ns_init, has_ns_accepted, num_tokens, num_lines,
-                  state_len, width, pad_line, null_line, has_null, skip_empty, max_len,
-                  errors)
+        _sequence(s, True, ns_qsl, ns_qsl_offset, ns_qsl_stride, ns_lines, ns_lines_offset,
+                  ns_lines_stride, ns_init, ns_init_offset, ns_init_stride, ns_accepted,
+                  ns_accepted_offset, ns_accepted_stride, sp_qsl, sp_qsl_offset,
+                  sp_qsl_stride, sp_lines, sp_lines_offset, sp_lines_stride, sp_accepted,
+                  sp_accepted_offset, sp_accepted_stride, num_ns, ns_implicit, has_ns_init,
+                  has_ns_accepted, num_tokens, num_lines, state_len, width, pad_line,
+                  null_line, has_null, skip_empty, max_len, errors)
 
     tok = 0
     n = 0
@@ -148,8 +149,8 @@ def plan_slot(s, ns_qsl, ns_qsl_stride, ns_lines, ns_lines_stride, ns_init, ns_i
     off = 0
     flags = FLAG_BLOCK_ROWS | FLAG_SEQ_ROWS
     if i == -1:
-        t_end = _start_token(n_seq, ns_qsl, ns_qsl_stride, sp_qsl, sp_qsl_stride, num_ns,
-                             ns_implicit)
+        t_end = _start_token(n_seq, ns_qsl, ns_qsl_offset, ns_qsl_stride, sp_qsl,
+                             sp_qsl_offset, sp_qsl_stride, num_ns, ns_implicit)
         if t_end < 0:
             t_end = num_tokens  # bad query_start_loc (flagged): no tail
         tok = t_end + k * BLOCK
@@ -159,22 +160,26 @@ def plan_slot(s, ns_qsl, ns_qsl_stride, ns_lines, ns_lines_stride, ns_init, ns_i
             tok = 0
         seq_len = n
     elif i >= 0:
-        t0, length, line, off, flags, ok = _sequence(
-            i, s == i, ns_qsl, ns_qsl_stride, ns_lines, ns_lines_stride, ns_init,
-            ns_init_stride, ns_accepted, ns_accepted_stride, sp_qsl, sp_qsl_stride,
-            sp_lines, sp_lines_stride, sp_accepted, sp_accepted_stride, num_ns,
-            ns_implicit, has_ns_init, has_ns_accepted, num_tokens, num_lines, state_len,
-            width, pad_line, null_line, has_null, skip_empty, max_len, errors)
+        t0, length, line, off, flags, ok = _sequence(i, s == i, ns_qsl, ns_qsl_offset,
+            ns_qsl_stride, ns_lines, ns_lines_offset, ns_lines_stride, ns_init,
+            ns_init_offset, ns_init_stride, ns_accepted, ns_accepted_offset,
+            ns_accepted_stride, sp_qsl, sp_qsl_offset, sp_qsl_stride, sp_lines,
+            sp_lines_offset, sp_lines_stride, sp_accepted, sp_accepted_offset,
+            sp_accepted_stride, num_ns, ns_implicit, has_ns_init, has_ns_accepted,
+            num_tokens, num_lines, state_len, width, pad_line, null_line, has_null,
+            skip_empty, max_len, errors)
         if ok:
-            blocks_of_seq = max(1, (length + BLOCK - 1) // BLOCK)
-            if one_slot:
-                blocks_of_seq = 1
+            blocks_of_seq = 1
+            if not one_slot and length > BLOCK:
+                blocks_of_seq = (length + BLOCK - 1) // BLOCK
             if k < blocks_of_seq:
                 pos = k * BLOCK
                 tok = t0 + pos
-                n = max(0, length - pos)
-                if not one_slot:
-                    n = min(BLOCK, n)
+                n = length - pos
+                if n < 0:
+                    n = 0
+                if not one_slot and n > BLOCK:
+                    n = BLOCK
                 seq_len = length
             else:
                 line = -1
@@ -191,44 +196,49 @@ def plan_slot(s, ns_qsl, ns_qsl_stride, ns_lines, ns_lines_stride, ns_init, ns_i
     tables[at + 7] = tok
 
 
-def _sequence(i, report, ns_qsl, ns_qsl_stride, ns_lines, ns_lines_stride, ns_init,
-              ns_init_stride, ns_accepted, ns_accepted_stride, sp_qsl, sp_qsl_stride,
-              sp_lines, sp_lines_stride, sp_accepted, sp_accepted_stride, num_ns,
-              ns_implicit, has_ns_init, has_ns_accepted, num_tokens, num_lines, state_len,
-              width, pad_line, null_line, has_null, skip_empty, max_len, errors):
+def _sequence(i, report, ns_qsl, ns_qsl_offset, ns_qsl_stride, ns_lines, ns_lines_offset,
+              ns_lines_stride, ns_init, ns_init_offset, ns_init_stride, ns_accepted,
+              ns_accepted_offset, ns_accepted_stride, sp_qsl, sp_qsl_offset, sp_qsl_stride,
+              sp_lines, sp_lines_offset, sp_lines_stride, sp_accepted, sp_accepted_offset,
+              sp_accepted_stride, num_ns, ns_implicit, has_ns_init, has_ns_accepted,
+              num_tokens, num_lines, state_len, width, pad_line, null_line, has_null,
+              skip_empty, max_len, errors):
     """Sequence i's (first token slot, length, cache line (-1: pad), window offset, flags,
     rows inside x), by SEMANTICS.md's rules; a bad value becomes a pad (and, with
-    ``report``, sets its error word). ``ok`` False: its rows are not inside x."""
+    ``report``, sets its error word). ``ok`` 0: its rows are not inside x. (An int, not
+    a bool: a bool in the returned tuple crashed the OpenCL CPU compiler's build of the
+    SPIR-V, runtime 2024.2.)"""
     spec = i >= num_ns
-    t0 = _start_token(i, ns_qsl, ns_qsl_stride, sp_qsl, sp_qsl_stride, num_ns, ns_implicit)
-    t1 = _start_token(i + 1, ns_qsl, ns_qsl_stride, sp_qsl, sp_qsl_stride, num_ns,
-                      ns_implicit)
+    t0 = _start_token(i, ns_qsl, ns_qsl_offset, ns_qsl_stride, sp_qsl, sp_qsl_offset,
+                      sp_qsl_stride, num_ns, ns_implicit)
+    t1 = _start_token(i + 1, ns_qsl, ns_qsl_offset, ns_qsl_stride, sp_qsl, sp_qsl_offset,
+                      sp_qsl_stride, num_ns, ns_implicit)
     length = t1 - t0
     flags = FLAG_BLOCK_ROWS | FLAG_SEQ_ROWS
     if length < 0 or t0 < 0 or t1 > num_tokens:
         if report:
             errors[E_QSL] = 1
-        return 0, 0, -1, 0, flags, False
+        return 0, 0, -1, 0, flags, 0
     if spec:
         j = i - num_ns
-        raw = sp_lines[j * sp_lines_stride]
+        raw = sp_lines[sp_lines_offset + j * sp_lines_stride]
         flags |= FLAG_SPEC | FLAG_INITIAL_STATE
     else:
-        raw = ns_lines[i * ns_lines_stride]
-        if not has_ns_init or ns_init[i * ns_init_stride] != 0:
+        raw = ns_lines[ns_lines_offset + i * ns_lines_stride]
+        if not has_ns_init or ns_init[ns_init_offset + i * ns_init_stride] != 0:
             flags |= FLAG_INITIAL_STATE
     line = raw
     if raw == pad_line or (has_null and raw == null_line) or (skip_empty and length == 0):
-        return t0, length, -1, 0, flags, True
+        return t0, length, -1, 0, flags, 1
     bad = -1
     if raw < 0 or raw >= num_lines:
         bad = E_LINE
     off = 0
     if spec or has_ns_accepted:
         if spec:
-            accepted = sp_accepted[(i - num_ns) * sp_accepted_stride]
+            accepted = sp_accepted[sp_accepted_offset + (i - num_ns) * sp_accepted_stride]
         else:
-            accepted = ns_accepted[i * ns_accepted_stride]
+            accepted = ns_accepted[ns_accepted_offset + i * ns_accepted_stride]
         if accepted < 1 or accepted - 1 + width - 1 > state_len:
             bad = E_ACCEPTED
         else:
@@ -238,5 +248,5 @@ def _sequence(i, report, ns_qsl, ns_qsl_stride, ns_lines, ns_lines_stride, ns_in
     if bad >= 0:
         if report:
             errors[bad] = 1
-        return t0, length, -1, 0, flags, True
-    return t0, length, line, off, flags, True
+        return t0, length, -1, 0, flags, 1
+    return t0, length, line, off, flags, 1

@@ -11,8 +11,8 @@ those into the core ops' arguments, so the core's validation still applies.
 and spec verify sequences) straight from vLLM's ``GDNAttentionMetadata``, in one launch.
 ``jitconv.vllm.plugin`` puts them into a vLLM XPU server.
 
-``causal_conv1d_update`` with CUDA tensors and its metadata on x's device (vLLM's call)
-leaves the metadata there: it runs a ``jitconv.device_plan`` kept per set of metadata
+``causal_conv1d_update`` with CUDA (or XPU) tensors and its metadata on x's device
+(vLLM's call) leaves the metadata there: it runs a ``jitconv.device_plan`` kept per set of metadata
 buffers, so it never waits for the device and a CUDA graph may capture it. Every other
 call reads the metadata on the host.
 
@@ -80,7 +80,8 @@ def causal_conv1d_fn(x, weight, bias, conv_states, query_start_loc, cache_indice
 def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None,
                          conv_state_indices=None, num_accepted_tokens=None,
                          query_start_loc=None, max_query_len=-1,
-                         null_block_id=NULL_BLOCK_ID, validate_data=False, out=None):
+                         null_block_id=conventions.DEFAULT, validate_data=False, out=None,
+                         pad_slot_id=None):
     """vLLM's decode / spec-verify op. x: (batch, dim) (one token each), (batch, dim,
     seqlen), or varlen (num_tokens, dim) with ``query_start_loc``. conv_state: (lines,
     dim, state_len) view. The batch is ``conv_state_indices.size(0)`` ((batch,) or
@@ -93,15 +94,19 @@ def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None,
     None, and that tensor is returned. ``max_query_len`` only sizes vLLM's Triton launch
     (jitconv takes lengths from ``query_start_loc``) and ``validate_data`` is accepted;
     both are ignored.
+
+    vLLM up to 0.32 passes ``pad_slot_id`` (PAD_SLOT_ID = -1) instead: sequences on that
+    line are skipped, and with no ``null_block_id`` given line 0 is then a cache line
+    like any other (that convention had no null block).
     """
-    null_block_id = conventions.check_skipped_id(null_block_id, "null_block_id")
+    null_block_id, pad_slot_id = conventions.skipped_ids(null_block_id, pad_slot_id)
     target = x if out is None else out
     if _on_device(x, conv_state_indices, query_start_loc, num_accepted_tokens) and \
             (out is None or (out.shape == x.shape and out.dtype == x.dtype)) and \
             x.dtype == conv_state.dtype:
         return _device_update(x, conv_state, weight, bias, activation, conv_state_indices,
                               num_accepted_tokens, query_start_loc, max_query_len,
-                              null_block_id, target)
+                              null_block_id, target, pad_slot_id)
     if out is not None:
         if tuple(out.shape) != tuple(x.shape):
             raise ValueError(f"out: expected shape {tuple(x.shape)} (same as x), got "
@@ -118,7 +123,7 @@ def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None,
         if conv_state_indices is None:
             raise ValueError("conv_state_indices: required with query_start_loc (the "
                              "batch is its size)")
-        tokens, skipped = x, (null_block_id,)
+        tokens, skipped = x, (null_block_id, pad_slot_id)
         lines = conventions.column_zero(conv_state_indices, "conv_state_indices")
         qsl = conventions.query_start_loc(query_start_loc, len(lines), "query_start_loc")
     else:
@@ -138,7 +143,8 @@ def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None,
             lines, skipped = np.arange(size), ()
         else:
             lines, skipped = conventions.column_zero(conv_state_indices,
-                                                     "conv_state_indices"), (null_block_id,)
+                                                     "conv_state_indices"), \
+                (null_block_id, pad_slot_id)
             if len(lines) > size:
                 raise ValueError(f"conv_state_indices: {len(lines)} entries (the batch), "
                                  f"but x holds only {size} sequences")
@@ -163,10 +169,10 @@ def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None,
 
 
 def _on_device(x, *metadata):
-    """Whether a drop-in call takes the device-metadata path: x a 2-D CUDA tensor and
-    every metadata argument given a tensor on its device."""
-    return (isinstance(x, torch.Tensor) and x.device.type == "cuda" and x.dim() == 2
-            and metadata[0] is not None
+    """Whether a drop-in call takes the device-metadata path: x a 2-D CUDA or XPU tensor
+    and every metadata argument given a tensor on its device."""
+    return (isinstance(x, torch.Tensor) and x.device.type in ("cuda", "xpu")
+            and x.dim() == 2 and metadata[0] is not None
             and all(m is None or (isinstance(m, torch.Tensor) and m.device == x.device)
                     for m in metadata))
 
@@ -181,7 +187,7 @@ def _describe(t):
 
 def _device_update(x, conv_state, weight, bias, activation, conv_state_indices,
                    num_accepted_tokens, query_start_loc, max_query_len, null_block_id,
-                   target):
+                   target, pad_slot_id):
     """``causal_conv1d_update`` with its metadata left on the device (never read back):
     a ``jitconv.device_plan`` per set of metadata tensors, kept (engines pass the same
     persistent buffers, or the same slices of them, at every layer and step), run on
@@ -195,11 +201,11 @@ def _device_update(x, conv_state, weight, bias, activation, conv_state_indices,
     # Keyed by the arguments as given (slices of them are new objects at every call).
     key = (_describe(conv_state_indices), _describe(query_start_loc),
            _describe(num_accepted_tokens), int(x.shape[0]), num_lines, state_len, width,
-           null_block_id, declared)
+           null_block_id, pad_slot_id, declared)
     plan = _device_plans.get(key)
     if plan is None:
         plan = _device_update_plan(x, conv_state_indices, num_accepted_tokens,
-                                   query_start_loc, declared, null_block_id,
+                                   query_start_loc, declared, null_block_id, pad_slot_id,
                                    (num_lines, state_len, width))
         if len(_device_plans) >= _DEVICE_PLANS_LIMIT:
             _device_plans.clear()
@@ -216,7 +222,7 @@ def _device_update(x, conv_state, weight, bias, activation, conv_state_indices,
 
 
 def _device_update_plan(x, conv_state_indices, num_accepted_tokens, query_start_loc,
-                        declared, null_block_id, geometry):
+                        declared, null_block_id, pad_slot_id, geometry):
     lines = conv_state_indices
     if lines.dim() == 2:
         if lines.shape[1] == 0:
@@ -238,11 +244,11 @@ def _device_update_plan(x, conv_state_indices, num_accepted_tokens, query_start_
                   num_accepted_tokens=accepted) if accepted is not None else
              dict(non_spec_query_start_loc=qsl, non_spec_state_indices=lines))
     num_lines, state_len, width = geometry
-    # Lines that are not the null block must be real cache lines: no pad id (a value no
-    # int32 line can equal).
+    # Lines that are neither the null block nor vLLM <= 0.32's pad must be real cache
+    # lines (_NO_LINE: a value no int32 line can equal).
     return device_plan(int(x.shape[0]), num_lines, state_len, width, max_query_len=declared,
-                       pad_slot_id=_NO_LINE, null_block_id=null_block_id, skip_empty=True,
-                       **parts)
+                       pad_slot_id=_NO_LINE if pad_slot_id is None else pad_slot_id,
+                       null_block_id=null_block_id, skip_empty=True, **parts)
 
 
 _NO_LINE = -(2 ** 40)

@@ -5,7 +5,9 @@ The core ops (``jitconv.causal_conv1d_*``) mark a padded sequence with ``pad_slo
 other rules, and its callers rely on them:
 
 - a sequence whose cache line equals ``null_block_id`` (NULL_BLOCK_ID = 0) is skipped:
-  no state read or write, and any number of sequences may carry it;
+  no state read or write, and any number of sequences may carry it; vLLM up to 0.32
+  instead marked such sequences with ``pad_slot_id`` (PAD_SLOT_ID = -1), line 0 being a
+  cache line like any other (``skipped_ids``);
 - a sequence with zero tokens is skipped (state untouched);
 - ``causal_conv1d_update`` takes its batch from ``conv_state_indices``: a longer
   ``query_start_loc`` (FULL-graph padding repeats its last value), a longer
@@ -87,6 +89,20 @@ def leading_rows(count, num_rows, name):
     if count > num_rows:
         raise ValueError(f"{name}: covers {count} tokens, but x has only {num_rows} rows")
     return None if count == num_rows else np.arange(count)
+
+
+DEFAULT = object()  # causal_conv1d_update's null_block_id when the caller gives none
+
+
+def skipped_ids(null_block_id, pad_slot_id):
+    """(null_block_id, pad_slot_id) of a ``causal_conv1d_update`` call, checked. vLLM 0.33
+    passes null_block_id (default NULL_BLOCK_ID); vLLM up to 0.32 passed pad_slot_id
+    (PAD_SLOT_ID) and knew no null block, so with pad_slot_id given and null_block_id not,
+    no line is the null block."""
+    if null_block_id is DEFAULT:
+        null_block_id = NULL_BLOCK_ID if pad_slot_id is None else None
+    return (check_skipped_id(null_block_id, "null_block_id"),
+            check_skipped_id(pad_slot_id, "pad_slot_id"))
 
 
 def check_skipped_id(value, name):

@@ -1,14 +1,20 @@
-"""A vLLM plugin that puts jitconv's conv into a vLLM XPU server.
+"""A vLLM plugin that puts jitconv's conv into a vLLM XPU server (and, opted in, a CUDA one).
 
 Installed with jitconv as the entry point ``jitconv = jitconv.vllm.plugin:register`` of
 the ``vllm.general_plugins`` group (setup.cfg), which vLLM calls in every process it
-starts. On XPU only (torch.xpu available and vLLM's current platform XPU), ``register``
-replaces vLLM's Triton conv ops, ``causal_conv1d_fn`` and ``causal_conv1d_update``, by
+starts. On XPU (torch.xpu available and vLLM's current platform XPU), and on CUDA when
+``JITCONV_VLLM_ON_CUDA=1`` is set (torch.cuda available, vLLM's platform CUDA, numba-cuda
+installed), ``register`` replaces vLLM's Triton conv ops, ``causal_conv1d_fn`` and ``causal_conv1d_update``, by
 ``jitconv.vllm``'s: in the ops module itself (for modules imported later) and in the
 module globals of the layers that imported them already (``TARGETS``: the GDN layers
 and the Mamba mixers). A name is replaced only while it still holds vLLM's own op. One
-log line says what was replaced; when the platform is not XPU or the targets are
-missing, one log line says so and nothing is touched.
+log line says what was replaced; when the platform is not one of those or the targets
+are missing, one log line says so and nothing is touched.
+
+The replacements follow the batch conventions of the installed vLLM (``vllm_version``):
+0.33 and later pass ``null_block_id`` (line 0 is the null block); up to 0.32 vLLM passed
+``pad_slot_id`` (-1) and had no null block, so there ``causal_conv1d_fn`` skips no line 0
+and ``causal_conv1d_update`` skips lines equal to PAD_SLOT_ID unless told otherwise.
 
 Opt-in whole-step mode (``JITCONV_VLLM_WHOLE_STEP=1``): the Qwen GDN layer's
 ``_forward_core`` first runs the conv of the whole step through
@@ -22,6 +28,7 @@ import functools
 import importlib
 import logging
 import os
+import sys
 
 from jitconv import vllm as drop_ins
 
@@ -40,6 +47,8 @@ TARGETS = (
 )
 OP_NAMES = ("causal_conv1d_fn", "causal_conv1d_update")
 WHOLE_STEP_ENV = "JITCONV_VLLM_WHOLE_STEP"
+ON_CUDA_ENV = "JITCONV_VLLM_ON_CUDA"
+NULL_BLOCK_SINCE = (0, 33)  # the first vLLM whose conv ops take null_block_id
 
 # Set while a GDN layer runs on a conv the whole-step mode has already done.
 _conv_done = contextvars.ContextVar("jitconv_conv_done", default=False)
@@ -47,26 +56,53 @@ _conv_done = contextvars.ContextVar("jitconv_conv_done", default=False)
 
 def register():
     """vLLM's entry point. Returns the names replaced (empty when nothing was)."""
-    problem = xpu_problem()
+    problem = platform_problem(on_cuda=os.environ.get(ON_CUDA_ENV, "0") == "1")
     if problem is not None:
         logger.info("jitconv: %s; vLLM's conv ops left as they are", problem)
         return []
     return install(whole_step=os.environ.get(WHOLE_STEP_ENV, "0") == "1")
 
 
-def xpu_problem():
-    """Why this process is not an XPU one (None when it is): vLLM's current platform
-    must be XPU and torch.xpu available."""
+def platform_problem(on_cuda=False):
+    """Why jitconv does not replace the ops in this process (None when it does): vLLM's
+    current platform must be XPU with torch.xpu available, or, with ``on_cuda``, CUDA
+    with torch.cuda available and numba-cuda installed."""
     try:
         from vllm.platforms import current_platform
     except ImportError as exc:
         return f"vllm.platforms cannot be imported ({exc})"
-    if not current_platform.is_xpu():
-        return f"vLLM's platform is {type(current_platform).__name__}, not XPU"
     import torch
-    if not (hasattr(torch, "xpu") and torch.xpu.is_available()):
-        return "torch.xpu is not available"
+    name = type(current_platform).__name__
+    if current_platform.is_xpu():
+        if not (hasattr(torch, "xpu") and torch.xpu.is_available()):
+            return "torch.xpu is not available"
+        return None
+    is_cuda = getattr(current_platform, "is_cuda", None)
+    if not (is_cuda is not None and is_cuda()):
+        return f"vLLM's platform is {name}, not XPU or CUDA"
+    if not on_cuda:
+        return f"vLLM's platform is {name}: on CUDA only with {ON_CUDA_ENV}=1"
+    if not torch.cuda.is_available():
+        return "torch.cuda is not available"
+    from jitconv.backends.cuda.devices import have_numba_cuda
+    if not have_numba_cuda():
+        return "numba-cuda is not installed (pip install 'jitconv[cuda]')"
     return None
+
+
+def vllm_version():
+    """(major, minor) of the vLLM in this process (``vllm.__version__``, else its
+    distribution's version), or None when neither says."""
+    import importlib.metadata
+    import re
+    text = getattr(sys.modules.get("vllm"), "__version__", None)
+    if not text:
+        try:
+            text = importlib.metadata.version("vllm")
+        except importlib.metadata.PackageNotFoundError:
+            return None
+    found = re.match(r"(\d+)\.(\d+)", str(text))
+    return (int(found.group(1)), int(found.group(2))) if found else None
 
 
 def install(whole_step=False):
@@ -78,9 +114,15 @@ def install(whole_step=False):
     except (ImportError, AttributeError) as exc:
         logger.info("jitconv: vLLM's conv ops not found (%s); nothing replaced", exc)
         return []
-    ours = {"causal_conv1d_fn": causal_conv1d_fn,
-            "causal_conv1d_update": causal_conv1d_update}
-    if any(originals[name] is ours[name] for name in OP_NAMES):
+    version = vllm_version()
+    legacy = version is not None and version < NULL_BLOCK_SINCE
+    ours = ({"causal_conv1d_fn": causal_conv1d_fn_pad_slot,
+             "causal_conv1d_update": causal_conv1d_update_pad_slot} if legacy else
+            {"causal_conv1d_fn": causal_conv1d_fn,
+             "causal_conv1d_update": causal_conv1d_update})
+    every = (causal_conv1d_fn, causal_conv1d_update, causal_conv1d_fn_pad_slot,
+             causal_conv1d_update_pad_slot)
+    if any(originals[name] in every for name in OP_NAMES):
         logger.info("jitconv: vLLM's conv ops are jitconv's already; nothing to do")
         return []
     # Import every target before patching: one imported afterwards would bind our ops
@@ -102,8 +144,10 @@ def install(whole_step=False):
         replaced += [whole] if whole else []
     if replaced == [f"{OPS_MODULE}.{name}" for name in OP_NAMES]:
         missing.insert(0, "no layer module uses them")
-    logger.info("jitconv: replaced %s%s", ", ".join(replaced),
-                f"; not found: {', '.join(missing)}" if missing else "")
+    convention = "pad_slot_id, no null block" if legacy else "null block 0"
+    where = "unknown" if version is None else ".".join(map(str, version))
+    logger.info("jitconv: replaced %s%s (vLLM %s conventions: %s)", ", ".join(replaced),
+                f"; not found: {', '.join(missing)}" if missing else "", where, convention)
     return replaced
 
 
@@ -125,6 +169,20 @@ def causal_conv1d_update(x, *args, **kwargs):
         out.copy_(x)
         return out
     return drop_ins.causal_conv1d_update(x, *args, **kwargs)
+
+
+def causal_conv1d_fn_pad_slot(x, *args, **kwargs):
+    """``causal_conv1d_fn`` for vLLM up to 0.32: no null block (line 0 is a cache line),
+    lines equal to pad_slot_id skipped."""
+    kwargs.setdefault("null_block_id", None)
+    return causal_conv1d_fn(x, *args, **kwargs)
+
+
+def causal_conv1d_update_pad_slot(x, *args, **kwargs):
+    """``causal_conv1d_update`` for vLLM up to 0.32: lines equal to pad_slot_id
+    (PAD_SLOT_ID when not given) skipped, no null block."""
+    kwargs.setdefault("pad_slot_id", drop_ins.PAD_SLOT_ID)
+    return causal_conv1d_update(x, *args, **kwargs)
 
 
 def _install_whole_step():

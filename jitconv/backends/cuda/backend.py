@@ -53,6 +53,10 @@ class CudaBackend:
                          launch.key if launch.zero_copy else None, launch.out is None)
 
 
+    def read_errors(self, plan):
+        return launching.read_errors(plan)
+
+
 try:  # torch's own test, without making a Stream object
     _capturing = torch._C._cuda_isCurrentStreamCapturing
 except AttributeError:  # pragma: no cover

@@ -373,27 +373,36 @@ def remembered(plan, key):
     return None if runs is None else runs.get(key)
 
 
+def errors_of(plan, sim=False):
+    """A device plan's error words (``planner.ERRORS``): an int32 tensor on its device."""
+    def make():
+        return torch.zeros(len(planner.ERRORS), dtype=torch.int32,
+                           device="cpu" if sim else plan.device)
+    return _once_per_plan(plan, "errors", make)
+
+
+def read_errors(plan):
+    """The error words the planner set (waits for the device), cleared."""
+    state = _plan_state(plan).get("errors")
+    if state is None:
+        return [0] * len(planner.ERRORS)
+    found = state.cpu().tolist()
+    if any(found):
+        state.zero_()
+    return found
+
+
 def _planner_launch(plan, tables, sim):
     """(kernel, args, grid, block) of a device plan's planner writing ``tables``."""
-    geo = plan.geometry
     values, types_ = {}, []
-    placeholder = plan.errors  # any valid int32 memory for an absent array
     for name in planner.METADATA_ARRAYS:
-        t, stride = plan.arrays.get(name, (placeholder, 0))
+        t, stride = plan.kernel_arrays[name]
         types_.append("uint8" if t.dtype == torch.bool else str(t.dtype).split(".")[-1])
-        values[name], values[name + "_stride"] = _as_kernel_arg(t, sim), stride
-    bound = plan.max_len if plan.max_len is not None else geo.num_tokens
-    values.update(
-        num_ns=plan.num_ns, num_sp=plan.num_sp, ns_implicit=int(plan.ns_implicit),
-        has_ns_init=int("ns_init" in plan.arrays),
-        has_ns_accepted=int("ns_accepted" in plan.arrays),
-        num_tokens=geo.num_tokens, num_lines=geo.num_lines, state_len=geo.state_len,
-        width=geo.width, pad_line=geo.pad_slot_id,
-        null_line=plan.null_line if plan.null_line is not None else 0,
-        has_null=int(plan.null_line is not None), skip_empty=int(plan.skip_empty),
-        max_len=bound, one_slot=int(plan.one_slot), tail_first=plan.tail_first,
-        tables=tables, blocks=planner.ROWS_WORDS, errors=_as_kernel_arg(plan.errors, sim),
-        capacity=plan.num_blocks)
+        # the kernel's pointer is the first element's: no offset
+        values[name], values[name + "_offset"] = _as_kernel_arg(t, sim), 0
+        values[name + "_stride"] = stride if name in plan.arrays else 0
+    values.update(plan.planner_scalars, tables=tables,
+                  errors=_as_kernel_arg(errors_of(plan, sim), sim))
     from jitconv.backends.cuda import planner as cuda_planner  # numba-cuda
     grid, block = cuda_planner.launch_shape(plan.num_blocks)
     return (cuda_planner.get_planner(tuple(types_)),

@@ -48,10 +48,6 @@ class SyclBackend:
         return None, key
 
     def launch(self, plan, launch):
-        if plan.on_device:
-            raise NotImplementedError("x: a SYCL tensor, but this plan reads its metadata on "
-                                      "the device, which only the CUDA backend does so far; "
-                                      "use jitconv.plan with the metadata's values")
         x, weight, bias, conv_state, out, target = launch[:6]
         queue = self._queue(plan, x)
         views, write_backs = {}, []
@@ -77,10 +73,11 @@ class SyclBackend:
         if not wait:
             tables.mark_unwaited(plan)
         dim = int(views["x"].shape[1])
+        table_args, after = tables.for_run(plan, queue)
         kernel, values, grid = launching.submit_conv(
-            queue, plan.geometry.width, launch.dtype, views, tables.tables_on(plan, queue),
-            plan.num_blocks, dim, has_bias=bias is not None, silu=launch.silu,
-            fast=fast_silu(launch.dtype, launch.math), wait=wait)
+            queue, plan.geometry.width, launch.dtype, views, table_args, plan.num_blocks,
+            dim, has_bias=bias is not None, silu=launch.silu,
+            fast=fast_silu(launch.dtype, launch.math), wait=wait, after=after)
         for wb in write_backs:
             wb()
         # Only zero-copy launches are remembered: a copy is new memory on every run.
@@ -89,6 +86,11 @@ class SyclBackend:
             run_cache.remember(launch.key, (x, weight, bias, conv_state, out), views,
                                launch.extents, plan, kernel, queue, values, grid[1], wait,
                                launch.dtype)
+
+
+    def read_errors(self, plan):
+        from jitconv.backends.sycl import planner
+        return planner.read_errors(plan)
 
 
 BACKEND = SyclBackend()

@@ -48,6 +48,8 @@ _PACKAGE_DIR = Path(__file__).resolve().parents[2]  # jitconv/
 # The modules that turn the generated source into SPIR-V: the SYCL codegen (numba-dpex
 # intrinsics: fdiv, native_exp, word reads, row accesses) and the fp16/bf16 conversions.
 CODEGEN_FILES = ("backends/sycl/kernels.py", "kernels/bit_conversions.py")
+# The device planner's: its logic and the SYCL kernel around it.
+PLANNER_FILES = ("kernels/planner.py", "backends/sycl/planner.py")
 FORMAT = 1  # bump when the entry format changes
 
 
@@ -82,8 +84,9 @@ def shipped_files():
     """The entry files the package should carry: one .spv and .json per supported
     specialization (``specializations``), named by the current key (silu's math: the
     default of each dtype)."""
-    return sorted(f"{key(*spec)}{suffix}" for spec in specializations()
-                  for suffix in (".json", ".spv"))
+    keys = [key(*spec) for spec in specializations()]
+    keys += [planner_key(types) for types in planner_specializations()]
+    return sorted(f"{k}{suffix}" for k in keys for suffix in (".json", ".spv"))
 
 
 def specializations():
@@ -111,11 +114,11 @@ def _abi():
 
 
 @functools.lru_cache(maxsize=None)
-def _code_fingerprint():
-    """SHA-256 of the code of CODEGEN_FILES: their syntax trees without docstrings (and
-    so without comments), immune to edits of either."""
+def _code_fingerprint(files=CODEGEN_FILES):
+    """SHA-256 of the code of ``files`` (paths under jitconv/): their syntax trees without
+    docstrings (and so without comments), immune to edits of either."""
     h = hashlib.sha256()
-    for name in CODEGEN_FILES:
+    for name in files:
         tree = ast.parse((_PACKAGE_DIR / name).read_text())
         for node in ast.walk(tree):
             body = getattr(node, "body", None)
@@ -139,13 +142,49 @@ def key(width, dtype_name, wide=False, fast=None):
 
 
 
+def planner_key(element_types):
+    """Hash of everything that changes the device planner's SPIR-V
+    (``backends/sycl/planner.py``): the element types of its metadata arrays, its
+    argument list and the code of the modules it is made from (PLANNER_FILES)."""
+    h = hashlib.sha256(json.dumps([FORMAT, __version__, _planner_abi(element_types),
+                                   _code_fingerprint(PLANNER_FILES)]).encode())
+    # named by the cache lines' and the flags' types (the hash covers every array's)
+    return f"planner_{element_types[1]}_{element_types[2]}_{h.hexdigest()[:20]}"
+
+
+def _planner_abi(element_types):
+    from jitconv.kernels.planner import PLAN_ARGS
+    return [list(PLAN_ARGS), list(element_types)]
+
+
+def planner_specializations():
+    """Element types (``planner.METADATA_ARRAYS`` order) of the planners the package
+    ships: every array int32, or every array int64, the initial-state flags either of
+    that type or one byte (bool / uint8). Other mixes are compiled where numba-dpex is
+    installed."""
+    from jitconv.kernels.planner import METADATA_ARRAYS
+    found = []
+    for index in ("int32", "int64"):
+        for flags in ("uint8", index):
+            found.append(tuple(flags if a == "ns_init" else index for a in METADATA_ARRAYS))
+    return found
+
+
 rejected = []  # (path, reason) of entries ignored in this process
 
 
 def load(width, dtype_name, wide=False, fast=None):
     """(spirv bytes, kernel name, path) of a valid entry, or None. Stale entries are
     recorded in ``rejected`` and ignored."""
-    k = key(width, dtype_name, wide, fast)
+    return _load(key(width, dtype_name, wide, fast), _abi())
+
+
+def load_planner(element_types):
+    """``load`` for the device planner of these element types."""
+    return _load(planner_key(element_types), _planner_abi(element_types))
+
+
+def _load(k, abi):
     # The compiler's versions are checked here rather than hashed into the key: an
     # environment without numba-dpex must still find the entries shipped for it. numba
     # alone is not a compiler of ours (vLLM installs numba, never numba-dpex): its
@@ -160,7 +199,7 @@ def load(width, dtype_name, wide=False, fast=None):
         try:
             meta = json.loads(meta_path.read_text())
             spirv = spv_path.read_bytes()
-            if meta.get("format") != FORMAT or meta.get("abi") != _abi():
+            if meta.get("format") != FORMAT or meta.get("abi") != abi:
                 problem = "format or argument layout differs"
             elif hashlib.sha256(spirv).hexdigest() != meta.get("sha256"):
                 problem = "checksum mismatch (corrupt SPIR-V)"
@@ -180,16 +219,24 @@ def load(width, dtype_name, wide=False, fast=None):
 def store(width, dtype_name, spirv, kernel_name, directory=None, wide=False, fast=None):
     """Write an entry atomically (a concurrent reader sees the old state or the new one,
     never half a file). Returns the path of the SPIR-V file."""
+    fast = fast_silu(dtype_name) if fast is None else fast
+    meta = {"width": width, "dtype": dtype_name, "wide": wide, "fast": fast, "abi": _abi()}
+    return _store(key(width, dtype_name, wide, fast), meta, spirv, kernel_name, directory)
+
+
+def store_planner(element_types, spirv, kernel_name, directory=None):
+    """``store`` for the device planner of these element types."""
+    meta = {"planner": list(element_types), "abi": _planner_abi(element_types)}
+    return _store(planner_key(element_types), meta, spirv, kernel_name, directory)
+
+
+def _store(k, meta, spirv, kernel_name, directory):
     directory = Path(directory) if directory else cache_dir()
     if directory is None:
         raise OSError("no cache directory (no home directory; JITCONV_CACHE_DIR unset)")
     directory.mkdir(parents=True, exist_ok=True)
-    fast = fast_silu(dtype_name) if fast is None else fast
-    k = key(width, dtype_name, wide, fast)
-    meta = {"format": FORMAT, "kernel_name": kernel_name, "width": width,
-            "dtype": dtype_name, "wide": wide, "fast": fast, "abi": _abi(),
-            "sha256": hashlib.sha256(spirv).hexdigest(),
-            **compiler_versions()}
+    meta = {"format": FORMAT, "kernel_name": kernel_name, **meta,
+            "sha256": hashlib.sha256(spirv).hexdigest(), **compiler_versions()}
     # SPIR-V first, metadata last: an entry without metadata is never read.
     for suffix, data in ((".spv", spirv), (".json", json.dumps(meta, indent=1).encode())):
         fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{k}", suffix=suffix)

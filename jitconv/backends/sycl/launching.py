@@ -273,13 +273,14 @@ def _pack(views, tables, has_bias, silu):
 
 
 def submit_conv(queue, width, dtype_name, views, tables, num_blocks, dim, *, has_bias,
-                silu, fast=None, wait=True):
+                silu, fast=None, wait=True, after=None):
     """Pack the conv kernel's arguments (kernel_abi.CONV_ARGS, in order) and submit it
     over (num_blocks, dim / C) work-items on ``queue`` (C channels per work-item: 1, or
     the wide kernel's where ``wide_fits``); wait for it when ``wait``.
 
     views: "x", "out", "weight", "bias", "conv_state" -> bridge.DeviceView in memory of
-    the queue's context; tables: the plan's ``table_args``. Returns (kernel, values,
+    the queue's context; tables: the plan's ``table_args``; after: as in
+    ``submit_packed``. Returns (kernel, values,
     grid): what ``submit_packed`` needs to submit the same launch again.
     """
     wide = wide_fits(views, dim, dtype_name)
@@ -287,7 +288,7 @@ def submit_conv(queue, width, dtype_name, views, tables, num_blocks, dim, *, has
     values = _pack(views, tables, has_bias, silu)
     # SYCL order (slowest first): the kernel's get_id(0) is the last, fastest dimension.
     grid = (int(num_blocks), int(dim) // WIDE_CHANNELS[dtype_name] if wide else int(dim))
-    submit_packed(kernel, queue, values, grid, wait)
+    submit_packed(kernel, queue, values, grid, wait, after)
     return kernel, values, grid
 
 
@@ -297,10 +298,11 @@ def can_resubmit():
     return _c_submit is not None
 
 
-def addresses(values):
-    """``values`` with each USM memory object replaced by its address (an int)."""
+def addresses(values, pointers=_POINTERS):
+    """``values`` with each USM memory object replaced by its address (an int);
+    ``pointers``: which values are USM pointers (the conv kernel's by default)."""
     return [v._pointer if p and v.__class__ is not int else v
-            for v, p in zip(values, _POINTERS)]
+            for v, p in zip(values, pointers)]
 
 
 # Where each argument of CONV_ARGS starts among the packed parameters.
@@ -330,25 +332,44 @@ def set_out(values, address, shape):
     values[first:first + len(packed)] = packed
 
 
-def submit_packed(kernel, queue, values, grid, wait):
+def submit_packed(kernel, queue, values, grid, wait, after=None):
     """Submit the conv kernel with packed parameters (from ``_pack``: USM memory objects
-    or, on the C path, plain addresses where a pointer goes) over ``grid``."""
+    or, on the C path, plain addresses where a pointer goes) over ``grid``; ``after``:
+    an event of ``submit_planner`` that the kernel must wait for (consumed)."""
     if device_check.refused_any():  # a device failed its check: launch nothing there
         refused = device_check.refusal(queue.sycl_device.filter_string)
         if refused is not None:
             raise refused
     sink = getattr(_recording, "events", None)
-    event = _submit(kernel, queue, values, grid, wait, keep_event=sink is not None)
+    event = _submit(kernel, queue, values, grid, wait, keep_event=sink is not None,
+                    after=after)
     if sink is not None:
         sink.append(event)
     stats["submitted"] += 1
 
 
-def _submit(kernel, queue, values, grid, wait, keep_event=False):
+def submit_planner(kernel, queue, values, pointers, slots, depend, wait=False):
+    """Submit a device plan's planner (``backends/sycl/planner.py``) over ``slots``
+    work-items. With ``depend``, returns its event for the conv launch's ``after`` (an
+    out-of-order queue does not order the two); else None."""
     if _c_submit is not None:
-        return _c_submit(kernel, queue, values, _POINTERS, grid, wait, keep_event=keep_event)
+        return _c_submit(kernel, queue, values, pointers, (slots,), wait, handle=depend)
+    args = [v if p else ctypes.c_int64(v) for v, p in zip(values, pointers)]
+    event = queue.submit(kernel, args, [slots])
+    if wait:
+        event.wait()
+    return event if depend else None
+
+
+def _submit(kernel, queue, values, grid, wait, keep_event=False, after=None):
+    if _c_submit is not None:
+        return _c_submit(kernel, queue, values, _POINTERS, grid, wait, keep_event=keep_event,
+                         after=after)
     args = [v if p else ctypes.c_int64(v) for v, p in zip(values, _POINTERS)]
-    event = queue.submit(kernel, args, list(grid))
+    if after is not None:
+        event = queue.submit(kernel, args, list(grid), dEvents=[after])
+    else:
+        event = queue.submit(kernel, args, list(grid))
     if wait:
         event.wait()
     return event
@@ -409,23 +430,33 @@ class _CSubmit:
                                        struct.Struct(f"{n}q"), where)
         return found
 
-    def __call__(self, kernel, queue, values, pointers, grid, wait, keep_event=False):
+    def __call__(self, kernel, queue, values, pointers, grid, wait, keep_event=False,
+                 handle=False, after=None):
+        """Submit; returns a dpctl.SyclEvent with ``keep_event``, the raw event handle
+        with ``handle`` (for a later call's ``after``, which deletes it), else None."""
         buf, args, types, rng, layout, where = self._slots(pointers)
         for i in where:
             if values[i].__class__ is not int:  # memory objects: their addresses
-                values = addresses(values)
+                values = addresses(values, pointers)
                 break
         for i in where:
             args[i] = values[i]
         layout.pack_into(buf, 0, *values)  # pointer slots of buf are not read
         rng[:len(grid)] = grid
+        deps, n_deps = None, 0
+        if after is not None:
+            deps, n_deps = (ctypes.c_void_p * 1)(after), 1
         event = self.submit(kernel.addressof_ref(), queue.addressof_ref(), args, types,
-                            len(pointers), rng, len(grid), None, 0)
+                            len(pointers), rng, len(grid), deps, n_deps)
+        if after is not None:
+            self.delete(after)
         if not event:
             raise RuntimeError("jitconv: the SYCL runtime refused the kernel submission "
                                "(DPCTLQueue_SubmitRange returned no event; see stderr)")
         if wait:
             self.wait(event)
+        if handle:
+            return event
         kept = None
         if keep_event:  # dpctl copies the event out of a "SyclEventRef" capsule
             import dpctl

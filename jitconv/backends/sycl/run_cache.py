@@ -132,8 +132,8 @@ class _Entry:
         """Submit the remembered launch with ``plan``'s tables: returns the output (the
         given ``out``, or a new one of x's kind), or None, having submitted nothing, when
         a new output is not aligned as the remembered kernel needs."""
-        values = launching.with_tables(self.values, tables.tables_on(plan, self.queue))
         target = out
+        after = None
         if out is None:
             # A new contiguous output of x's kind: USM memory of x's device (jitconv's
             # pool, torch XPU, or x's own library), so only its address is new. A wide
@@ -142,9 +142,12 @@ class _Entry:
             address = bridge.address_of(target)
             if address % self.align:
                 return None
+        table_args, after = tables.for_run(plan, self.queue)
+        values = launching.with_tables(self.values, table_args)
+        if out is None:
             launching.set_out(values, address, self.out_shape)
         if not self.wait:
             tables.mark_unwaited(plan)
         launching.submit_packed(self.kernel, self.queue, values,
-                                (plan.num_blocks, self.groups), self.wait)
+                                (plan.num_blocks, self.groups), self.wait, after)
         return target

@@ -46,6 +46,16 @@ def tables_on(plan, queue):
     return tables
 
 
+def for_run(plan, queue):
+    """(the conv kernel's packed tables parameters for ``plan`` on ``queue``, an event the
+    conv launch must wait for, or None): a host plan's uploaded tables; a device plan's
+    table, written now by its planner (submitted here, ``sycl.planner``)."""
+    if plan.on_device:
+        from jitconv.backends.sycl import planner
+        return planner.plan_on(plan, queue)
+    return tables_on(plan, queue), None
+
+
 def mark_unwaited(plan):
     """A kernel of ``plan`` was submitted without a wait: freeing its tables then waits
     for the queue first."""

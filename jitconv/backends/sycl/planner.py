@@ -1,0 +1,234 @@
+"""The device planner (``jitconv.kernels.planner``) on SYCL devices: compiled by numba-dpex
+to SPIR-V (kept by ``kernel_cache`` like the conv kernels, and shipped for the usual
+metadata types: ``kernel_cache.planner_specializations``), submitted over one work-item
+per block slot before each conv launch of a device plan.
+
+What a device plan keeps per SYCL queue (``_Tables``): the block-record table the
+planner writes and the conv kernel reads (USM device memory; one per queue, since runs
+on one in-order queue are ordered and on two they would race for one table) and the
+error words (``planner.ERRORS``) that ``read_errors`` reports. The metadata reach the
+planner as USM views (``bridge.to_device``): torch XPU tensors and USM CPU tensors
+(``jitconv.empty``) zero-copy, so the packed launch is kept; other CPU tensors are copied
+at every run (that copy is the read of their current values).
+"""
+
+import threading
+import types
+import weakref
+
+import numpy as np
+import torch
+
+from jitconv.backends.sycl import kernel_cache, launching
+from jitconv.kernels import planner
+from jitconv.memory import bridge
+
+_lock = threading.Lock()
+_built = {}  # (device filter, context, element types) -> dpctl SyclKernel
+_state = weakref.WeakKeyDictionary()  # plan -> {queue: _Tables}
+stats = {"compiled": 0, "built": 0}
+
+_SOURCE = """
+def jitconv_planner(item, {args}):
+    plan_slot(item.get_id(0), {call})
+"""
+_ARRAYS = planner.METADATA_ARRAYS + ("tables", "errors")
+
+
+def make_planner_kernel():
+    """``planner.plan_slot`` in a numba-dpex kernel over one work-item per slot (the
+    range is the plan's capacity exactly): copies of the module's functions whose globals
+    name their device versions."""
+    import numba_dpex as dpex
+    namespace = dict(vars(planner))
+    for name in ("_start_token", "_sequence", "plan_slot"):
+        fn = getattr(planner, name)
+        copy = types.FunctionType(fn.__code__, namespace, name, fn.__defaults__)
+        namespace[name] = dpex.device_func(copy)
+    source = _SOURCE.format(args=", ".join(planner.PLAN_ARGS),
+                            call=", ".join(planner.PLAN_ARGS[:-1]))
+    exec(compile(source, "<jitconv sycl planner>", "exec"), namespace)
+    return dpex.kernel(namespace["jitconv_planner"])
+
+
+def _signature(element_types, queue):
+    from numba import types as nt
+    from numba_dpex.core.types import DpctlSyclQueue, USMNdArray
+    from numba_dpex.core.types.kernel_api.index_space_ids import ItemType
+    qtype = DpctlSyclQueue(queue)
+    elements = dict(zip(planner.METADATA_ARRAYS, element_types), tables="int32",
+                    errors="int32")
+    args = [ItemType(1)]
+    for name in planner.PLAN_ARGS:
+        if name in elements:
+            args.append(USMNdArray(1, layout="C", dtype=getattr(nt, elements[name]),
+                                   queue=qtype))
+        else:
+            args.append(nt.int64)
+    return nt.void(*args)
+
+
+def compile_spirv(element_types, queue):
+    """(SPIR-V bytes, kernel name) of the planner for these element types."""
+    from numba.core.target_extension import target_override
+    launching._prepare_numba_dpex(queue)
+    with target_override("dpex"):
+        result = make_planner_kernel().get_compile_result(_signature(element_types, queue))
+    stats["compiled"] += 1
+    module = result.kernel_device_ir_module
+    return module.kernel_bitcode, module.kernel_name
+
+
+def compile_and_store(element_types, queue, directory=None):
+    """Compile, build and store one planner (``build-kernels``). Returns (kernel, path)."""
+    spirv, name = compile_spirv(element_types, queue)
+    kernel = launching._program(queue, spirv, name)
+    return kernel, kernel_cache.store_planner(element_types, spirv, name, directory)
+
+
+def get_planner(element_types, queue):
+    """The built planner for the queue's device and context: from this process's table,
+    the disk cache (user cache, then shipped), or a numba-dpex compile, in that order."""
+    key = (queue.sycl_device.filter_string, queue.sycl_context, element_types)
+    kernel = _built.get(key)
+    if kernel is None:
+        with _lock:
+            kernel = _built.get(key)
+            if kernel is None:
+                kernel = _built[key] = _build(element_types, queue)
+    return kernel
+
+
+def _build(element_types, queue):
+    entry = kernel_cache.load_planner(element_types)
+    if entry is not None:
+        spirv, name, _path = entry
+        stats["built"] += 1
+        return launching._program(queue, spirv, name)
+    if not launching.have_compiler():
+        shipped = [", ".join(t) for t in kernel_cache.planner_specializations()]
+        raise launching.KernelUnavailableError(
+            f"device plan: no planner for metadata of element types {element_types} "
+            f"({', '.join(planner.METADATA_ARRAYS)}) and numba-dpex is not installed to "
+            f"compile one; the package ships planners for: {'; '.join(shipped)} (pass "
+            f"the metadata as one index dtype, flags as bool or that dtype)")
+    try:
+        kernel, _path = compile_and_store(element_types, queue)
+    except OSError:  # an unwritable cache: compiled once, not cached
+        spirv, name = compile_spirv(element_types, queue)
+        kernel = launching._program(queue, spirv, name)
+    return kernel
+
+
+class _Tables:
+    """A device plan's memory on one queue: the record table (what the conv kernel's
+    ``tables`` argument is) and the error words; the planner's packed launch once its
+    metadata views are known to be zero-copy."""
+
+    def __init__(self, plan, queue):
+        import dpctl.memory as dpm
+        words = planner.ROWS_WORDS + plan.num_blocks * planner.NF
+        self.memory = dpm.MemoryUSMDevice(4 * words, queue=queue)
+        self.errors = dpm.MemoryUSMDevice(4 * len(planner.ERRORS), queue=queue)
+        self.errors.memset()
+        view = bridge.DeviceView(self.memory, 0, (words,), (1,), 4, self.memory)
+        self.table_args = launching.table_args(
+            view, dict(zip(("rows", "blocks"), (0, planner.ROWS_WORDS))))
+        self.queue = queue
+        self.launch = None  # (kernel, packed values), kept when every view is zero-copy
+
+
+def _release(where):
+    """Finalizer of a plan: its kernels may still be queued (runs do not always wait)."""
+    where.queue.wait()
+
+
+def _tables_of(plan, queue):
+    per_queue = _state.get(plan)
+    if per_queue is None:
+        with _lock:
+            per_queue = _state.setdefault(plan, {})
+    found = per_queue.get(queue)
+    if found is None:
+        with _lock:
+            found = per_queue.get(queue)
+            if found is None:
+                found = per_queue[queue] = _Tables(plan, queue)
+                weakref.finalize(plan, _release, found)
+    return found
+
+
+def _packed(plan, queue, where):
+    """(planner kernel, packed values, whether every metadata view is zero-copy)."""
+    values, views, element_types, zero_copy = {}, {}, [], True
+    for name in planner.METADATA_ARRAYS:
+        t, _stride = plan.kernel_arrays[name]
+        if t.dtype == torch.bool:
+            t = t.view(torch.uint8)
+        view, _ = bridge.to_device(t, name, False, queue)
+        zero_copy = zero_copy and not bridge.is_copy(view)
+        views[name] = view  # keeps a copy alive until the submit
+        element_types.append(str(t.dtype).split(".")[-1])
+        values[name] = launching.array_args(view)
+        stride = view.strides[0] if name in plan.arrays else 0
+        values[name + "_offset"], values[name + "_stride"] = [view.offset], [stride]
+    scalars = plan.planner_scalars
+    tables = bridge.DeviceView(where.memory, 0, (where.memory.nbytes // 4,), (1,), 4, None)
+    errors = bridge.DeviceView(where.errors, 0, (len(planner.ERRORS),), (1,), 4, None)
+    values["tables"], values["errors"] = launching.array_args(tables), \
+        launching.array_args(errors)
+    packed = []
+    for name in planner.PLAN_ARGS:
+        packed += values[name] if name in values else [scalars[name]]
+    return get_planner(tuple(element_types), queue), packed, zero_copy, views
+
+
+_POINTERS = None
+
+
+def _pointers():
+    global _POINTERS
+    if _POINTERS is None:
+        flags = []
+        for name in planner.PLAN_ARGS:
+            if name in _ARRAYS:
+                flags += [i == launching._ARRAY_POINTER for i in range(5)]
+            else:
+                flags.append(False)
+        _POINTERS = tuple(flags)
+    return _POINTERS
+
+
+def plan_on(plan, queue):
+    """Submit ``plan``'s planner on ``queue`` (not waited for). Returns (the conv
+    kernel's packed tables parameters, the planner's event to make the conv launch wait
+    for: None on an in-order queue, which orders them already)."""
+    where = _tables_of(plan, queue)
+    if where.launch is not None:
+        kernel, values = where.launch
+        return where.table_args, launching.submit_planner(
+            kernel, queue, values, _pointers(), plan.num_blocks, not queue.is_in_order)
+    kernel, values, zero_copy, views = _packed(plan, queue, where)
+    if not zero_copy:  # copies of the metadata: freed when this returns, so wait
+        launching.submit_planner(kernel, queue, values, _pointers(), plan.num_blocks, False,
+                                 wait=True)
+        del views
+        return where.table_args, None
+    if launching.can_resubmit():
+        where.launch = (kernel, launching.addresses(values, _pointers()))
+    return where.table_args, launching.submit_planner(
+        kernel, queue, values, _pointers(), plan.num_blocks, not queue.is_in_order)
+
+
+def read_errors(plan):
+    """The error words the planner set on every queue ``plan`` ran on (each word: how
+    many queues set it), cleared; waits for those queues."""
+    found = [0] * len(planner.ERRORS)
+    for where in list(_state.get(plan, {}).values()):
+        where.queue.wait()
+        words = np.frombuffer(where.errors.copy_to_host(), dtype=np.int32)
+        if words.any():
+            where.errors.memset()
+        for i, v in enumerate(words):
+            found[i] += int(v != 0)
+    return found
