@@ -1,7 +1,7 @@
 """The SYCL backend: a run's tensors as USM views on the queue the call runs on (torch
 XPU's current stream, a dpctl/dpnp array's own queue, or the current device's), one
-submit of the conv kernel, and the launch remembered for the next run with the same
-tensors (``run_cache``).
+submit of the conv kernel (for a device plan, after its planner's: ``sycl.planner``), and
+the launch remembered for the next run with the same tensors (``run_cache``).
 
 When a run waits: right after the submit it returns when the kernel's results are only
 read by later work on the same in-order queue (torch XPU tensors on torch's current stream,
@@ -86,7 +86,6 @@ class SyclBackend:
             run_cache.remember(launch.key, (x, weight, bias, conv_state, out), views,
                                launch.extents, plan, kernel, queue, values, grid[1], wait,
                                launch.dtype)
-
 
     def read_errors(self, plan):
         from jitconv.backends.sycl import planner

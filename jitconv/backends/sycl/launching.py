@@ -280,8 +280,8 @@ def submit_conv(queue, width, dtype_name, views, tables, num_blocks, dim, *, has
 
     views: "x", "out", "weight", "bias", "conv_state" -> bridge.DeviceView in memory of
     the queue's context; tables: the plan's ``table_args``; after: as in
-    ``submit_packed``. Returns (kernel, values,
-    grid): what ``submit_packed`` needs to submit the same launch again.
+    ``submit_packed``. Returns (kernel, values, grid): what ``submit_packed`` needs to
+    submit the same launch again.
     """
     wide = wide_fits(views, dim, dtype_name)
     kernel = get_conv_kernel(width, dtype_name, queue, wide, fast)

@@ -133,7 +133,6 @@ class _Entry:
         given ``out``, or a new one of x's kind), or None, having submitted nothing, when
         a new output is not aligned as the remembered kernel needs."""
         target = out
-        after = None
         if out is None:
             # A new contiguous output of x's kind: USM memory of x's device (jitconv's
             # pool, torch XPU, or x's own library), so only its address is new. A wide
