@@ -19,6 +19,7 @@ from jitconv.api.ops import (causal_conv1d_fn, causal_conv1d_mixed, causal_conv1
                   plan)
 from jitconv.api.plan import StepPlan  # noqa: E402
 from jitconv.api.device_plan import DevicePlan, device_plan  # noqa: E402
+from jitconv.api import torch_ops  # noqa: E402,F401  (registers torch.ops.jitconv.*)
 from jitconv.backends.sycl.device_check import DeviceCheckError  # noqa: E402
 # Submodules as attributes: `jitconv.vllm.gdn_conv_step` works after `import jitconv`.
 from jitconv import reference

@@ -11,6 +11,7 @@ The contract is docs/SEMANTICS.md; ``jitconv.reference`` implements it in float6
 from typing import Any, Optional
 
 import numpy as np
+import torch
 
 from jitconv.memory import bridge
 from jitconv.api import plan_cache
@@ -184,6 +185,12 @@ def causal_conv1d_fn(x: Array, weight: Array, bias: Optional[Array], conv_state:
     The exact rule is docs/SEMANTICS.md. Every argument is checked before anything is
     launched; a bad one raises an error naming it, and conv_state is left as it was.
     """
+    if torch.compiler.is_compiling():  # one custom op in the traced graph
+        from jitconv.api import torch_ops as t
+        return t.into(out, torch.ops.jitconv.causal_conv1d_fn(
+            x, weight, bias, conv_state, t.as_tensor(query_start_loc),
+            t.as_tensor(cache_indices), t.as_tensor(has_initial_state), activation,
+            int(pad_slot_id), t.as_tensor(token_indx), math))
     geo, checked = _prepare(x, weight, bias, conv_state, out, activation, math,
                            pad_slot_id)
 
@@ -227,6 +234,12 @@ def causal_conv1d_update(x: Array, weight: Array, bias: Optional[Array], conv_st
     tensor
         ``out``, or a new tensor like x.
     """
+    if torch.compiler.is_compiling():  # one custom op in the traced graph
+        from jitconv.api import torch_ops as t
+        return t.into(out, torch.ops.jitconv.causal_conv1d_update(
+            x, weight, bias, conv_state, t.as_tensor(conv_state_indices),
+            t.as_tensor(query_start_loc), t.as_tensor(num_accepted_tokens), activation,
+            int(pad_slot_id), t.as_tensor(token_indx), math))
     geo, checked = _prepare(x, weight, bias, conv_state, out, activation, math,
                            pad_slot_id)
 
@@ -303,6 +316,14 @@ def causal_conv1d_mixed(x: Array, weight: Array, bias: Optional[Array], conv_sta
 
     Keyword names follow vLLM's GDN metadata; the rule is docs/SEMANTICS.md.
     """
+    if torch.compiler.is_compiling():  # one custom op in the traced graph
+        from jitconv.api import torch_ops as t
+        return t.into(out, torch.ops.jitconv.causal_conv1d_mixed(
+            x, weight, bias, conv_state, *(t.as_tensor(m) for m in (
+                non_spec_query_start_loc, non_spec_state_indices, has_initial_state,
+                non_spec_token_indx, spec_query_start_loc, spec_state_indices,
+                spec_token_indx, num_accepted_tokens, non_spec_num_accepted_tokens)),
+            activation, int(pad_slot_id), math))
     geo, checked = _prepare(x, weight, bias, conv_state, out, activation, math,
                            pad_slot_id)
     metadata = (non_spec_query_start_loc, non_spec_state_indices, has_initial_state,

@@ -209,7 +209,9 @@ def _submits_recorded():
     runtime's submit of the same arguments alone)."""
     submitted = []
     original = launching.submit_packed
-    launching.submit_packed = lambda *args: submitted.append(args)
+    def record(kernel, queue, values, grid, wait, after=None):
+        submitted.append((kernel, queue, values, grid, wait))
+    launching.submit_packed = record
     try:
         yield submitted
     finally:

@@ -12,9 +12,10 @@ and spec verify sequences) straight from vLLM's ``GDNAttentionMetadata``, in one
 ``jitconv.vllm.plugin`` puts them into a vLLM XPU server.
 
 ``causal_conv1d_update`` with CUDA (or XPU) tensors and its metadata on x's device
-(vLLM's call) leaves the metadata there: it runs a ``jitconv.device_plan`` kept per set of metadata
-buffers, so it never waits for the device and a CUDA graph may capture it. Every other
-call reads the metadata on the host.
+(vLLM's call) leaves the metadata there: it runs a ``jitconv.device_plan`` kept per set
+of metadata buffers, so it never waits for the device and a CUDA graph may capture it.
+Every other call reads the metadata on the host. Inside torch.compile both drop-ins are
+custom ops (``jitconv.api.torch_ops``).
 
 Output rows that no sequence computes (rows of skipped sequences, rows of x beyond the
 batch) hold zeros here, also when the result is written into x; vLLM's kernels leave
@@ -56,6 +57,12 @@ def causal_conv1d_fn(x, weight, bias, conv_states, query_start_loc, cache_indice
     (dim, cu_seqlen) tensor in x's dtype. ``metadata`` only tunes vLLM's Triton launch and
     is ignored; jitconv always validates (``validate_data`` is accepted and ignored).
     """
+    if torch.compiler.is_compiling():  # one custom op in the traced graph
+        from jitconv.api import torch_ops as t
+        return torch.ops.jitconv.vllm_causal_conv1d_fn(
+            x, weight, bias, conv_states, t.as_tensor(query_start_loc),
+            t.as_tensor(cache_indices), t.as_tensor(has_initial_state),
+            _activation(activation), pad_slot_id, null_block_id)
     null_block_id = conventions.check_skipped_id(null_block_id, "null_block_id")
     pad_slot_id = conventions.check_skipped_id(pad_slot_id, "pad_slot_id")
     original_dtype = x.dtype
@@ -100,6 +107,14 @@ def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None,
     like any other (that convention had no null block).
     """
     null_block_id, pad_slot_id = conventions.skipped_ids(null_block_id, pad_slot_id)
+    if torch.compiler.is_compiling():  # one custom op in the traced graph
+        from jitconv.api import torch_ops as t
+        torch.ops.jitconv.vllm_causal_conv1d_update(
+            x, conv_state, weight, bias, _activation(activation),
+            t.as_tensor(conv_state_indices), t.as_tensor(num_accepted_tokens),
+            t.as_tensor(query_start_loc), int(max_query_len), null_block_id, pad_slot_id,
+            out)
+        return x if out is None else out
     target = x if out is None else out
     if _on_device(x, conv_state_indices, query_start_loc, num_accepted_tokens) and \
             (out is None or (out.shape == x.shape and out.dtype == x.dtype)) and \
