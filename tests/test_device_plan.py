@@ -16,7 +16,7 @@ import torch
 import jitconv
 from jitconv.backends.cuda import devices as cuda_devices
 from jitconv.backends.cuda import launching as cuda_launching
-from jitconv.kernels import planner
+from jitconv.kernels import planner, tuning
 from jitconv.reference import causal_conv1d_reference
 
 from helpers import (DTYPES, POISON, assert_outputs_close, assert_state_exact, bits,
@@ -31,28 +31,33 @@ GPU_ONLY = pytest.mark.skipif(SIM or not cuda_devices.devices(),
 KINDS = ("decode", "spec", "mixed", "prefill")
 
 
-@pytest.fixture(scope="module", params=["sycl", "cuda"])
+@pytest.fixture(scope="module", params=["sycl", "cuda", "cuda-fused"])
 def device(request):
     """The torch device of a backend's tensors: "cpu" for the SYCL device under test
-    (tensors made by ``put``: USM memory), the CUDA device (or the simulator's "cpu")."""
-    if request.param == "cuda":
+    (tensors made by ``put``: USM memory), the CUDA device (or the simulator's "cpu");
+    "cuda-fused": CUDA with the conv kernel planning its own blocks (the tuning's
+    ``fused_planner``) instead of a planner launch before it."""
+    if request.param.startswith("cuda"):
         if not cuda_devices.devices():
             pytest.skip(f"no CUDA device: {cuda_devices.why_unavailable()}")
         name = jitconv.set_device(cuda_devices.devices()[0])
-        return cuda_devices.torch_device(name)
+        with tuning.override(fused_planner=request.param == "cuda-fused"):
+            yield cuda_devices.torch_device(name)
+        return
     if SYCL_HIDDEN or SIM:
         pytest.skip("SYCL device plans: not in the CUDA simulator's run (SYCL hidden)")
     name = request.getfixturevalue("sycl_device")
     if cuda_devices.is_cuda_name(name):  # a CUDA machine without a SYCL device
         pytest.skip(f"SYCL device plans: the device under test is {name}")
     jitconv.set_device(name)
-    return torch.device("cpu")
+    yield torch.device("cpu")
 
 
-@pytest.fixture(scope="module")
-def cuda_device():
+@pytest.fixture(scope="module", params=["planner", "fused"])
+def cuda_device(request):
     name = jitconv.set_device(cuda_devices.devices()[0])
-    return cuda_devices.torch_device(name)
+    with tuning.override(fused_planner=request.param == "fused"):
+        yield cuda_devices.torch_device(name)
 
 
 def put(t, device):
@@ -462,3 +467,51 @@ def test_vllm_update_keeps_metadata_on_the_device(cuda_device, monkeypatch, spec
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(bits(x), want[0]) and torch.equal(bits(state), want[1])
+
+
+@GPU_ONLY
+def test_vllm_fn_keeps_metadata_on_the_device(cuda_device):
+    """jitconv.vllm.causal_conv1d_fn with CUDA metadata (vLLM's prefill call) takes the
+    device path: equal to the host-metadata drop-in bit for bit, and capturable, replays
+    following query_start_loc, cache lines (null block, pad) and flags rewritten in
+    place."""
+    device = cuda_device
+    from jitconv import vllm as drop_in
+    gen = torch.Generator().manual_seed(31)
+    batch, tokens, num_lines, dim, state_len = 5, 60, 16, DIM, 3
+    qsl = torch.zeros(batch + 1, dtype=torch.int32, device=device)
+    lines = torch.zeros(batch, dtype=torch.int32, device=device)
+    init = torch.zeros(batch, dtype=torch.bool, device=device)
+
+    def rewrite():
+        lengths = torch.randint(0, 12, (batch,), generator=gen)
+        qsl.copy_(cumulative([int(n) for n in lengths]).to(device))
+        lines.copy_((1 + torch.randperm(num_lines - 1, generator=gen)[:batch]).to(device))
+        lines[1], lines[3] = 0, -1  # the null block, a pad: both skipped
+        init.copy_((torch.rand(batch, generator=gen) < 0.5).to(device))
+
+    w = randn(gen, (dim, 4), torch.bfloat16).to(device)
+    b = randn(gen, (dim,), torch.bfloat16).to(device)
+    x = randn(gen, (tokens, dim), torch.bfloat16).to(device)
+    state = make_state(gen, num_lines, dim, state_len, torch.bfloat16, "SD").to(device)
+
+    def host_result():
+        ss = state.clone()
+        out = drop_in.causal_conv1d_fn(x.t(), w, b, ss, qsl.cpu(), lines.cpu(), init.cpu())
+        return bits(out), bits(ss)
+
+    rewrite()
+    want = host_result()
+    got = drop_in.causal_conv1d_fn(x.t(), w, b, state, qsl, lines, init)
+    assert got.shape == (dim, tokens)
+    assert torch.equal(bits(got), want[0]) and torch.equal(bits(state), want[1])
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = drop_in.causal_conv1d_fn(x.t(), w, b, state, qsl, lines, init)
+    for _ in range(2):
+        rewrite()
+        x.copy_(randn(gen, tuple(x.shape), torch.bfloat16))
+        want = host_result()
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(bits(captured), want[0]) and torch.equal(bits(state), want[1])

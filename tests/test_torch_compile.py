@@ -3,19 +3,43 @@ public op compiles with fullgraph=True (a graph break would raise), and the comp
 function's outputs and conv_state updates are bit-identical to eager's, on fresh random
 inputs, with untouched cache lines unchanged. Backends: "aot_eager" (tracing and
 functionalization: what decides whether the in-place state update survives) for every
-op, and inductor for one. On the SYCL device under test (torch CPU tensors)."""
+op, and inductor for one. On the SYCL device under test (torch CPU tensors) and, where
+there is one, a CUDA GPU (torch CUDA tensors; not under the simulator, which has no
+driver launches for the compiled code to make)."""
 
-import numpy as np
+import os
+
 import pytest
 import torch
 
 import jitconv
 from jitconv import vllm
+from jitconv.backends.cuda import devices as cuda_devices
 from jitconv.testing.steps import mixed_step
 
 from helpers import bits, make_state, randn
 
 DIM, WIDTH = 40, 4
+
+
+@pytest.fixture(scope="module", params=["sycl", "cuda"])
+def device(request):
+    """The torch device of the tensors: "cpu" for the SYCL device under test, or a GPU."""
+    if request.param == "cuda":
+        if cuda_devices.simulating() or not cuda_devices.devices():
+            pytest.skip("needs a CUDA GPU")
+        return cuda_devices.torch_device(jitconv.set_device(cuda_devices.devices()[0]))
+    if os.environ.get("JITCONV_TEST_HIDE_SYCL") == "1":
+        pytest.skip("SYCL hidden")
+    name = request.getfixturevalue("sycl_device")
+    if cuda_devices.is_cuda_name(name):
+        pytest.skip(f"no SYCL device (the device under test is {name})")
+    jitconv.set_device(name)
+    return torch.device("cpu")
+
+
+def on(device, tensors):
+    return [t.to(device) if isinstance(t, torch.Tensor) else t for t in tensors]
 
 
 @pytest.fixture(autouse=True)
@@ -25,10 +49,10 @@ def fresh_dynamo():
     torch._dynamo.reset()
 
 
-def both(fn, make_args, backend="aot_eager"):
-    """Run ``fn`` eagerly and compiled (fullgraph) on two copies of the same arguments;
-    return (eager args, eager result, compiled args, compiled result)."""
-    eager_args, compiled_args = make_args(), make_args()
+def both(fn, make_args, device, backend="aot_eager"):
+    """Run ``fn`` eagerly and compiled (fullgraph) on two copies of the same arguments on
+    ``device``; return (eager args, eager result, compiled args, compiled result)."""
+    eager_args, compiled_args = on(device, make_args()), on(device, make_args())
     want = fn(*eager_args)
     got = torch.compile(fn, fullgraph=True, backend=backend)(*compiled_args)
     return eager_args, want, compiled_args, got
@@ -48,11 +72,11 @@ def decode_args(dtype=torch.float32, lines=(3, 0, -1, 5)):
 
 
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
-def test_update_compiles_and_updates_the_state(sycl_device, backend):
+def test_update_compiles_and_updates_the_state(device, backend):
     def fn(x, w, b, state, lines):
         return jitconv.causal_conv1d_update(x, w, b, state, lines) * 2
 
-    ea, want, ca, got = both(fn, decode_args, backend)
+    ea, want, ca, got = both(fn, decode_args, device, backend)
     assert_same(got, want)
     assert_same(ca[3], ea[3])
     before = bits(decode_args()[3])
@@ -60,13 +84,14 @@ def test_update_compiles_and_updates_the_state(sycl_device, backend):
     assert torch.equal(bits(ca[3])[[1, 2, 4, 6, 7]], before[[1, 2, 4, 6, 7]])
 
 
-def test_fn_and_mixed_compile(sycl_device):
+def test_fn_and_mixed_compile(device):
     gen = torch.Generator().manual_seed(2)
     step = mixed_step(gen, dim=DIM, width=WIDTH, dtype=torch.float32,
                       ns_lengths=[5, 1, 3], sp_lengths=[2, 3], rows="vllm",
                       state_len=WIDTH - 1 + 2, extra_lines=2)
     data = ("x", "weight", "bias", "conv_state")
-    meta = {k: v for k, v in step.items() if k not in data}
+    meta = {k: v.to(device) if isinstance(v, torch.Tensor) else v
+            for k, v in step.items() if k not in data}
 
     def make():
         return [step[k].clone() for k in data]
@@ -74,13 +99,13 @@ def test_fn_and_mixed_compile(sycl_device):
     def mixed(x, w, b, state):
         return jitconv.causal_conv1d_mixed(x, w, b, state, **meta)
 
-    ea, want, ca, got = both(mixed, make)
+    ea, want, ca, got = both(mixed, make, device)
     assert_same(got, want)
     assert_same(ca[3], ea[3])
     assert not torch.equal(bits(ca[3]), bits(step["conv_state"]))
 
-    qsl, lines = torch.tensor([0, 4, 9], dtype=torch.int32), torch.tensor([2, 0],
-                                                                            dtype=torch.int32)
+    qsl = torch.tensor([0, 4, 9], dtype=torch.int32, device=device)
+    lines = torch.tensor([2, 0], dtype=torch.int32, device=device)
 
     def fn(x, w, b, state):
         return jitconv.causal_conv1d_fn(x, w, b, state, qsl, lines, [True, False])
@@ -90,19 +115,19 @@ def test_fn_and_mixed_compile(sycl_device):
         return [randn(g, (9, DIM), torch.float32), randn(g, (DIM, WIDTH), torch.float32),
                 None, make_state(g, 4, DIM, WIDTH - 1, torch.float32, "DS")]
 
-    ea, want, ca, got = both(fn, make_fn)
+    ea, want, ca, got = both(fn, make_fn, device)
     assert_same(got, want)
     assert_same(ca[3], ea[3])
 
 
-def test_vllm_drop_ins_compile(sycl_device):
+def test_vllm_drop_ins_compile(device):
     """The update writes into x (vLLM's convention) inside the compiled function too;
     causal_conv1d_fn returns a new (dim, tokens) tensor."""
     def update(x, w, b, state, lines):
         y = vllm.causal_conv1d_update(x, state, w, b, "silu", lines)
         return y + 1
 
-    ea, want, ca, got = both(update, lambda: decode_args(lines=(3, 0, 6, 5)))
+    ea, want, ca, got = both(update, lambda: decode_args(lines=(3, 0, 6, 5)), device)
     assert_same(got, want)
     assert_same(ca[0], ea[0])  # x written in place, as eagerly
     assert_same(ca[3], ea[3])
@@ -118,16 +143,15 @@ def test_vllm_drop_ins_compile(sycl_device):
                 torch.tensor([0, 3, 7], dtype=torch.int32),
                 torch.tensor([1, 3], dtype=torch.int32)]
 
-    ea, want, ca, got = both(fn, make_fn)
+    ea, want, ca, got = both(fn, make_fn, device)
     assert_same(got, want)
     assert_same(ca[3], ea[3])
 
 
-def test_bad_input_raises_when_compiled(sycl_device):
+def test_bad_input_raises_when_compiled(device):
     """Validation still runs (inside the op, when the compiled function runs) and names
     the argument; conv_state stays as it was."""
-    x, w, b, state, lines = decode_args()
-    lines = torch.tensor([3, 99, -1, 5], dtype=torch.int32)
+    x, w, b, state, lines = on(device, decode_args(lines=(3, 99, -1, 5)))
     before = bits(state)
 
     def fn(x, w, b, state, lines):
@@ -138,12 +162,12 @@ def test_bad_input_raises_when_compiled(sycl_device):
     assert torch.equal(bits(state), before)
 
 
-def test_ops_pass_torch_opcheck(sycl_device):
+def test_ops_pass_torch_opcheck(device):
     """torch.library.opcheck: schema (declared mutations match what the op writes), fake
     implementation against the real one, and dispatch through AOT autograd."""
-    x, w, b, state, lines = decode_args()
+    x, w, b, state, lines = on(device, decode_args())
     torch.library.opcheck(torch.ops.jitconv.causal_conv1d_update.default,
                           (x, w, b, state, lines, None, None, "silu", -1, None, None))
-    x, w, b, state, lines = decode_args(lines=(3, 0, 6, 5))
+    x, w, b, state, lines = on(device, decode_args(lines=(3, 0, 6, 5)))
     torch.library.opcheck(torch.ops.jitconv.vllm_causal_conv1d_update.default,
                           (x, state, w, b, "silu", lines, None, None, -1, 0, None, None))

@@ -42,11 +42,14 @@ import torch
 
 import jitconv
 from jitconv.bench.gpu import device_time_us, load_vllm_triton
+from jitconv.kernels import tuning
 from jitconv.reference import TOLERANCE, causal_conv1d_reference
 
 LAYERS = 36
 WORKLOADS = {"decode 64": (64, 1), "spec 64 x (1+3)": (64, 4)}
 SIDES = ("vllm triton", "jitconv drop-in", "jitconv device plan", "jitconv host plan")
+# Sides that run with other tuning values (variants, measured beside the defaults).
+VARIANTS = {"jitconv device plan (fused)": ("jitconv device plan", {"fused_planner": True})}
 
 
 class Step:
@@ -108,6 +111,8 @@ def side_calls(name, step, vt):
             jitconv.vllm.causal_conv1d_update
         return [(lambda x=x, w=w, b=b, s=s: update(x, s, w, b, "silu", **meta))
                 for x, w, b, s in step.layers], [layer[0] for layer in step.layers]
+    if name in VARIANTS:
+        return side_calls(VARIANTS[name][0], step, vt)
     if name == "jitconv device plan":
         plan = jitconv.device_plan(step.num_tokens, step.num_lines, step.state_len, 4,
                                    max_query_len=step.tokens_each, **step.plan_arguments())
@@ -191,13 +196,14 @@ def run(vllm_file, out_dir=None, dims=(8192, 2048), reps=60, steps=50, sides=SID
                     gen = torch.Generator().manual_seed(dim + seqs + tokens_each)
                     step = Step(gen, seqs, tokens_each, dim, torch.bfloat16, device)
                     calls, outs = side_calls(name, step, vt)
-                    kernel, kernels = device_time_us(calls[0], flush, reps)
-                    wall, host = eager(calls, steps)
-                    row = dict(workload=workload, dim=dim, side=name, kernel_us=kernel,
-                               eager_wall_us=wall, eager_host_us=host, kernels=kernels)
-                    if name != "jitconv host plan":
-                        row["graph_us"], row["graph_follows_metadata"] = graph(
-                            step, calls, outs, gen, steps, check=True)
+                    with tuning.override(**VARIANTS.get(name, (None, {}))[1]):
+                        kernel, kernels = device_time_us(calls[0], flush, reps)
+                        wall, host = eager(calls, steps)
+                        row = dict(workload=workload, dim=dim, side=name, kernel_us=kernel,
+                                   eager_wall_us=wall, eager_host_us=host, kernels=kernels)
+                        if name != "jitconv host plan":
+                            row["graph_us"], row["graph_follows_metadata"] = graph(
+                                step, calls, outs, gen, steps, check=True)
                     rows.append(row)
                     print(json.dumps({k: (round(v, 2) if isinstance(v, float) else v)
                                       for k, v in row.items()}), flush=True)
@@ -236,7 +242,8 @@ def main(argv=None):
     p.add_argument("--dims", default="8192,2048")
     p.add_argument("--reps", type=int, default=60)
     p.add_argument("--steps", type=int, default=50)
-    p.add_argument("--sides", default=",".join(SIDES))
+    p.add_argument("--sides", default=",".join(SIDES),
+                   help=f"comma-separated; also the variants {', '.join(VARIANTS)}")
     a = p.parse_args(argv)
     run(a.vllm_file, a.out, tuple(int(d) for d in a.dims.split(",")), a.reps, a.steps,
         tuple(a.sides.split(",")))

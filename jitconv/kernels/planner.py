@@ -73,6 +73,8 @@ PLAN_ARGS = tuple(f"{a}{part}" for a in METADATA_ARRAYS
     "skip_empty", "max_len", "one_slot", "tail_first",
     "tables", "blocks", "errors", "capacity",
 )
+# ``slot_record``'s arguments after the slot: the planner's without its table.
+RECORD_ARGS = tuple(a for a in PLAN_ARGS if a not in ("tables", "blocks", "capacity"))
 
 
 def _start_token(i, ns_qsl, ns_qsl_offset, ns_qsl_stride, sp_qsl, sp_qsl_offset,
@@ -89,14 +91,17 @@ def _start_token(i, ns_qsl, ns_qsl_offset, ns_qsl_stride, sp_qsl, sp_qsl_offset,
     return n_ns + sp_qsl[sp_qsl_offset + (i - num_ns) * sp_qsl_stride]
 
 
-def plan_slot(s, ns_qsl, ns_qsl_offset, ns_qsl_stride, ns_lines, ns_lines_offset,
-              ns_lines_stride, ns_init, ns_init_offset, ns_init_stride, ns_accepted,
-              ns_accepted_offset, ns_accepted_stride, sp_qsl, sp_qsl_offset, sp_qsl_stride,
-              sp_lines, sp_lines_offset, sp_lines_stride, sp_accepted, sp_accepted_offset,
-              sp_accepted_stride, num_ns, num_sp, ns_implicit, has_ns_init, has_ns_accepted,
-              num_tokens, num_lines, state_len, width, pad_line, null_line, has_null,
-              skip_empty, max_len, one_slot, tail_first, tables, blocks, errors):
-    """Write the record of block slot ``s`` (and, for s < P + Q, check sequence s)."""
+def slot_record(s, ns_qsl, ns_qsl_offset, ns_qsl_stride, ns_lines, ns_lines_offset,
+                ns_lines_stride, ns_init, ns_init_offset, ns_init_stride, ns_accepted,
+                ns_accepted_offset, ns_accepted_stride, sp_qsl, sp_qsl_offset,
+                sp_qsl_stride, sp_lines, sp_lines_offset, sp_lines_stride, sp_accepted,
+                sp_accepted_offset, sp_accepted_stride, num_ns, num_sp, ns_implicit,
+                has_ns_init, has_ns_accepted, num_tokens, num_lines, state_len, width,
+                pad_line, null_line, has_null, skip_empty, max_len, one_slot, tail_first,
+                errors):
+    """The record of block slot ``s`` (``abi.BLOCK_FIELDS``), and for s < P + Q the check
+    of sequence s: what the planner stores, and what a conv kernel that plans its own
+    block (``template``'s ``fused_plan``) computes instead of reading it."""
     n_seq = num_ns + num_sp
     # Which sequence (i, block k of it) this slot holds; i = -1: the tail's block k;
     # i = -2: an inert slot.
@@ -185,6 +190,24 @@ def plan_slot(s, ns_qsl, ns_qsl_offset, ns_qsl_stride, ns_lines, ns_lines_offset
                 line = -1
         else:
             line = -1  # rows outside x: nothing to write
+    return tok, n, pos, seq_len, line, off, flags, tok
+
+
+def plan_slot(s, ns_qsl, ns_qsl_offset, ns_qsl_stride, ns_lines, ns_lines_offset,
+              ns_lines_stride, ns_init, ns_init_offset, ns_init_stride, ns_accepted,
+              ns_accepted_offset, ns_accepted_stride, sp_qsl, sp_qsl_offset, sp_qsl_stride,
+              sp_lines, sp_lines_offset, sp_lines_stride, sp_accepted, sp_accepted_offset,
+              sp_accepted_stride, num_ns, num_sp, ns_implicit, has_ns_init, has_ns_accepted,
+              num_tokens, num_lines, state_len, width, pad_line, null_line, has_null,
+              skip_empty, max_len, one_slot, tail_first, tables, blocks, errors):
+    """Write the record of block slot ``s`` into ``tables`` at ``blocks``."""
+    tok, n, pos, seq_len, line, off, flags, row0 = slot_record(s, ns_qsl, ns_qsl_offset,
+        ns_qsl_stride, ns_lines, ns_lines_offset, ns_lines_stride, ns_init, ns_init_offset,
+        ns_init_stride, ns_accepted, ns_accepted_offset, ns_accepted_stride, sp_qsl,
+        sp_qsl_offset, sp_qsl_stride, sp_lines, sp_lines_offset, sp_lines_stride,
+        sp_accepted, sp_accepted_offset, sp_accepted_stride, num_ns, num_sp, ns_implicit,
+        has_ns_init, has_ns_accepted, num_tokens, num_lines, state_len, width, pad_line,
+        null_line, has_null, skip_empty, max_len, one_slot, tail_first, errors)
     at = blocks + s * NF
     tables[at] = tok
     tables[at + 1] = n
@@ -193,7 +216,7 @@ def plan_slot(s, ns_qsl, ns_qsl_offset, ns_qsl_stride, ns_lines, ns_lines_offset
     tables[at + 4] = line
     tables[at + 5] = off
     tables[at + 6] = flags
-    tables[at + 7] = tok
+    tables[at + 7] = row0
 
 
 def _sequence(i, report, ns_qsl, ns_qsl_offset, ns_qsl_stride, ns_lines, ns_lines_offset,

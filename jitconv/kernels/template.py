@@ -566,3 +566,27 @@ class _Kernel:
             late_weights="" if early_weights else weights + "\n",
             window_to_float=self.per_tap("f{k}{J} = load(u{k}{J})", S),
             tokens=self.tokens())
+
+
+def with_fused_plan(source, record_args):
+    """``source`` (a kernel of this template) as a kernel that plans its own block: the
+    block record computed by ``slot_record(b, *record_args)`` (``kernels.planner``, a
+    device function the backend supplies) instead of read from the tables, and
+    ``record_args`` appended to the parameters. What a device plan launches instead of
+    its planner and this kernel (one launch per run); ``tables`` is then never read (every
+    record says rows are consecutive), but must still be valid memory."""
+    head, body = source.split("):\n", 1)  # the def's parameter list ends here
+    record = ", ".join(f"rec{k}" for k in range(len(BLOCK_FIELDS)))
+    call = f"{record} = slot_record(b, {', '.join(record_args)})"
+    lines = []
+    for line in body.split("\n"):
+        if line.strip().startswith("blk = blocks + b *"):
+            line = line[:len(line) - len(line.lstrip())] + call
+        for k in range(len(BLOCK_FIELDS)):
+            line = line.replace("tables[U(blk)]" if k == 0 else f"tables[U(blk + {k})]",
+                                f"rec{k}")
+        lines.append(line)
+    body = "\n".join(lines)
+    if call not in body or "tables[U(blk" in body:
+        raise ValueError("kernel source: the block record's reads were not all found")
+    return f"{head}, {', '.join(record_args)}):\n" + body

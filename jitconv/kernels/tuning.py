@@ -35,6 +35,9 @@ class CudaTuning:
     uniform_decode: bool = True  # plain decode steps: length 1 and window column 0 as constants
     fastmath: bool = False       # numba's fastmath for the whole kernel
     fast_exp: bool = True        # silu's math when a call passes math=None: the fast one
+    # device plans: the conv kernel plans its own block (one launch), not a planner before
+    # it; not measured on a GPU yet, so off (benchmarks/h200/engine: --variant fused)
+    fused_planner: bool = False
 
 
 # (backend, architecture, dtype, kind) -> values; "*" matches anything. Entries apply in

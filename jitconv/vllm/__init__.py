@@ -11,11 +11,12 @@ those into the core ops' arguments, so the core's validation still applies.
 and spec verify sequences) straight from vLLM's ``GDNAttentionMetadata``, in one launch.
 ``jitconv.vllm.plugin`` puts them into a vLLM XPU server.
 
-``causal_conv1d_update`` with CUDA (or XPU) tensors and its metadata on x's device
-(vLLM's call) leaves the metadata there: it runs a ``jitconv.device_plan`` kept per set
-of metadata buffers, so it never waits for the device and a CUDA graph may capture it.
-Every other call reads the metadata on the host. Inside torch.compile both drop-ins are
-custom ops (``jitconv.api.torch_ops``).
+``causal_conv1d_update`` and ``causal_conv1d_fn`` with CUDA (or XPU) tensors and their
+metadata on x's device (vLLM's calls) leave the metadata there: each runs a
+``jitconv.device_plan`` kept per set of metadata buffers, so they never wait for the
+device and a CUDA graph may capture them; bad values there are skipped and recorded
+(``DevicePlan.check_errors``), not raised. Every other call reads the metadata on the
+host. Inside torch.compile both drop-ins are custom ops (``jitconv.api.torch_ops``).
 
 Output rows that no sequence computes (rows of skipped sequences, rows of x beyond the
 batch) hold zeros here, also when the result is written into x; vLLM's kernels leave
@@ -65,6 +66,10 @@ def causal_conv1d_fn(x, weight, bias, conv_states, query_start_loc, cache_indice
             _activation(activation), pad_slot_id, null_block_id)
     null_block_id = conventions.check_skipped_id(null_block_id, "null_block_id")
     pad_slot_id = conventions.check_skipped_id(pad_slot_id, "pad_slot_id")
+    if _on_device(x, cache_indices, query_start_loc, has_initial_state) and \
+            x.dtype == conv_states.dtype:
+        return _device_fn(x, weight, bias, conv_states, query_start_loc, cache_indices,
+                          has_initial_state, activation, pad_slot_id, null_block_id)
     original_dtype = x.dtype
     # (cu_seqlen, dim): a view when no conversion is needed
     tokens, weight, bias = _to_state_dtype(conv_states, x.transpose(0, 1), weight, bias)
@@ -234,6 +239,35 @@ def _device_update(x, conv_state, weight, bias, activation, conv_state_indices,
     if result is not target:
         target.copy_(result)
     return target
+
+
+def _device_fn(x, weight, bias, conv_states, query_start_loc, cache_indices,
+               has_initial_state, activation, pad_slot_id, null_block_id):
+    """``causal_conv1d_fn`` with its metadata left on the device, as ``_device_update``:
+    a device plan per set of metadata tensors (lengths from query_start_loc, no bound
+    declared: the planner's block search), the null block, ``pad_slot_id`` and empty
+    sequences skipped, columns of x beyond the batch's tokens zero."""
+    tokens = x.transpose(0, 1)  # (cu_seqlen, dim)
+    num_lines, _dim, state_len = (int(s) for s in conv_states.shape)
+    width = int(weight.shape[-1])
+    key = ("fn", _describe(query_start_loc), _describe(cache_indices),
+           _describe(has_initial_state), int(tokens.shape[0]), num_lines, state_len, width,
+           null_block_id, pad_slot_id)
+    plan = _device_plans.get(key)
+    if plan is None:
+        plan = device_plan(int(tokens.shape[0]), num_lines, state_len, width,
+                           non_spec_query_start_loc=query_start_loc,
+                           non_spec_state_indices=cache_indices,
+                           has_initial_state=has_initial_state,
+                           pad_slot_id=_NO_LINE if pad_slot_id is None else pad_slot_id,
+                           null_block_id=null_block_id, skip_empty=True)
+        if len(_device_plans) >= _DEVICE_PLANS_LIMIT:
+            _device_plans.clear()
+        _device_plans[key] = plan
+    if weight.dtype != conv_states.dtype or (bias is not None and bias.dtype != weight.dtype):
+        weight, bias = _to_state_dtype(conv_states, weight, bias)
+    return plan.run(tokens, weight, bias, conv_states,
+                    activation=_activation(activation)).transpose(0, 1)
 
 
 def _device_update_plan(x, conv_state_indices, num_accepted_tokens, query_start_loc,

@@ -37,18 +37,19 @@ if not hasattr(np, "row_stack"):  # numpy 2.x removed it; some numba-cuda releas
 
 from numba import cuda  # noqa: E402
 
-from jitconv.kernels import bit_conversions  # noqa: E402
+from jitconv.kernels import bit_conversions, planner  # noqa: E402
 from jitconv.kernels.abi import (CONV_ARGS, FLAG_BLOCK_ROWS, FLAG_INITIAL_STATE, FLAG_SEQ_ROWS,  # noqa: E402
                          FLAG_SPEC, STORAGE)
 from jitconv.kernels.template import window_value  # noqa: E402
 from jitconv.backends.cuda.source import ARG_NAMES, EXTRA_ARGS, name_and_source  # noqa: E402
 
 
-def pointer_signature(dtype_name, names=ARG_NAMES):
+def pointer_signature(dtype_name, names=ARG_NAMES, fused_plan=None):
     """The kernel's numba signature on a GPU for the arguments ``names`` (ARG_NAMES, or
-    CALL_ARGS for a compiled-in layout): each array of CONV_ARGS as a pointer to its
-    element type (the storage type of ``dtype_name`` for "raw"), each scalar as its type
-    there (int64)."""
+    CALL_ARGS for a compiled-in layout, then ``planner.RECORD_ARGS`` for a kernel that
+    plans its own block): each array as a pointer to its element type (the storage type
+    of ``dtype_name`` for "raw"; a metadata array's from ``fused_plan``, the element types
+    of ``planner.METADATA_ARRAYS``), each scalar as its type there (int64)."""
     from numba import from_dtype, types
     raw = from_dtype(np.dtype(STORAGE[dtype_name]))
 
@@ -57,6 +58,10 @@ def pointer_signature(dtype_name, names=ARG_NAMES):
         scalar = raw if element == "raw" else from_dtype(np.dtype(element))
         return types.CPointer(scalar) if ndim else scalar
     by_name = {a[0]: a for a in CONV_ARGS + EXTRA_ARGS}
+    by_name.update({a: (a, 0, "int64", None) for a in planner.RECORD_ARGS})
+    by_name["errors"] = ("errors", 1, "int32", None)
+    for a, element in zip(planner.METADATA_ARRAYS, fused_plan or ()):
+        by_name[a] = (a, 1, element, None)
     return types.void(*[numba_type(by_name[name]) for name in names])
 
 
@@ -250,9 +255,12 @@ def make_conv_kernel(spec):
             _row_access(row_group)
     if vector_taps:
         namespace["load_taps4"] = _row_access(4)[0]
+    if spec.fused_plan:
+        from jitconv.backends.cuda.planner import device_functions
+        namespace["slot_record"] = device_functions()["slot_record"]
     exec(compile(source, filename, "exec"), namespace)
     if _simulating():  # Python: numpy arrays, no register limit
         return cuda.jit(fastmath=fastmath)(namespace[name])
     limit = {"max_registers": max_registers} if max_registers else {}
-    return cuda.jit(pointer_signature(dtype_name, names), fastmath=fastmath,
+    return cuda.jit(pointer_signature(dtype_name, names, spec.fused_plan), fastmath=fastmath,
                     **limit)(namespace[name])

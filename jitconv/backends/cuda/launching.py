@@ -245,10 +245,18 @@ def launch(plan, x, weight, bias, conv_state, target, silu, dtype, math=None, ke
     grid, block = launch_shape(dim // channels, plan.num_blocks, tune.threads)
     stream = None if sim else driver.current_stream(x.device.index)
 
+    fused = plan.on_device and tune.fused_planner
+
     def kernels_and_args():
-        """[(kernel, args, grid, block)]: the planner's launch (device plans), then the
-        conv kernel's; and the index of out's address among the conv's arguments."""
-        tables, offsets = _tables(plan, x.device, sim, stream)
+        """[(kernel, args, grid, block)]: the planner's launch (device plans, unless the
+        conv kernel plans its own blocks: ``fused``), then the conv kernel's; and the
+        index of out's address among the conv's arguments."""
+        record_types = record_values = None
+        if fused:  # no table: any valid memory, never read (rows are consecutive)
+            record_types, record_values = _planner_values(plan, sim)
+            tables, offsets = record_values["errors"], (0, 0)
+        else:
+            tables, offsets = _tables(plan, x.device, sim, stream)
         args = _arguments(tables, offsets, plan, x, weight, bias, conv_state, target, silu,
                           dim, sim)
         layout = _layout(args) if tune.constant_layout else None
@@ -259,12 +267,14 @@ def launch(plan, x, weight, bias, conv_state, target, silu, dtype, math=None, ke
                           tune.max_registers or None, native_bf16(x.device), short_tokens,
                           row_group, layout, tune.early_weights, group_state,
                           vector_taps_for(weight, tune), fixed, compact, tune.exact_grid,
-                          _uniform_decode(plan, short_tokens, tune))
+                          _uniform_decode(plan, short_tokens, tune), record_types)
         names = CALL_ARGS if compact else ARG_NAMES
         if compact:  # the layout's values are in the kernel: pass the per-call ones
             args = tuple(args[i] for i in _call_at())
+        if fused:
+            args += tuple(record_values[a] for a in planner.RECORD_ARGS)
         launches = [(get_kernel(spec), args, grid, block)]
-        if plan.on_device:
+        if plan.on_device and not fused:
             launches.insert(0, _planner_launch(plan, tables, sim))
         return launches, names.index("out")
 
@@ -392,8 +402,10 @@ def read_errors(plan):
     return found
 
 
-def _planner_launch(plan, tables, sim):
-    """(kernel, args, grid, block) of a device plan's planner writing ``tables``."""
+def _planner_values(plan, sim):
+    """(element types of the metadata arrays, the values of ``planner.PLAN_ARGS`` but
+    the tables') of a device plan: what its planner, or a conv kernel that plans its own
+    block, takes."""
     values, types_ = {}, []
     for name in planner.METADATA_ARRAYS:
         t, stride = plan.kernel_arrays[name]
@@ -401,11 +413,17 @@ def _planner_launch(plan, tables, sim):
         # the kernel's pointer is the first element's: no offset
         values[name], values[name + "_offset"] = _as_kernel_arg(t, sim), 0
         values[name + "_stride"] = stride if name in plan.arrays else 0
-    values.update(plan.planner_scalars, tables=tables,
-                  errors=_as_kernel_arg(errors_of(plan, sim), sim))
+    values.update(plan.planner_scalars, errors=_as_kernel_arg(errors_of(plan, sim), sim))
+    return tuple(types_), values
+
+
+def _planner_launch(plan, tables, sim):
+    """(kernel, args, grid, block) of a device plan's planner writing ``tables``."""
+    types_, values = _planner_values(plan, sim)
+    values["tables"] = tables
     from jitconv.backends.cuda import planner as cuda_planner  # numba-cuda
     grid, block = cuda_planner.launch_shape(plan.num_blocks)
-    return (cuda_planner.get_planner(tuple(types_)),
+    return (cuda_planner.get_planner(types_),
             tuple(values[a] for a in planner.PLAN_ARGS), grid, block)
 
 

@@ -11,9 +11,9 @@ from numba import cuda
 from jitconv.kernels import planner
 
 THREADS = 128
-_lock = threading.Lock()
+_lock = threading.RLock()  # get_planner holds it while device_functions takes it
 _kernels = {}  # element types of planner.METADATA_ARRAYS -> dispatcher
-_plan_slot = []
+_device = {}  # name -> device function (device_functions)
 
 
 def _simulating():
@@ -21,17 +21,20 @@ def _simulating():
     return bool(config.ENABLE_CUDASIM)
 
 
-def _device_plan_slot():
-    """``planner.plan_slot`` as a numba-cuda device function, its helpers too: copies of
-    the module's functions whose globals name the device versions."""
-    if not _plan_slot:
-        namespace = dict(vars(planner))
-        for name in ("_start_token", "_sequence", "plan_slot"):
-            fn = getattr(planner, name)
-            copy = types.FunctionType(fn.__code__, namespace, name, fn.__defaults__)
-            namespace[name] = cuda.jit(device=True)(copy)
-        _plan_slot.append(namespace["plan_slot"])
-    return _plan_slot[0]
+def device_functions():
+    """``planner``'s functions as numba-cuda device functions (``plan_slot`` for the
+    planner, ``slot_record`` for a conv kernel that plans its own block): copies of the
+    module's functions whose globals name the device versions."""
+    if not _device:
+        with _lock:
+            if not _device:
+                namespace = dict(vars(planner))
+                for name in ("_start_token", "_sequence", "slot_record", "plan_slot"):
+                    fn = getattr(planner, name)
+                    copy = types.FunctionType(fn.__code__, namespace, name, fn.__defaults__)
+                    namespace[name] = cuda.jit(device=True)(copy)
+                _device.update(namespace)
+    return _device
 
 
 _SOURCE = """
@@ -60,7 +63,7 @@ def get_planner(element_types):
         with _lock:
             kernel = _kernels.get(element_types)
             if kernel is None:
-                namespace = {"cuda": cuda, "plan_slot": _device_plan_slot()}
+                namespace = {"cuda": cuda, "plan_slot": device_functions()["plan_slot"]}
                 source = _SOURCE.format(args=", ".join(planner.PLAN_ARGS),
                                         call=", ".join(planner.PLAN_ARGS[:-1]))
                 exec(compile(source, "<jitconv cuda planner>", "exec"), namespace)

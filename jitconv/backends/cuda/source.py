@@ -8,7 +8,8 @@ import dataclasses
 from typing import Optional
 
 from jitconv.kernels.abi import CONV_ARGS, SUPPORTED_WIDTHS, TABLES
-from jitconv.kernels.template import Backend, kernel_source
+from jitconv.kernels.planner import RECORD_ARGS
+from jitconv.kernels.template import Backend, kernel_source, with_fused_plan
 
 
 def cuda_index(block=None, exact=False):
@@ -101,7 +102,10 @@ class KernelSpec:
     ``early_weights``, ``group_state``, ``vector_taps``, ``uniform_decode``: the template's
     options (``jitconv.kernels.template``); ``block``: the thread block's shape compiled in
     (with a layout only); ``compact_args``: the layout's parameters dropped from the
-    signature; ``exact_grid``: no bounds guard where the grid rounds nothing up. Values
+    signature; ``exact_grid``: no bounds guard where the grid rounds nothing up;
+    ``fused_plan``: the element types of a device plan's metadata (``planner``'s
+    METADATA_ARRAYS order) when the kernel plans its own block (``template``'s
+    ``with_fused_plan``: it then also takes ``planner.RECORD_ARGS``), else None. Values
     without effect are normalized, so that one kernel has one spec."""
     width: int
     dtype_name: str
@@ -121,6 +125,7 @@ class KernelSpec:
     compact_args: bool = True
     exact_grid: bool = True
     uniform_decode: bool = False
+    fused_plan: Optional[tuple] = None
 
     def __post_init__(self):
         normal = {"native_bf16": self.native_bf16 and self.dtype_name == "bfloat16",
@@ -134,7 +139,7 @@ def name_and_source(spec):
     """(kernel name, Python source, argument names) of a KernelSpec."""
     (width, dtype_name, channels, fastmath, lookahead, fast_exp, max_registers, native_bf16,
      short_tokens, row_group, layout, early_weights, group_state, vector_taps, block,
-     compact_args, exact_grid, uniform_decode) = dataclasses.astuple(spec)
+     compact_args, exact_grid, uniform_decode, fused_plan) = dataclasses.astuple(spec)
     if width not in SUPPORTED_WIDTHS:
         raise ValueError(f"width must be one of {SUPPORTED_WIDTHS}, got {width}")
     if block and layout is None:
@@ -154,14 +159,17 @@ def name_and_source(spec):
             f"{f'_k{hash(layout) % 10 ** 10}' if layout is not None else ''}"
             f"{f'_b{block[0]}x{block[1]}' if block else ''}"
             f"{'_ca' if layout is not None and compact_args else ''}"
-            f"{'_ng' if exact else ''}{'_ud' if uniform_decode else ''}")
+            f"{'_ng' if exact else ''}{'_ud' if uniform_decode else ''}"
+            f"{f'_fp{hash(fused_plan) % 10 ** 6}' if fused_plan else ''}")
     backend = CUDA._replace(index=cuda_index(block, exact)) if block else CUDA
     source = kernel_source(width, name, backend, channels, lookahead,
                            state_chunk=width - 1 + STATE_CHUNK_EXTRA, short_tokens=short_tokens,
                            row_group=row_group, early_weights=early_weights,
                            group_state=group_state, vector_taps=vector_taps,
                            uniform_decode=uniform_decode)
+    if fused_plan:
+        source = with_fused_plan(source, RECORD_ARGS)
     if layout is not None:
         source = with_layout(source, layout, compact_args)
     names = CALL_ARGS if layout is not None and compact_args else ARG_NAMES
-    return name, source, names
+    return name, source, names + (RECORD_ARGS if fused_plan else ())

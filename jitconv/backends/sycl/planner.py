@@ -41,7 +41,7 @@ def make_planner_kernel():
     name their device versions."""
     import numba_dpex as dpex
     namespace = dict(vars(planner))
-    for name in ("_start_token", "_sequence", "plan_slot"):
+    for name in ("_start_token", "_sequence", "slot_record", "plan_slot"):
         fn = getattr(planner, name)
         copy = types.FunctionType(fn.__code__, namespace, name, fn.__defaults__)
         namespace[name] = dpex.device_func(copy)
