@@ -31,17 +31,17 @@ GPU_ONLY = pytest.mark.skipif(SIM or not cuda_devices.devices(),
 KINDS = ("decode", "spec", "mixed", "prefill")
 
 
-@pytest.fixture(scope="module", params=["sycl", "cuda", "cuda-fused"])
+@pytest.fixture(scope="module", params=["sycl", "cuda", "cuda-planner"])
 def device(request):
     """The torch device of a backend's tensors: "cpu" for the SYCL device under test
-    (tensors made by ``put``: USM memory), the CUDA device (or the simulator's "cpu");
-    "cuda-fused": CUDA with the conv kernel planning its own blocks (the tuning's
-    ``fused_planner``) instead of a planner launch before it."""
+    (tensors made by ``put``: USM memory), the CUDA device (or the simulator's "cpu"):
+    "cuda" with the conv kernel planning its own blocks (the tuning's default,
+    ``fused_planner``), "cuda-planner" with the planner kernel launched before it."""
     if request.param.startswith("cuda"):
         if not cuda_devices.devices():
             pytest.skip(f"no CUDA device: {cuda_devices.why_unavailable()}")
         name = jitconv.set_device(cuda_devices.devices()[0])
-        with tuning.override(fused_planner=request.param == "cuda-fused"):
+        with tuning.override(fused_planner=request.param == "cuda"):
             yield cuda_devices.torch_device(name)
         return
     if SYCL_HIDDEN or SIM:

@@ -49,7 +49,8 @@ LAYERS = 36
 WORKLOADS = {"decode 64": (64, 1), "spec 64 x (1+3)": (64, 4)}
 SIDES = ("vllm triton", "jitconv drop-in", "jitconv device plan", "jitconv host plan")
 # Sides that run with other tuning values (variants, measured beside the defaults).
-VARIANTS = {"jitconv device plan (fused)": ("jitconv device plan", {"fused_planner": True})}
+VARIANTS = {"jitconv device plan (planner)": ("jitconv device plan",
+                                              {"fused_planner": False})}
 
 
 class Step:
