@@ -119,19 +119,20 @@ def random_metadata(gen, kind, num_seqs, num_tokens, num_lines, state_len, width
     return md
 
 
-def reference_of(md, data, activation="silu"):
+def reference_of(md, data, activation="silu", spec_first=False):
     """The float64 reference of a device plan's step: each part's tokens consecutive
-    rows, non-spec then spec, the rest of x zeros."""
+    rows, non-spec then spec (``spec_first``: spec then non-spec), the rest of x zeros."""
     args = {k: v.cpu() for k, v in md.items()}
     if "non_spec_state_indices" in args and "non_spec_query_start_loc" not in args:
         args["non_spec_query_start_loc"] = torch.arange(len(args["non_spec_state_indices"]) + 1)
     n_ns = int(args["non_spec_query_start_loc"][-1]) if "non_spec_query_start_loc" in args \
         else 0
+    n_sp = int(args["spec_query_start_loc"][-1]) if "spec_query_start_loc" in args else 0
+    ns_first, sp_first = (n_sp, 0) if spec_first else (0, n_ns)
     if n_ns or "non_spec_query_start_loc" in args:
-        args["non_spec_token_indx"] = torch.arange(n_ns)
+        args["non_spec_token_indx"] = torch.arange(ns_first, ns_first + n_ns)
     if "spec_query_start_loc" in args:
-        n_sp = int(args["spec_query_start_loc"][-1])
-        args["spec_token_indx"] = torch.arange(n_ns, n_ns + n_sp)
+        args["spec_token_indx"] = torch.arange(sp_first, sp_first + n_sp)
     return causal_conv1d_reference(*(t.cpu() if t is not None else None for t in data),
                                    activation=activation, **args)
 
@@ -142,11 +143,11 @@ def layer(gen, dtype, num_tokens, num_lines, state_len, width, device, layout="S
     return tuple(put(t, device) for t in data)
 
 
-def run_checked(plan, data, md, dtype):
+def run_checked(plan, data, md, dtype, spec_first=False):
     """One run into a poisoned out, checked against the reference (outputs within the
     dtype's tolerance, every cache line bit-exact, touched or not)."""
     x, w, b, state = data
-    want_out, want_state = reference_of(md, (x, w, b, state))
+    want_out, want_state = reference_of(md, (x, w, b, state), spec_first=spec_first)
     out = full(tuple(x.shape), POISON, dtype, x.device)
     got = plan.run(x, w, b, state, out=out)
     assert got is out
@@ -182,6 +183,32 @@ def test_runs_follow_rewritten_metadata(device, kind, dtype_name, declared):
             for k, v in new.items():
                 live[k].copy_(v)
         run_checked(plan, data, live, dtype)
+
+
+@pytest.mark.parametrize("declared", [True, False])
+def test_spec_rows_first(device, declared):
+    """vLLM's layout of a mixed step: the spec part's rows first, the non-spec part's
+    after them (``spec_rows_first``); runs follow rewrites, decodes (implicit query_start_loc)
+    as well as prefill chunks."""
+    width, num_tokens, num_lines, nseq, state_len = 4, 40, 20, 4, 8
+    max_len = 5 if declared else None
+    gen = torch.Generator().manual_seed(40 + declared)
+    for kind in ("mixed", "decode+spec"):
+        md = random_metadata(gen, "mixed", nseq, num_tokens, num_lines, state_len, width,
+                             max_len)
+        if kind == "decode+spec":  # decodes: one token each, no query_start_loc
+            del md["non_spec_query_start_loc"], md["has_initial_state"]
+        live = {k: put(v, device) for k, v in md.items()}
+        plan = jitconv.device_plan(num_tokens, num_lines, state_len, width,
+                                   max_query_len=max_len, spec_rows_first=True, **live)
+        data = layer(gen, torch.float32, num_tokens, num_lines, state_len, width, device)
+        for step in range(2):
+            if step:
+                new = random_metadata(gen, "mixed", nseq, num_tokens, num_lines, state_len,
+                                      width, max_len, pads=0)
+                for k in live:
+                    live[k].copy_(new[k])
+            run_checked(plan, data, live, torch.float32, spec_first=True)
 
 
 @pytest.mark.parametrize("width", [2, 3, 5])

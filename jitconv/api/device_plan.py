@@ -16,7 +16,8 @@ checks (values): every sequence, by SEMANTICS.md's rules; a bad one is skipped (
 zeros, state untouched), its error is recorded in the plan's error table and
 ``check_errors()`` raises it. Cache lines named twice are not detected (the runs of both
 sequences write that line). No token maps: each part's tokens are consecutive rows of x,
-non-spec then spec, and the rows after them come out zero.
+non-spec then spec (or spec first: ``spec_rows_first``), and the rows after them come out
+zero.
 """
 
 from typing import Any, Optional
@@ -58,11 +59,12 @@ class DevicePlan(StepPlan):
 
     on_device = True
 
-    def __init__(self, geometry, arrays, counts, max_len, null_line, skip_empty, device,
-                 backend):
+    def __init__(self, geometry, arrays, names, counts, max_len, null_line, skip_empty,
+                 device, backend, spec_first=False):
         self.geometry = geometry
         self.arrays = arrays  # planner.METADATA_ARRAYS name -> (tensor, element stride)
-        self.kernel_arrays = _with_placeholders(arrays)
+        # every METADATA_ARRAYS name -> (tensor, stride), and the argument name it came as
+        self.kernel_arrays, self.names = _with_placeholders(arrays, names)
         self.backend = backend  # the backend of the metadata's device
         self.num_ns, self.num_sp, self.ns_implicit = counts
         self.max_len = max_len  # None: no bound
@@ -93,7 +95,7 @@ class DevicePlan(StepPlan):
             has_null=int(null_line is not None), skip_empty=int(skip_empty),
             max_len=geometry.num_tokens if max_len is None else max_len,
             one_slot=int(self.one_slot), tail_first=self.tail_first,
-            blocks=planner.ROWS_WORDS, capacity=self.num_blocks)
+            spec_first=int(spec_first), blocks=planner.ROWS_WORDS, capacity=self.num_blocks)
 
     def check_errors(self) -> None:
         """Raise ValueError if a run since the last check met bad metadata values (which
@@ -120,7 +122,7 @@ def device_plan(num_tokens: int, num_cache_lines: int, state_len: int, width: in
                 non_spec_num_accepted_tokens: Optional[Any] = None,
                 max_query_len: Optional[int] = None, pad_slot_id: int = -1,
                 null_block_id: Optional[int] = None,
-                skip_empty: bool = False) -> DevicePlan:
+                skip_empty: bool = False, spec_rows_first: bool = False) -> DevicePlan:
     """A plan whose metadata stays on the device: runs read the tensors' values when
     they run (see the module docstring), so they follow values rewritten in place and
     may be captured in CUDA graphs.
@@ -139,7 +141,8 @@ def device_plan(num_tokens: int, num_cache_lines: int, state_len: int, width: in
     num_accepted_tokens : tensor, (Q,)
         As in ``jitconv.causal_conv1d_mixed``; int32 or int64 tensors (has_initial_state
         also bool) on the device the runs use, rewritten in place between runs as the
-        engine likes. The spec part's tokens follow the non-spec part's.
+        engine likes. The spec part's tokens follow the non-spec part's (see
+        ``spec_rows_first``).
     max_query_len : int, optional
         The most tokens any sequence holds (declared, not read): with 16 or fewer the
         planner takes one block per sequence, and short steps (decode, spec verify) run
@@ -150,6 +153,9 @@ def device_plan(num_tokens: int, num_cache_lines: int, state_len: int, width: in
         A second such line (vLLM's null block 0).
     skip_empty : bool
         Sequences without tokens are skipped too (vLLM's kernels do so).
+    spec_rows_first : bool
+        The spec part's tokens are the first rows of x and the non-spec part's follow
+        (vLLM's layout of a mixed step); default: non-spec first.
 
     Returns
     -------
@@ -165,14 +171,16 @@ def device_plan(num_tokens: int, num_cache_lines: int, state_len: int, width: in
     if max_query_len is not None and (isinstance(max_query_len, bool) or not isinstance(
             max_query_len, int) or max_query_len < 1):
         raise ValueError(f"max_query_len: expected an int >= 1 or None, got {max_query_len!r}")
-    if not isinstance(skip_empty, bool):
-        raise TypeError(f"skip_empty: expected a bool, got {skip_empty!r}")
-    arrays, tensors = {}, []
+    for flag, name in ((skip_empty, "skip_empty"), (spec_rows_first, "spec_rows_first")):
+        if not isinstance(flag, bool):
+            raise TypeError(f"{name}: expected a bool, got {flag!r}")
+    arrays, tensors, names = {}, [], {}
 
     def take(key, value, name, **kw):
         t = _tensor(value, name, **kw)
         tensors.append((name, t))
         arrays[key] = (t, int(t.stride(0)))
+        names[key] = name
         return t
 
     num_ns, implicit = 0, True
@@ -237,14 +245,16 @@ def device_plan(num_tokens: int, num_cache_lines: int, state_len: int, width: in
     backend = registry.for_call(tensors[0][1])
     if implicit and num_ns and max_query_len is None:
         max_query_len = 1 if not num_sp else None
-    return DevicePlan(geo, arrays, (num_ns, num_sp, implicit), max_query_len, null_block_id,
-                      skip_empty, device, backend)
+    return DevicePlan(geo, arrays, names, (num_ns, num_sp, implicit), max_query_len,
+                      null_block_id, skip_empty, device, backend, spec_rows_first)
 
 
-def _with_placeholders(arrays):
+def _with_placeholders(arrays, names):
     """Every array of ``planner.METADATA_ARRAYS``: the given ones, and for each absent one
     (never read: its "has_" word is 0) a given index array with stride 0. So the planner's
     element types are those of the metadata given: all int32, or all int64, is one
-    planner kernel (and one of those the SYCL backend ships)."""
-    index = next(t for name, (t, _s) in arrays.items() if name != "ns_init")
-    return {name: arrays.get(name, (index, 0)) for name in planner.METADATA_ARRAYS}
+    planner kernel (and one of those the SYCL backend ships). Also the argument name of
+    each (the placeholder's: that of the array it is), for errors."""
+    key = next(k for k in arrays if k != "ns_init")
+    return ({k: arrays.get(k, (arrays[key][0], 0)) for k in planner.METADATA_ARRAYS},
+            {k: names.get(k, names[key]) for k in planner.METADATA_ARRAYS})

@@ -11,9 +11,10 @@ tokens, no cache line: the conv kernel does nothing for them), so the conv grid 
 by the capacity and a CUDA graph that captured both launches follows metadata rewritten
 in place before each replay.
 
-Slots. Sequences are numbered non-spec first (i < P), then spec (P <= i < P + Q); their
-tokens are consecutive rows of x, non-spec then spec, and the rows after the last token
-are the "tail", zeros in the output (a device plan has no token maps). Sequence i,
+Slots. Sequences are numbered in the order of their rows: non-spec first (i < P), then
+spec (P <= i < P + Q), or with ``spec_first`` spec then non-spec (vLLM's layout of a mixed
+step); their tokens are consecutive rows of x in that order, and the rows after the last
+token are the "tail", zeros in the output (a device plan has no token maps). Sequence i,
 starting at token slot T(i), owns slots ``i + T(i) // B`` onward, one per block of B
 (``batch.DEFAULT_BLOCK_TOKENS``) tokens and at least one: no sequence's slots meet the
 next one's, so a work-item finds its sequence by binary search over T, with no prefix
@@ -28,7 +29,8 @@ zeros, its cache line untouched) and no record ever points outside x, out or the
 state (``device_plan.DevicePlan.check_errors`` reports the words).
 
 This module imports no kernel framework: backends compile ``plan_slot`` as a device
-function (numba-cuda: ``backends/cuda/planner.py``; numba-dpex: ``backends/sycl/planner.py``).
+function (numba-cuda: ``backends/cuda/planner.py``; numba-dpex:
+          ``backends/sycl/planner.py``).
 """
 
 from jitconv.api.batch import DEFAULT_BLOCK_TOKENS as BLOCK
@@ -70,7 +72,7 @@ PLAN_ARGS = tuple(f"{a}{part}" for a in METADATA_ARRAYS
                   for part in ("", "_offset", "_stride")) + (
     "num_ns", "num_sp", "ns_implicit", "has_ns_init", "has_ns_accepted",
     "num_tokens", "num_lines", "state_len", "width", "pad_line", "null_line", "has_null",
-    "skip_empty", "max_len", "one_slot", "tail_first",
+    "skip_empty", "max_len", "one_slot", "tail_first", "spec_first",
     "tables", "blocks", "errors", "capacity",
 )
 # ``slot_record``'s arguments after the slot: the planner's without its table.
@@ -78,9 +80,20 @@ RECORD_ARGS = tuple(a for a in PLAN_ARGS if a not in ("tables", "blocks", "capac
 
 
 def _start_token(i, ns_qsl, ns_qsl_offset, ns_qsl_stride, sp_qsl, sp_qsl_offset,
-                 sp_qsl_stride, num_ns, ns_implicit):
+                 sp_qsl_stride, num_ns, ns_implicit, num_sp, spec_first):
     """T(i): the token slot of sequence i's first token (i may be num_ns + num_sp: the
-    slot after the last token)."""
+    slot after the last token). Sequences are numbered in the order of their rows: non-spec
+    then spec, or with ``spec_first`` spec then non-spec (vLLM's layout)."""
+    if spec_first:
+        n_sp = 0
+        if num_sp > 0:
+            if i <= num_sp:
+                return sp_qsl[sp_qsl_offset + i * sp_qsl_stride]
+            n_sp = sp_qsl[sp_qsl_offset + num_sp * sp_qsl_stride]
+        k = i - num_sp
+        if ns_implicit:
+            return n_sp + k
+        return n_sp + ns_qsl[ns_qsl_offset + k * ns_qsl_stride]
     if i <= num_ns:
         if ns_implicit:
             return i
@@ -98,7 +111,7 @@ def slot_record(s, ns_qsl, ns_qsl_offset, ns_qsl_stride, ns_lines, ns_lines_offs
                 sp_accepted_offset, sp_accepted_stride, num_ns, num_sp, ns_implicit,
                 has_ns_init, has_ns_accepted, num_tokens, num_lines, state_len, width,
                 pad_line, null_line, has_null, skip_empty, max_len, one_slot, tail_first,
-                errors):
+                spec_first, errors):
     """The record of block slot ``s`` (``abi.BLOCK_FIELDS``), and for s < P + Q the check
     of sequence s: what the planner stores, and what a conv kernel that plans its own
     block (``template``'s ``fused_plan``) computes instead of reading it."""
@@ -117,18 +130,20 @@ def slot_record(s, ns_qsl, ns_qsl_offset, ns_qsl_stride, ns_lines, ns_lines_offs
         lo = 0
         hi = n_seq
         first = _start_token(0, ns_qsl, ns_qsl_offset, ns_qsl_stride, sp_qsl, sp_qsl_offset,
-                             sp_qsl_stride, num_ns, ns_implicit)
+                             sp_qsl_stride, num_ns, ns_implicit, num_sp, spec_first)
         if first // BLOCK <= s:
             while hi - lo > 1:
                 mid = (lo + hi) // 2
                 t_mid = _start_token(mid, ns_qsl, ns_qsl_offset, ns_qsl_stride, sp_qsl,
-                                     sp_qsl_offset, sp_qsl_stride, num_ns, ns_implicit)
+                                     sp_qsl_offset, sp_qsl_stride, num_ns, ns_implicit,
+                                     num_sp, spec_first)
                 if mid + t_mid // BLOCK <= s:
                     lo = mid
                 else:
                     hi = mid
             t_lo = _start_token(lo, ns_qsl, ns_qsl_offset, ns_qsl_stride, sp_qsl,
-                                sp_qsl_offset, sp_qsl_stride, num_ns, ns_implicit)
+                                sp_qsl_offset, sp_qsl_stride, num_ns, ns_implicit, num_sp,
+                                spec_first)
             i = lo
             k = s - (lo + t_lo // BLOCK)
 
@@ -142,9 +157,10 @@ def slot_record(s, ns_qsl, ns_qsl_offset, ns_qsl_stride, ns_lines, ns_lines_offs
                   ns_lines_stride, ns_init, ns_init_offset, ns_init_stride, ns_accepted,
                   ns_accepted_offset, ns_accepted_stride, sp_qsl, sp_qsl_offset,
                   sp_qsl_stride, sp_lines, sp_lines_offset, sp_lines_stride, sp_accepted,
-                  sp_accepted_offset, sp_accepted_stride, num_ns, ns_implicit, has_ns_init,
-                  has_ns_accepted, num_tokens, num_lines, state_len, width, pad_line,
-                  null_line, has_null, skip_empty, max_len, errors)
+                  sp_accepted_offset, sp_accepted_stride, num_ns, num_sp, spec_first,
+                  ns_implicit, has_ns_init, has_ns_accepted, num_tokens, num_lines,
+                  state_len, width, pad_line, null_line, has_null, skip_empty, max_len,
+                  errors)
 
     tok = 0
     n = 0
@@ -155,7 +171,8 @@ def slot_record(s, ns_qsl, ns_qsl_offset, ns_qsl_stride, ns_lines, ns_lines_offs
     flags = FLAG_BLOCK_ROWS | FLAG_SEQ_ROWS
     if i == -1:
         t_end = _start_token(n_seq, ns_qsl, ns_qsl_offset, ns_qsl_stride, sp_qsl,
-                             sp_qsl_offset, sp_qsl_stride, num_ns, ns_implicit)
+                             sp_qsl_offset, sp_qsl_stride, num_ns, ns_implicit, num_sp,
+                             spec_first)
         if t_end < 0:
             t_end = num_tokens  # bad query_start_loc (flagged): no tail
         tok = t_end + k * BLOCK
@@ -170,9 +187,9 @@ def slot_record(s, ns_qsl, ns_qsl_offset, ns_qsl_stride, ns_lines, ns_lines_offs
             ns_init_offset, ns_init_stride, ns_accepted, ns_accepted_offset,
             ns_accepted_stride, sp_qsl, sp_qsl_offset, sp_qsl_stride, sp_lines,
             sp_lines_offset, sp_lines_stride, sp_accepted, sp_accepted_offset,
-            sp_accepted_stride, num_ns, ns_implicit, has_ns_init, has_ns_accepted,
-            num_tokens, num_lines, state_len, width, pad_line, null_line, has_null,
-            skip_empty, max_len, errors)
+            sp_accepted_stride, num_ns, num_sp, spec_first, ns_implicit, has_ns_init,
+            has_ns_accepted, num_tokens, num_lines, state_len, width, pad_line, null_line,
+            has_null, skip_empty, max_len, errors)
         if ok:
             blocks_of_seq = 1
             if not one_slot and length > BLOCK:
@@ -199,7 +216,8 @@ def plan_slot(s, ns_qsl, ns_qsl_offset, ns_qsl_stride, ns_lines, ns_lines_offset
               sp_lines, sp_lines_offset, sp_lines_stride, sp_accepted, sp_accepted_offset,
               sp_accepted_stride, num_ns, num_sp, ns_implicit, has_ns_init, has_ns_accepted,
               num_tokens, num_lines, state_len, width, pad_line, null_line, has_null,
-              skip_empty, max_len, one_slot, tail_first, tables, blocks, errors):
+              skip_empty, max_len, one_slot, tail_first, spec_first, tables, blocks,
+              errors):
     """Write the record of block slot ``s`` into ``tables`` at ``blocks``."""
     tok, n, pos, seq_len, line, off, flags, row0 = slot_record(s, ns_qsl, ns_qsl_offset,
         ns_qsl_stride, ns_lines, ns_lines_offset, ns_lines_stride, ns_init, ns_init_offset,
@@ -207,7 +225,7 @@ def plan_slot(s, ns_qsl, ns_qsl_offset, ns_qsl_stride, ns_lines, ns_lines_offset
         sp_qsl_offset, sp_qsl_stride, sp_lines, sp_lines_offset, sp_lines_stride,
         sp_accepted, sp_accepted_offset, sp_accepted_stride, num_ns, num_sp, ns_implicit,
         has_ns_init, has_ns_accepted, num_tokens, num_lines, state_len, width, pad_line,
-        null_line, has_null, skip_empty, max_len, one_slot, tail_first, errors)
+        null_line, has_null, skip_empty, max_len, one_slot, tail_first, spec_first, errors)
     at = blocks + s * NF
     tables[at] = tok
     tables[at + 1] = n
@@ -223,19 +241,23 @@ def _sequence(i, report, ns_qsl, ns_qsl_offset, ns_qsl_stride, ns_lines, ns_line
               ns_lines_stride, ns_init, ns_init_offset, ns_init_stride, ns_accepted,
               ns_accepted_offset, ns_accepted_stride, sp_qsl, sp_qsl_offset, sp_qsl_stride,
               sp_lines, sp_lines_offset, sp_lines_stride, sp_accepted, sp_accepted_offset,
-              sp_accepted_stride, num_ns, ns_implicit, has_ns_init, has_ns_accepted,
-              num_tokens, num_lines, state_len, width, pad_line, null_line, has_null,
-              skip_empty, max_len, errors):
+              sp_accepted_stride, num_ns, num_sp, spec_first, ns_implicit, has_ns_init,
+              has_ns_accepted, num_tokens, num_lines, state_len, width, pad_line, null_line,
+              has_null, skip_empty, max_len, errors):
     """Sequence i's (first token slot, length, cache line (-1: pad), window offset, flags,
     rows inside x), by SEMANTICS.md's rules; a bad value becomes a pad (and, with
     ``report``, sets its error word). ``ok`` 0: its rows are not inside x. (An int, not
     a bool: a bool in the returned tuple crashed the OpenCL CPU compiler's build of the
     SPIR-V, runtime 2024.2.)"""
     spec = i >= num_ns
+    j = i - num_ns if spec else i  # the sequence's index in its part
+    if spec_first:
+        spec = i < num_sp
+        j = i if spec else i - num_sp
     t0 = _start_token(i, ns_qsl, ns_qsl_offset, ns_qsl_stride, sp_qsl, sp_qsl_offset,
-                      sp_qsl_stride, num_ns, ns_implicit)
+                      sp_qsl_stride, num_ns, ns_implicit, num_sp, spec_first)
     t1 = _start_token(i + 1, ns_qsl, ns_qsl_offset, ns_qsl_stride, sp_qsl, sp_qsl_offset,
-                      sp_qsl_stride, num_ns, ns_implicit)
+                      sp_qsl_stride, num_ns, ns_implicit, num_sp, spec_first)
     length = t1 - t0
     flags = FLAG_BLOCK_ROWS | FLAG_SEQ_ROWS
     if length < 0 or t0 < 0 or t1 > num_tokens:
@@ -243,12 +265,11 @@ def _sequence(i, report, ns_qsl, ns_qsl_offset, ns_qsl_stride, ns_lines, ns_line
             errors[E_QSL] = 1
         return 0, 0, -1, 0, flags, 0
     if spec:
-        j = i - num_ns
         raw = sp_lines[sp_lines_offset + j * sp_lines_stride]
         flags |= FLAG_SPEC | FLAG_INITIAL_STATE
     else:
-        raw = ns_lines[ns_lines_offset + i * ns_lines_stride]
-        if not has_ns_init or ns_init[ns_init_offset + i * ns_init_stride] != 0:
+        raw = ns_lines[ns_lines_offset + j * ns_lines_stride]
+        if not has_ns_init or ns_init[ns_init_offset + j * ns_init_stride] != 0:
             flags |= FLAG_INITIAL_STATE
     line = raw
     if raw == pad_line or (has_null and raw == null_line) or (skip_empty and length == 0):
@@ -259,9 +280,9 @@ def _sequence(i, report, ns_qsl, ns_qsl_offset, ns_qsl_stride, ns_lines, ns_line
     off = 0
     if spec or has_ns_accepted:
         if spec:
-            accepted = sp_accepted[sp_accepted_offset + (i - num_ns) * sp_accepted_stride]
+            accepted = sp_accepted[sp_accepted_offset + j * sp_accepted_stride]
         else:
-            accepted = ns_accepted[ns_accepted_offset + i * ns_accepted_stride]
+            accepted = ns_accepted[ns_accepted_offset + j * ns_accepted_stride]
         if accepted < 1 or accepted - 1 + width - 1 > state_len:
             bad = E_ACCEPTED
         else:

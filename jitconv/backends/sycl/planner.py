@@ -165,7 +165,7 @@ def _packed(plan, queue, where):
         t, _stride = plan.kernel_arrays[name]
         if t.dtype == torch.bool:
             t = t.view(torch.uint8)
-        view, _ = bridge.to_device(t, name, False, queue)
+        view, _ = bridge.to_device(t, plan.names[name], False, queue)
         zero_copy = zero_copy and not bridge.is_copy(view)
         views[name] = view  # keeps a copy alive until the submit
         element_types.append(str(t.dtype).split(".")[-1])
