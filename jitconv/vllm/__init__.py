@@ -205,6 +205,18 @@ def _describe(t):
     return None if t is None else (t.data_ptr(), t.shape, t.stride(), t.dtype, t.device)
 
 
+def _kept_plan(key, build):
+    """The device plan kept under ``key``, or ``build()``'s, kept (at most
+    _DEVICE_PLANS_LIMIT; then the table starts over)."""
+    plan = _device_plans.get(key)
+    if plan is None:
+        plan = build()
+        if len(_device_plans) >= _DEVICE_PLANS_LIMIT:
+            _device_plans.clear()
+        _device_plans[key] = plan
+    return plan
+
+
 def _device_update(x, conv_state, weight, bias, activation, conv_state_indices,
                    num_accepted_tokens, query_start_loc, max_query_len, null_block_id,
                    target, pad_slot_id):
@@ -222,14 +234,9 @@ def _device_update(x, conv_state, weight, bias, activation, conv_state_indices,
     key = (_describe(conv_state_indices), _describe(query_start_loc),
            _describe(num_accepted_tokens), int(x.shape[0]), num_lines, state_len, width,
            null_block_id, pad_slot_id, declared)
-    plan = _device_plans.get(key)
-    if plan is None:
-        plan = _device_update_plan(x, conv_state_indices, num_accepted_tokens,
-                                   query_start_loc, declared, null_block_id, pad_slot_id,
-                                   (num_lines, state_len, width))
-        if len(_device_plans) >= _DEVICE_PLANS_LIMIT:
-            _device_plans.clear()
-        _device_plans[key] = plan
+    plan = _kept_plan(key, lambda: _device_update_plan(
+        x, conv_state_indices, num_accepted_tokens, query_start_loc, declared,
+        null_block_id, pad_slot_id, (num_lines, state_len, width)))
     if weight.dtype != conv_state.dtype or (bias is not None and bias.dtype != weight.dtype):
         weight, bias = _to_state_dtype(conv_state, weight, bias)
     # Straight into target when the plan allows it (x itself included: every sequence
@@ -253,17 +260,12 @@ def _device_fn(x, weight, bias, conv_states, query_start_loc, cache_indices,
     key = ("fn", _describe(query_start_loc), _describe(cache_indices),
            _describe(has_initial_state), int(tokens.shape[0]), num_lines, state_len, width,
            null_block_id, pad_slot_id)
-    plan = _device_plans.get(key)
-    if plan is None:
-        plan = device_plan(int(tokens.shape[0]), num_lines, state_len, width,
-                           non_spec_query_start_loc=query_start_loc,
-                           non_spec_state_indices=cache_indices,
-                           has_initial_state=has_initial_state,
-                           pad_slot_id=_NO_LINE if pad_slot_id is None else pad_slot_id,
-                           null_block_id=null_block_id, skip_empty=True)
-        if len(_device_plans) >= _DEVICE_PLANS_LIMIT:
-            _device_plans.clear()
-        _device_plans[key] = plan
+    plan = _kept_plan(key, lambda: device_plan(
+        int(tokens.shape[0]), num_lines, state_len, width,
+        non_spec_query_start_loc=query_start_loc, non_spec_state_indices=cache_indices,
+        has_initial_state=has_initial_state,
+        pad_slot_id=_NO_LINE if pad_slot_id is None else pad_slot_id,
+        null_block_id=null_block_id, skip_empty=True))
     if weight.dtype != conv_states.dtype or (bias is not None and bias.dtype != weight.dtype):
         weight, bias = _to_state_dtype(conv_states, weight, bias)
     return plan.run(tokens, weight, bias, conv_states,

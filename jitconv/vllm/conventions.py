@@ -91,7 +91,14 @@ def leading_rows(count, num_rows, name):
     return None if count == num_rows else np.arange(count)
 
 
-DEFAULT = object()  # causal_conv1d_update's null_block_id when the caller gives none
+class _Default:
+    """causal_conv1d_update's null_block_id when the caller gives none (see skipped_ids)."""
+
+    def __repr__(self):
+        return "NULL_BLOCK_ID (None with pad_slot_id)"
+
+
+DEFAULT = _Default()
 
 
 def skipped_ids(null_block_id, pad_slot_id):

@@ -112,11 +112,12 @@ def _build(element_types, queue):
             f"({', '.join(planner.METADATA_ARRAYS)}) and numba-dpex is not installed to "
             f"compile one; the package ships planners for: {'; '.join(shipped)} (pass "
             f"the metadata as one index dtype, flags as bool or that dtype)")
+    spirv, name = compile_spirv(element_types, queue)
+    kernel = launching._program(queue, spirv, name)
     try:
-        kernel, _path = compile_and_store(element_types, queue)
-    except OSError:  # an unwritable cache: compiled once, not cached
-        spirv, name = compile_spirv(element_types, queue)
-        kernel = launching._program(queue, spirv, name)
+        kernel_cache.store_planner(element_types, spirv, name)
+    except OSError:  # an unwritable cache: compiled in this process only
+        pass
     return kernel
 
 
@@ -134,6 +135,11 @@ class _Tables:
         view = bridge.DeviceView(self.memory, 0, (words,), (1,), 4, self.memory)
         self.table_args = launching.table_args(
             view, dict(zip(("rows", "blocks"), (0, planner.ROWS_WORDS))))
+        errors = bridge.DeviceView(self.errors, 0, (len(planner.ERRORS),), (1,), 4,
+                                   self.errors)
+        # the planner's tables and errors parameters
+        self.planner_args = {"tables": launching.array_args(view),
+                             "errors": launching.array_args(errors)}
         self.queue = queue
         self.launch = None  # (kernel, packed values), kept when every view is zero-copy
 
@@ -159,7 +165,8 @@ def _tables_of(plan, queue):
 
 
 def _packed(plan, queue, where):
-    """(planner kernel, packed values, whether every metadata view is zero-copy)."""
+    """(planner kernel, packed values, whether every metadata view is zero-copy, the
+    views: they keep copies of the metadata alive until the submit)."""
     values, views, element_types, zero_copy = {}, {}, [], True
     for name in planner.METADATA_ARRAYS:
         t, _stride = plan.kernel_arrays[name]
@@ -167,36 +174,23 @@ def _packed(plan, queue, where):
             t = t.view(torch.uint8)
         view, _ = bridge.to_device(t, plan.names[name], False, queue)
         zero_copy = zero_copy and not bridge.is_copy(view)
-        views[name] = view  # keeps a copy alive until the submit
+        views[name] = view
         element_types.append(str(t.dtype).split(".")[-1])
         values[name] = launching.array_args(view)
         stride = view.strides[0] if name in plan.arrays else 0
         values[name + "_offset"], values[name + "_stride"] = [view.offset], [stride]
     scalars = plan.planner_scalars
-    tables = bridge.DeviceView(where.memory, 0, (where.memory.nbytes // 4,), (1,), 4, None)
-    errors = bridge.DeviceView(where.errors, 0, (len(planner.ERRORS),), (1,), 4, None)
-    values["tables"], values["errors"] = launching.array_args(tables), \
-        launching.array_args(errors)
+    values.update(where.planner_args)
     packed = []
     for name in planner.PLAN_ARGS:
         packed += values[name] if name in values else [scalars[name]]
     return get_planner(tuple(element_types), queue), packed, zero_copy, views
 
 
-_POINTERS = None
-
-
-def _pointers():
-    global _POINTERS
-    if _POINTERS is None:
-        flags = []
-        for name in planner.PLAN_ARGS:
-            if name in _ARRAYS:
-                flags += [i == launching._ARRAY_POINTER for i in range(5)]
-            else:
-                flags.append(False)
-        _POINTERS = tuple(flags)
-    return _POINTERS
+# Which packed parameters of the planner are USM pointers (an array's third of five).
+_POINTERS = tuple(p for name in planner.PLAN_ARGS
+                  for p in ([i == launching._ARRAY_POINTER for i in range(5)]
+                            if name in _ARRAYS else [False]))
 
 
 def plan_on(plan, queue):
@@ -207,17 +201,17 @@ def plan_on(plan, queue):
     if where.launch is not None:
         kernel, values = where.launch
         return where.table_args, launching.submit_planner(
-            kernel, queue, values, _pointers(), plan.num_blocks, not queue.is_in_order)
+            kernel, queue, values, _POINTERS, plan.num_blocks, not queue.is_in_order)
     kernel, values, zero_copy, views = _packed(plan, queue, where)
     if not zero_copy:  # copies of the metadata: freed when this returns, so wait
-        launching.submit_planner(kernel, queue, values, _pointers(), plan.num_blocks, False,
+        launching.submit_planner(kernel, queue, values, _POINTERS, plan.num_blocks, False,
                                  wait=True)
         del views
         return where.table_args, None
     if launching.can_resubmit():
-        where.launch = (kernel, launching.addresses(values, _pointers()))
+        where.launch = (kernel, launching.addresses(values, _POINTERS))
     return where.table_args, launching.submit_planner(
-        kernel, queue, values, _pointers(), plan.num_blocks, not queue.is_in_order)
+        kernel, queue, values, _POINTERS, plan.num_blocks, not queue.is_in_order)
 
 
 def read_errors(plan):
