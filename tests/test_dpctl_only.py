@@ -87,7 +87,7 @@ def kernels_built_now(sycl_device, tmp_path_factory):
     """SPIR-V for every supported width and dtype, compiled in the main environment."""
     out = tmp_path_factory.mktemp("spirv")
     _run([sys.executable, "-m", "jitconv", "--device", sycl_device, "build-kernels",
-          "--dir", str(out), "--widths", "2,3,4,5,6,7,8"], cwd=ROOT, timeout=600)
+          "--dir", str(out), "--widths", "2,3,4,5,6,7,8"], cwd=ROOT, timeout=1200)
     return out
 
 

@@ -26,7 +26,7 @@ them as they were. jitconv writes them so that no stale or uninitialised value f
 import numpy as np
 import torch
 
-from jitconv.api import ops
+from jitconv.api import ops, plan_cache
 from jitconv.api.device_plan import device_plan
 from jitconv.api.validation import host_ints
 from jitconv.vllm import conventions
@@ -197,8 +197,6 @@ def _on_device(x, *metadata):
                     for m in metadata))
 
 
-_device_plans = {}  # what the metadata tensors are (addresses, shapes, ...) -> DevicePlan
-_DEVICE_PLANS_LIMIT = 64
 
 
 def _describe(t):
@@ -206,15 +204,9 @@ def _describe(t):
 
 
 def _kept_plan(key, build):
-    """The device plan kept under ``key``, or ``build()``'s, kept (at most
-    _DEVICE_PLANS_LIMIT; then the table starts over)."""
-    plan = _device_plans.get(key)
-    if plan is None:
-        plan = build()
-        if len(_device_plans) >= _DEVICE_PLANS_LIMIT:
-            _device_plans.clear()
-        _device_plans[key] = plan
-    return plan
+    """The device plan kept for these metadata tensors (``key``: what they are), or
+    ``build()``'s, kept in the one-shot ops' plan cache (``plan_cache``)."""
+    return plan_cache.plan_for(("vllm device plan",) + key, build)
 
 
 def _device_update(x, conv_state, weight, bias, activation, conv_state_indices,
