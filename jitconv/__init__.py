@@ -17,7 +17,7 @@ from jitconv.memory.usm import empty, pool_bytes, set_pool_limit, zeros  # noqa:
 from jitconv.kernels.abi import SUPPORTED_WIDTHS  # noqa: E402
 from jitconv.api.ops import (causal_conv1d_fn, causal_conv1d_mixed, causal_conv1d_update,  # noqa: E402
                   plan)
-from jitconv.api.plan import StepPlan  # noqa: E402
+from jitconv.api.plan import SplitOutputs, StepPlan  # noqa: E402
 from jitconv.api.device_plan import DevicePlan, device_plan  # noqa: E402
 from jitconv.api import torch_ops  # noqa: E402,F401  (registers torch.ops.jitconv.*)
 from jitconv.backends.sycl.device_check import DeviceCheckError  # noqa: E402
@@ -28,7 +28,7 @@ from jitconv import vllm  # noqa: E402
 
 __all__ = [
     "causal_conv1d_fn", "causal_conv1d_update", "causal_conv1d_mixed", "plan", "StepPlan",
-    "device_plan", "DevicePlan",    "devices",
+    "SplitOutputs", "device_plan", "DevicePlan", "devices",
     "get_device", "set_device", "get_queue", "empty", "zeros", "copy_counts",
     "reset_copy_counts", "set_allow_copies", "set_pool_limit", "pool_bytes", "CopyRequiredError",
     "DeviceNotFoundError", "DeviceCheckError", "SUPPORTED_WIDTHS", "reference", "steps", "vllm",

@@ -195,3 +195,59 @@ def tune(monkeypatch, **values):
         else:
             tuning._check(name, value)
             monkeypatch.setitem(tuning._overrides, name, value)
+
+
+# ------------------------------------------------------------------ split outputs
+
+def part_tokens(case, part):
+    key = f"{part}_query_start_loc"
+    return int(case[key][-1]) if case.get(key) is not None else 0
+
+
+def check_split_outputs(case, dtype, usm=False, extra_rows=0):
+    """causal_conv1d_mixed with out_spec / out_non_spec: each a poisoned view with
+    margins inside a larger buffer. Its rows equal the one-output call's rows gathered
+    by the part's token map, bit for bit (and the reference within tolerance); the states
+    are bit-identical; the margins stay poison. Then twice with split=True (new outputs;
+    the second run a remembered launch where launches are): the same bits. ``extra_rows``:
+    rows of x that no sequence covers (needs token maps), written nowhere."""
+    if extra_rows:
+        x = case["x"]
+        grown = randn(torch.Generator().manual_seed(7), (x.shape[0] + extra_rows, x.shape[1]),
+                      dtype, usm)
+        grown[:x.shape[0]] = x
+        case = dict(case, x=grown)
+    state0 = case["conv_state"].clone()
+    ref_out, ref_state = causal_conv1d_reference(**case)
+    full = jitconv.causal_conv1d_mixed(**case)
+    full_state = bits(case["conv_state"])
+    case["conv_state"].copy_(state0)
+    dim, views, buffers = case["x"].shape[1], {}, {}
+    for part in ("spec", "non_spec"):
+        n = part_tokens(case, part)
+        if not n and f"{part}_query_start_loc" not in case:
+            views[part] = None
+            continue
+        buffers[part] = poisoned((n + 4, dim + 8), dtype, usm)
+        views[part] = buffers[part][2:2 + n, 4:4 + dim]
+    result = jitconv.causal_conv1d_mixed(out_spec=views["spec"], out_non_spec=views["non_spec"],
+                                         **case)
+    assert result.spec is views["spec"] and result.non_spec is views["non_spec"]
+    for part, buf in buffers.items():
+        rows = token_rows(case, part)
+        assert torch.equal(bits(views[part]), bits(full)[rows])
+        assert_outputs_close(views[part], ref_out[rows.numpy()], dtype)
+        margin = torch.ones(buf.shape, dtype=torch.bool)
+        margin[2:2 + len(rows), 4:4 + dim] = False
+        assert torch.isnan(buf.cpu()[margin].float()).all(), "a split output wrote outside its view"
+    assert torch.equal(bits(case["conv_state"]), full_state)
+    assert_state_exact(case["conv_state"], ref_state)
+    for _ in range(2):
+        case["conv_state"].copy_(state0)
+        new = jitconv.causal_conv1d_mixed(split=True, **case)
+        for part, t in zip(("spec", "non_spec"), new):
+            n = part_tokens(case, part)
+            assert (t is None) == (n == 0), part
+            if n:
+                assert torch.equal(bits(t), bits(full)[token_rows(case, part)]), part
+        assert torch.equal(bits(case["conv_state"]), full_state)

@@ -31,7 +31,7 @@ from jitconv.testing.steps import mixed_step
 
 from helpers import (DTYPES, GRID, POISON, assert_outputs_close, assert_state_exact, bits,
                      build_mixed, check_grid_case, check_mixed_equals_split, cumulative,
-                     grid_ids, poisoned, randn, run_and_check, tune)
+                     check_split_outputs, grid_ids, poisoned, randn, run_and_check, tune)
 
 SIM = cuda_devices.simulating()
 pytestmark = pytest.mark.skipif(not cuda_devices.devices(),
@@ -512,7 +512,7 @@ def test_pointer_signature():
     from jitconv.backends.cuda.kernels import pointer_signature
     from jitconv.backends.cuda.source import ARG_NAMES, CALL_ARGS, EXTRA_ARGS, LAYOUT_ARGS
     assert CALL_ARGS == ("x", "out", "weight", "bias", "state", "tables", "rows", "blocks",
-                         "num_blocks")
+                         "out2", "spec_slot0", "num_blocks")
     assert not set(CALL_ARGS) & set(LAYOUT_ARGS)
     for dtype_name, raw in (("bfloat16", types.int16), ("float16", types.int16),
                             ("float32", types.float32)):
@@ -522,7 +522,7 @@ def test_pointer_signature():
             args = pointer_signature(dtype_name, names).args
             assert len(args) == len(chosen)
             expected = {"x": raw, "out": raw, "weight": raw, "bias": raw, "state": raw,
-                        "tables": types.int32}
+                        "tables": types.int32, "out2": raw}
             for (name, ndim, _, _), numba_type in zip(chosen, args):
                 if ndim:
                     assert numba_type == types.CPointer(expected.pop(name)), name
@@ -664,3 +664,15 @@ def test_runs_on_torchs_current_stream(cuda_device):
     side.synchronize()
     assert_outputs_close(result, ref_out, dtype)
     assert_state_exact(case["conv_state"], ref_state)
+
+
+@pytest.mark.parametrize("dtype_name", list(DTYPES))
+@pytest.mark.parametrize("shape", ["shuffled", "plain", "spec_only", "uncovered"])
+def test_split_outputs(cuda_device, dtype_name, shape):
+    """out_spec / out_non_spec on CUDA: the gathered rows of the one-output call, bit for
+    bit, states bit-identical, nothing written outside the views (tests/helpers.py)."""
+    dtype = DTYPES[dtype_name]
+    case = build_mixed(21 + len(shape), dtype=dtype, width=4, dim=DIM, usm=True,
+                       shuffle=shape in ("shuffled", "uncovered"),
+                       non_spec=shape != "spec_only")
+    check_split_outputs(case, dtype, usm=True, extra_rows=3 if shape == "uncovered" else 0)

@@ -241,6 +241,21 @@ def test_vllm_conventions(device):
     assert_state_exact(state, want_state)
 
 
+
+def test_split_outputs_refused(device):
+    """Split outputs need each part's token count on the host: a device plan refuses
+    them by name, before anything runs."""
+    gen = torch.Generator().manual_seed(4)
+    md = dict(non_spec_query_start_loc=put(torch.tensor([0, 3, 5], dtype=torch.int32), device),
+              non_spec_state_indices=put(torch.tensor([1, 2], dtype=torch.int32), device))
+    plan = jitconv.device_plan(5, 4, 3, 4, **md)
+    x, w, b, state = layer(gen, torch.float32, 5, 4, 3, 4, device)
+    before = state.clone()
+    for split in (dict(out_non_spec=torch.empty_like(x)), dict(split=True)):
+        with pytest.raises(ValueError, match="split: split outputs need"):
+            plan.run(x, w, b, state, **split)
+    assert torch.equal(state, before)
+
 BAD = {  # name: (how the metadata is spoiled, the error word it sets)
     "line out of range": (lambda md: md["spec_state_indices"].__setitem__(1, 99),
                           planner.E_LINE),
@@ -432,6 +447,16 @@ def test_runs_are_remembered(cuda_device, monkeypatch):
         assert_state_exact(state, want_state)
         plan.run(x, w, b, state.clone(), out=out)  # another conv_state: packed anew
         assert len(calls) == 3
+        if not plan.on_device:  # new split outputs: a launch of their own, remembered
+            parts = [plan.run(x, w, b, state, split=True) for _ in range(2)]
+            assert len(calls) == 4
+            assert parts[0].spec is None and parts[1].spec is None
+            assert parts[0].non_spec.data_ptr() != parts[1].non_spec.data_ptr()
+            want_out, want_state = reference_of(
+                dict(non_spec_state_indices=lines), (x, w, b, state))
+            third = plan.run(x, w, b, state, split=True)
+            assert_outputs_close(third.non_spec, want_out, torch.float32)
+            assert_state_exact(state, want_state)
         monkeypatch.undo()
 
 

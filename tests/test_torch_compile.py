@@ -84,14 +84,18 @@ def test_update_compiles_and_updates_the_state(device, backend):
     assert torch.equal(bits(ca[3])[[1, 2, 4, 6, 7]], before[[1, 2, 4, 6, 7]])
 
 
-def test_fn_and_mixed_compile(device):
-    gen = torch.Generator().manual_seed(2)
-    step = mixed_step(gen, dim=DIM, width=WIDTH, dtype=torch.float32,
-                      ns_lengths=[5, 1, 3], sp_lengths=[2, 3], rows="vllm",
-                      state_len=WIDTH - 1 + 2, extra_lines=2)
+def small_mixed_step(seed, device):
+    """(step, the data keys, the metadata on ``device``) of a small mixed step."""
+    step = mixed_step(torch.Generator().manual_seed(seed), dim=DIM, width=WIDTH,
+                      dtype=torch.float32, ns_lengths=[5, 1, 3], sp_lengths=[2, 3],
+                      rows="vllm", state_len=WIDTH - 1 + 2, extra_lines=2)
     data = ("x", "weight", "bias", "conv_state")
-    meta = {k: v.to(device) if isinstance(v, torch.Tensor) else v
-            for k, v in step.items() if k not in data}
+    return step, data, {k: v.to(device) if isinstance(v, torch.Tensor) else v
+                        for k, v in step.items() if k not in data}
+
+
+def test_fn_and_mixed_compile(device):
+    step, data, meta = small_mixed_step(2, device)
 
     def make():
         return [step[k].clone() for k in data]
@@ -118,6 +122,39 @@ def test_fn_and_mixed_compile(device):
     ea, want, ca, got = both(fn, make_fn, device)
     assert_same(got, want)
     assert_same(ca[3], ea[3])
+
+
+def test_split_outputs_compile(device):
+    """causal_conv1d_mixed with split outputs inside a compiled function: new ones
+    (split=True, sized by the token maps) and the caller's (out_spec / out_non_spec,
+    written in place), bit-identical to eager, states too."""
+    step, data, meta = small_mixed_step(6, device)
+    n_spec, n_non_spec = len(meta["spec_token_indx"]), len(meta["non_spec_token_indx"])
+
+    def new(x, w, b, state):
+        spec, non_spec = jitconv.causal_conv1d_mixed(x, w, b, state, split=True, **meta)
+        return spec * 2, non_spec + 1
+
+    ea, want, ca, got = both(new, lambda: [step[k].clone() for k in data], device)
+    for a, b in zip(got, want):
+        assert_same(a, b)
+    assert_same(ca[3], ea[3])
+    assert not torch.equal(bits(ca[3]), bits(step["conv_state"])), "the state update was lost"
+
+    def given(x, w, b, state, out_spec, out_non_spec):
+        jitconv.causal_conv1d_mixed(x, w, b, state, out_spec=out_spec,
+                                    out_non_spec=out_non_spec, **meta)
+        return out_spec.sum()
+
+    def make():
+        return [step[k].clone() for k in data] + [
+            torch.full((n, DIM), float("nan")) for n in (n_spec, n_non_spec)]
+
+    ea, want, ca, got = both(given, make, device)
+    assert_same(got, want)
+    for i in (3, 4, 5):
+        assert_same(ca[i], ea[i])
+    assert not torch.isnan(ca[5]).any()
 
 
 def test_vllm_drop_ins_compile(device):
@@ -171,3 +208,14 @@ def test_ops_pass_torch_opcheck(device):
     x, w, b, state, lines = on(device, decode_args(lines=(3, 0, 6, 5)))
     torch.library.opcheck(torch.ops.jitconv.vllm_causal_conv1d_update.default,
                           (x, state, w, b, "silu", lines, None, None, -1, 0, None, None))
+    # split outputs: two decodes (rows 0, 1) and a spec sequence of one token (row 2)
+    x, w, b, state, _lines = on(device, decode_args(lines=(3, 0, 6, 5)))
+    ints = [torch.tensor(v, dtype=torch.int32, device=x.device) for v in (
+        [0, 1, 2], [3, 0], [0, 1], [0, 1], [[6]], [2], [1])]
+    qsl, ns_lines, ns_rows, sp_qsl, sp_lines, sp_rows, accepted = ints
+    out_spec, out_non_spec = (torch.full((n, DIM), float("nan"), device=x.device)
+                              for n in (1, 2))
+    torch.library.opcheck(torch.ops.jitconv.causal_conv1d_mixed_split.default,
+                          (x, w, b, state, out_spec, out_non_spec, qsl, ns_lines, None,
+                           ns_rows, sp_qsl, sp_lines, sp_rows, accepted, None, "silu", -1,
+                           None))

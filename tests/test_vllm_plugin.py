@@ -98,6 +98,8 @@ STANDIN = {
                     x_non_spec = mixed_qkv.index_select(0, m.non_spec_token_indx)
                 else:
                     x_non_spec = mixed_qkv
+                core_attn_out["gathered"] = [t.shape[1] for t in (x_spec, x_non_spec)
+                                             if t is not None]
                 if spec:
                     x_spec = causal_conv1d_update(
                         x_spec, conv_state, w, self.conv1d.bias, self.activation,
@@ -207,47 +209,53 @@ def test_register_does_nothing_on_another_platform(standin, monkeypatch, caplog)
 NUM_SPEC, DIM, WIDTH = 3, 64, 4
 
 
-def mixed_step_metadata():
+def mixed_step_metadata(non_spec_decodes=False):
     """A mixed step as vLLM's builder lays it out (decodes counted as prefills beside
-    spec decodes; maps from a stable argsort, int64), with a null-block spec row."""
-    lengths = [4, 5, 1, 2, 4, 1]          # requests in order
+    spec decodes; maps from a stable argsort, int64), with a null-block spec row;
+    ``non_spec_decodes``: the non-spec part only decodes (vLLM's update call for it)."""
+    lengths = [4, 1 if non_spec_decodes else 5, 1, 2, 4, 1]  # requests in order
     spec = np.array([True, False, False, True, True, False])
     token_spec = np.repeat(spec, lengths)
     order = torch.argsort(torch.tensor(token_spec), stable=True)
     n_ns = int((~token_spec).sum())
     table = torch.tensor([[3, 9, 10, 11], [0, 0, 0, 0], [6, 12, 13, 14]], dtype=torch.int32)
+    initial = torch.tensor([True] * 3 if non_spec_decodes else [False, True, True])
     meta = types.SimpleNamespace(
-        num_prefills=3, num_decodes=0, num_spec_decodes=3, num_actual_tokens=sum(lengths),
+        num_prefills=0 if non_spec_decodes else 3, num_decodes=3 if non_spec_decodes else 0,
+        num_spec_decodes=3, num_actual_tokens=sum(lengths),
         spec_sequence_masks=torch.tensor(spec),
         spec_token_indx=order[n_ns:], non_spec_token_indx=order[:n_ns],
         spec_state_indices_tensor=table, spec_query_start_loc=cumulative([4, 2, 4]),
         num_accepted_tokens=torch.tensor([2, 1, 3], dtype=torch.int32),
-        non_spec_query_start_loc=cumulative([5, 1, 1]),
+        non_spec_query_start_loc=cumulative([lengths[1], 1, 1]),
         non_spec_state_indices_tensor=torch.tensor([5, 7, 8], dtype=torch.int32),
-        has_initial_state=torch.tensor([False, True, True]))
+        has_initial_state=None if non_spec_decodes else initial)
     reference = dict(
         non_spec_query_start_loc=meta.non_spec_query_start_loc,
         non_spec_state_indices=meta.non_spec_state_indices_tensor,
-        has_initial_state=meta.has_initial_state, non_spec_token_indx=order[:n_ns],
+        has_initial_state=initial, non_spec_token_indx=order[:n_ns],
         spec_query_start_loc=meta.spec_query_start_loc,
         spec_state_indices=torch.tensor([3, -1, 6]), spec_token_indx=order[n_ns:],
         num_accepted_tokens=meta.num_accepted_tokens)
     return meta, reference
 
 
+@pytest.mark.parametrize("non_spec_decodes", [False, True], ids=["prefills", "decodes"])
 @pytest.mark.parametrize("dim_first", [False, True], ids=["state_major", "dim_first"])
 @pytest.mark.parametrize("whole_step", [False, True], ids=["per_call", "whole_step"])
-def test_gdn_layer_runs_on_jitconv(sycl_device, standin, whole_step, dim_first):
+def test_gdn_layer_runs_on_jitconv(sycl_device, standin, whole_step, dim_first,
+                                   non_spec_decodes):
     """The stand-in GDN layer's conv stage, after install(): outputs of both parts and
     the cache against the reference, null block 0 untouched; the whole-step mode does
-    the step in one launch and the layer's own conv calls become hand-backs."""
+    the step in one launch with split outputs, the layer's gathers move no data and its
+    own conv calls become hand-backs."""
     vllm_plugin.install(whole_step=whole_step)
     import vllm.forward_context as context
     import vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn as gdn
     import vllm.model_executor.layers.mamba.mamba_utils as utils
     utils.DIM_FIRST = dim_first
     gen = torch.Generator().manual_seed(5)
-    meta, reference = mixed_step_metadata()
+    meta, reference = mixed_step_metadata(non_spec_decodes)
     storage = (16, DIM, WIDTH - 1 + NUM_SPEC) if dim_first else (16, WIDTH - 1 + NUM_SPEC, DIM)
     cache = randn(gen, storage, torch.float32)
     conv_state = cache if dim_first else cache.transpose(-1, -2)
@@ -265,6 +273,7 @@ def test_gdn_layer_runs_on_jitconv(sycl_device, standin, whole_step, dim_first):
     # vLLM's custom op calls it with keywords
     layer._forward_core(mixed_qkv=mixed_qkv, b=None, a=None, core_attn_out=result)
     assert launching.stats["submitted"] - launches == (1 if whole_step else 2)
+    assert result["gathered"] == [0 if whole_step else DIM] * 2
     assert_outputs_close(result["spec"], ref_out[reference["spec_token_indx"].numpy()],
                          torch.float32)
     assert_outputs_close(result["non_spec"],

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from jitconv.kernels.abi import (BLOCK_FIELDS, FLAG_BLOCK_ROWS, FLAG_INITIAL_STATE, FLAG_SEQ_ROWS,
-                         FLAG_SPEC, SUPPORTED_WIDTHS)
+                         FLAG_SPEC, FLAG_UNCOVERED, SUPPORTED_WIDTHS)
 
 DEFAULT_BLOCK_TOKENS = 16
 
@@ -122,7 +122,7 @@ def build_batch(parts, num_tokens, block_tokens=DEFAULT_BLOCK_TOKENS):
         seq_len.append([len(uncovered)])
         seq_line.append([-1])
         seq_off.append([0])
-        seq_flags.append([0])
+        seq_flags.append([FLAG_UNCOVERED])
     rows.append(uncovered)
 
     def cat(chunks):

@@ -17,7 +17,7 @@ from jitconv.memory import bridge
 from jitconv.api import plan_cache
 from jitconv.api import validation
 from jitconv.api.batch import Part
-from jitconv.api.plan import StepPlan
+from jitconv.api.plan import StepPlan, split_request
 from jitconv.api.validation import Geometry
 
 # Types of the public API, for readers and checkers: tensors are torch tensors (CPU, XPU or
@@ -279,7 +279,9 @@ def causal_conv1d_mixed(x: Array, weight: Array, bias: Optional[Array], conv_sta
                         num_accepted_tokens: Optional[Ints] = None,
                         non_spec_num_accepted_tokens: Optional[Ints] = None,
                         activation: Optional[str] = "silu", pad_slot_id: int = -1,
-                        out: Optional[Array] = None, math: Optional[str] = None) -> Array:
+                        out: Optional[Array] = None, math: Optional[str] = None,
+                        split: bool = False, out_spec: Optional[Array] = None,
+                        out_non_spec: Optional[Array] = None) -> Array:
     """One engine step of a hybrid model in ONE kernel launch: prefill chunks, plain
     decodes (the non-spec part) and spec-decode verify sequences (the spec part).
 
@@ -308,16 +310,37 @@ def causal_conv1d_mixed(x: Array, weight: Array, bias: Optional[Array], conv_sta
         division), within the contract's tolerances, NaN and inf kept. None: the
         backend's default for the dtype (SYCL: "fast" for float16 / bfloat16, "exact"
         for float32; CUDA: "fast"). Each choice is its own kernel.
+    split : bool
+        Return the outputs split by part, written by the same launch:
+        ``jitconv.SplitOutputs(spec, non_spec)`` of shapes (spec tokens, dim) and
+        (non-spec tokens, dim), row k the part's k-th token, as
+        ``out.index_select(0, spec_token_indx)`` / ``(0, non_spec_token_indx)`` would
+        give (with the default maps: the part's rows in order); None for a part without
+        tokens. Rows of x that no sequence covers are written nowhere.
+    out_spec, out_non_spec : tensors, optional
+        The split outputs to write into (implies ``split``; not with ``out``). A part
+        with tokens needs its tensor; they may not overlap x, weight, bias, conv_state
+        or each other.
 
     Returns
     -------
-    tensor
-        ``out``, or a new tensor like x. Rows no sequence uses are zeros.
+    tensor or SplitOutputs
+        ``out``, or a new tensor like x (rows no sequence uses are zeros); with split
+        outputs a ``jitconv.SplitOutputs``.
 
     Keyword names follow vLLM's GDN metadata; the rule is docs/SEMANTICS.md.
     """
+    split = split_request(split, out_spec, out_non_spec)
     if torch.compiler.is_compiling():  # one custom op in the traced graph
         from jitconv.api import torch_ops as t
+        if split is not None:
+            return t.mixed_split(x, weight, bias, conv_state, split, activation,
+                                 int(pad_slot_id), math, (
+                                     non_spec_query_start_loc, non_spec_state_indices,
+                                     has_initial_state, non_spec_token_indx,
+                                     spec_query_start_loc, spec_state_indices,
+                                     spec_token_indx, num_accepted_tokens,
+                                     non_spec_num_accepted_tokens), out)
         return t.into(out, torch.ops.jitconv.causal_conv1d_mixed(
             x, weight, bias, conv_state, *(t.as_tensor(m) for m in (
                 non_spec_query_start_loc, non_spec_state_indices, has_initial_state,
@@ -331,7 +354,8 @@ def causal_conv1d_mixed(x: Array, weight: Array, bias: Optional[Array], conv_sta
                 spec_token_indx, num_accepted_tokens, non_spec_num_accepted_tokens)
     plan = plan_cache.plan_for(plan_cache.key("mixed", geo, metadata),
                                lambda: _mixed_plan(geo, None, *metadata))
-    return plan.run_checked((x, weight, bias, conv_state, out), activation, checked, math)
+    return plan.run_checked((x, weight, bias, conv_state, out), activation, checked, math,
+                            split)
 
 
 def plan(num_tokens: int, num_cache_lines: int, state_len: int, width: int, *,

@@ -14,14 +14,23 @@ A plan is never written after it is built, so any number of threads may run it (
 different plans) at once: there is no lock and no shared mutable buffer.
 """
 
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 import numpy as np
 
 from jitconv.api import validation
 from jitconv.api.batch import DEFAULT_BLOCK_TOKENS, build_batch
 from jitconv.backends import Launch, registry
+from jitconv.kernels.abi import SPLIT_NONE, SPLIT_PARTS, SPLIT_SLOTS
 from jitconv.memory import bridge
+
+
+class SplitOutputs(NamedTuple):
+    """A run's outputs split by part (``out_spec`` / ``out_non_spec``): row k of each is
+    the part's k-th token, what ``out.index_select(0, token_indx)`` gives for the part's
+    token map. None for a part without tokens that got no tensor."""
+    spec: Any
+    non_spec: Any
 
 
 class StepPlan:
@@ -51,6 +60,16 @@ class StepPlan:
         self.in_place = max(self.longest_sequences) <= DEFAULT_BLOCK_TOKENS
         self.queue = queue  # None: chosen per run (torch's stream, or the current device)
         self.host_tables = batch.tables()  # the kernel's int32 tables (kernels.abi.TABLES)
+        # Tokens per part (spec, non-spec: validation.SPLIT_NAMES' order) and the spec
+        # part's first token slot: what split outputs need. The non-spec part's slots
+        # start at 0 (its part comes first, as every plan builder orders them).
+        counts = {True: 0, False: 0}
+        for p in parts:
+            counts[p.spec] += int(p.query_start_loc[-1])
+        if parts and parts[0].spec and len(parts) > 1:
+            raise ValueError("plan: the non-spec part must come before the spec part")
+        self.part_tokens = (counts[True], counts[False])
+        self.spec_slot0 = counts[False]
         # what a remembered launch compares: the geometry its tensors were checked against
         self.fit = (geo.num_tokens, geo.num_lines, geo.state_len, geo.width)
 
@@ -58,7 +77,8 @@ class StepPlan:
 
     def run(self, x: Any, weight: Any, bias: Optional[Any], conv_state: Any,
             out: Optional[Any] = None, activation: Optional[str] = "silu",
-            math: Optional[str] = None) -> Any:
+            math: Optional[str] = None, *, split: bool = False,
+            out_spec: Optional[Any] = None, out_non_spec: Optional[Any] = None) -> Any:
         """The conv of one layer, with the plan's metadata.
 
         Parameters
@@ -74,31 +94,52 @@ class StepPlan:
         activation : {"silu", "swish", None}
         math : {None, "exact", "fast"}
             silu's math (see ``jitconv.causal_conv1d_mixed``).
+        split : bool
+            Return the outputs split by part, instead of one tensor in x's rows:
+            ``SplitOutputs(spec, non_spec)``, each part's rows in a tensor of shape
+            (part tokens, dim), row k the part's k-th token (what
+            ``out.index_select(0, spec_token_indx)`` and ``(0, non_spec_token_indx)``
+            give), written by the same launch. New tensors (views of one, so that a
+            layer's next runs are remembered launches), or ``out_spec`` /
+            ``out_non_spec`` when given.
+        out_spec, out_non_spec : tensors, optional
+            The split outputs to write (implies ``split``; not with ``out``). A part
+            with tokens needs its tensor. Neither may overlap x, weight, bias,
+            conv_state or the other.
 
         Returns
         -------
-        tensor
-            ``out``, or the new output tensor.
+        tensor or SplitOutputs
+            ``out``, or the new output tensor; with split outputs a ``SplitOutputs``
+            (None for a part without tokens, unless its tensor was given).
 
         The tensors are checked against the plan (shapes, dtypes, strides, devices,
         overlaps) before anything is launched; a bad one raises and leaves conv_state as
         it was.
         """
-        return self.run_checked((x, weight, bias, conv_state, out), activation, None, math)
+        return self.run_checked((x, weight, bias, conv_state, out), activation, None, math,
+                                split_request(split, out_spec, out_non_spec))
 
-    def run_checked(self, args, activation, checked=None, math=None):
+    def run_checked(self, args, activation, checked=None, math=None, split=None):
         """``run`` on ``args`` (x, weight, bias, conv_state, out). ``checked``: (normalized
         tensors, dtype name) when the caller has already checked them against this
         plan's geometry (the one-shot ops do), so a run that is not remembered does not
-        check them twice."""
+        check them twice. ``split``: from ``split_request``."""
         backend = registry.for_call(args[0])
         if self.on_device and backend is not self.backend:
             raise ValueError(f"x: runs on the {backend.name} backend, but this plan's "
                              f"metadata tensors are on {self.device}; put x, weight, bias "
                              f"and conv_state where the metadata are")
-        result, key = backend.remembered(self, args, activation, math)
+        mode = SPLIT_NONE if split is None else SPLIT_SLOTS if split is True else SPLIT_PARTS
+        if mode != SPLIT_NONE:
+            if self.on_device:
+                raise ValueError("split: split outputs need each part's token count on "
+                                 "the host; device plans do not read it there: use a plan "
+                                 "built from host metadata (jitconv.plan)")
+            validation.check_no_out(args[4])
+        result, key = backend.remembered(self, args, activation, math, mode)
         if result is not None:  # these tensors passed the checks of this geometry
-            return result
+            return self._split_views(result) if mode == SPLIT_SLOTS else result
         silu = validation.check_activation(activation)
         validation.check_math(math)
         if checked is None:
@@ -107,11 +148,42 @@ class StepPlan:
             validation.check_fits_plan(self.geometry, tensors[0], tensors[3], width)
         else:
             tensors, dtype = checked
-        return self._launch(backend, tensors, silu, math, dtype, key)
+        if mode == SPLIT_PARTS:
+            return self._launch_split(backend, tensors, silu, math, dtype, split)
+        result = self._launch(backend, tensors, silu, math, dtype, key, mode)
+        return self._split_views(result) if mode == SPLIT_SLOTS else result
 
-    def _launch(self, backend, tensors, silu, math, dtype, key):
+    def _split_views(self, slots):
+        """The parts' rows of an output written in slot order (SPLIT_SLOTS): the non-spec
+        part's slots first, then the spec part's."""
+        spec, non_spec = self.part_tokens
+        return SplitOutputs(slots[non_spec:non_spec + spec] if spec else None,
+                            slots[:non_spec] if non_spec else None)
+
+    def _launch_split(self, backend, tensors, silu, math, dtype, split):
+        """Launch with split outputs (``run``'s out_spec / out_non_spec), checked first."""
+        x, weight, bias, conv_state, out = tensors
+        validation.check_writable(x, weight, bias, conv_state, out)
+        extents = validation.check_aliasing(x, weight, bias, conv_state, out, self.lines)
+        out_spec, out_non_spec = (bridge.normalize(t, n)
+                                  for t, n in zip(split, validation.SPLIT_NAMES))
+        validation.check_split_outputs(x, weight, bias, conv_state, out,
+                                       (out_spec, out_non_spec), self.part_tokens, extents)
+        result = SplitOutputs(*split)
+        if validation.shape_of(x)[1] == 0 or self.num_blocks == 0 or \
+                (out_spec is None and out_non_spec is None):
+            return result
+        # A part without tokens writes no row: the backend passes x in its place.
+        x = bridge.channels_contiguous(x)
+        backend.launch(self, Launch(x, weight, bias, conv_state, None, out_non_spec, silu,
+                                    math, dtype, extents, False, None, SPLIT_PARTS,
+                                    out_spec, self.spec_slot0))
+        return result
+
+    def _launch(self, backend, tensors, silu, math, dtype, key, split=SPLIT_NONE):
         """Launch on checked tensors (``run_checked`` checked them). With a ``key`` the
-        backend may keep a zero-copy launch for the next run with the same key."""
+        backend may keep a zero-copy launch for the next run with the same key.
+        ``split``: SPLIT_NONE, or SPLIT_SLOTS (out is None: a new output in slot order)."""
         x, weight, bias, conv_state, out = tensors
         validation.check_writable(x, weight, bias, conv_state, out)
         extents = validation.check_aliasing(x, weight, bias, conv_state, out, self.lines)
@@ -137,8 +209,18 @@ class StepPlan:
             return _finish(out, target)
         zero_copy = x is x_given and (target is out or out is None)
         backend.launch(self, Launch(x, weight, bias, conv_state, out, target, silu, math,
-                                    dtype, extents, zero_copy, key))
+                                    dtype, extents, zero_copy, key, split))
         return _finish(out, target)
+
+
+def split_request(split, out_spec, out_non_spec):
+    """What ``run_checked`` takes for a call's split arguments: None (one output), True
+    (new split outputs) or (out_spec, out_non_spec) (the caller's)."""
+    if out_spec is not None or out_non_spec is not None:
+        return (out_spec, out_non_spec)
+    if not isinstance(split, (bool, np.bool_)):
+        raise TypeError(f"split: expected True or False, got {split!r}")
+    return True if split else None
 
 
 def _finish(out, target):

@@ -11,7 +11,10 @@ The public functions route here by themselves while torch.compile traces them
 ``_update`` and ``jitconv.vllm.causal_conv1d_fn`` / ``_update`` called inside a compiled
 function become these ops, without a graph break. There, metadata must be tensors,
 Python lists or numpy arrays (made tensors), and ``out`` is filled by a copy of the op's
-result. Eagerly the functions run as they always do; plan objects (``jitconv.plan``,
+result; split outputs (``split`` / ``out_spec`` / ``out_non_spec`` of
+``causal_conv1d_mixed``) go through ``causal_conv1d_mixed_split``, which writes the
+caller's tensors or new ones sized by the parts' token maps. Eagerly the functions run as
+they always do; plan objects (``jitconv.plan``,
 ``device_plan``) are not ops and are not traced.
 """
 
@@ -30,6 +33,19 @@ def _fake_rows(x):
     return torch.empty(tuple(x.shape), dtype=x.dtype, device=x.device)
 
 
+# causal_conv1d_mixed's metadata keywords, in the ops' argument order.
+MIXED_METADATA = ("non_spec_query_start_loc", "non_spec_state_indices", "has_initial_state",
+                  "non_spec_token_indx", "spec_query_start_loc", "spec_state_indices",
+                  "spec_token_indx", "num_accepted_tokens", "non_spec_num_accepted_tokens")
+
+
+def _mixed(x, weight, bias, conv_state, metadata, activation, pad_slot_id, math, **outputs):
+    return ops.causal_conv1d_mixed(x, weight, bias, conv_state,
+                                   **dict(zip(MIXED_METADATA, metadata)),
+                                   activation=activation, pad_slot_id=pad_slot_id,
+                                   math=math, **outputs)
+
+
 @custom_op("jitconv::causal_conv1d_mixed", mutates_args=("conv_state",))
 def causal_conv1d_mixed(x: Tensor, weight: Tensor, bias: Optional[Tensor],
                         conv_state: Tensor, non_spec_query_start_loc: Optional[Tensor],
@@ -43,19 +59,66 @@ def causal_conv1d_mixed(x: Tensor, weight: Tensor, bias: Optional[Tensor],
                         non_spec_num_accepted_tokens: Optional[Tensor],
                         activation: Optional[str], pad_slot_id: int,
                         math: Optional[str]) -> Tensor:
-    return ops.causal_conv1d_mixed(
-        x, weight, bias, conv_state, non_spec_query_start_loc=non_spec_query_start_loc,
-        non_spec_state_indices=non_spec_state_indices, has_initial_state=has_initial_state,
-        non_spec_token_indx=non_spec_token_indx, spec_query_start_loc=spec_query_start_loc,
-        spec_state_indices=spec_state_indices, spec_token_indx=spec_token_indx,
-        num_accepted_tokens=num_accepted_tokens,
-        non_spec_num_accepted_tokens=non_spec_num_accepted_tokens, activation=activation,
-        pad_slot_id=pad_slot_id, math=math)
+    return _mixed(x, weight, bias, conv_state, (
+        non_spec_query_start_loc, non_spec_state_indices, has_initial_state,
+        non_spec_token_indx, spec_query_start_loc, spec_state_indices, spec_token_indx,
+        num_accepted_tokens, non_spec_num_accepted_tokens), activation, pad_slot_id, math)
 
 
 @causal_conv1d_mixed.register_fake
 def _(x, *args):
     return _fake_rows(x)
+
+
+# The split outputs' op: the mixed op's arguments with out_spec / out_non_spec (written)
+# after conv_state; nothing returned.
+_SPLIT_SCHEMA = ("(Tensor x, Tensor weight, Tensor? bias, Tensor(a!) conv_state, "
+                 "Tensor(b!)? out_spec, Tensor(c!)? out_non_spec, "
+                 + "".join(f"Tensor? {name}, " for name in MIXED_METADATA)
+                 + "str? activation, int pad_slot_id, str? math) -> ()")
+
+
+@custom_op("jitconv::causal_conv1d_mixed_split",
+           mutates_args=("conv_state", "out_spec", "out_non_spec"), schema=_SPLIT_SCHEMA)
+def causal_conv1d_mixed_split(x, weight, bias, conv_state, out_spec, out_non_spec, *rest):
+    metadata, (activation, pad_slot_id, math) = rest[:-3], rest[-3:]
+    _mixed(x, weight, bias, conv_state, metadata, activation, pad_slot_id, math,
+           out_spec=out_spec, out_non_spec=out_non_spec)
+
+
+@causal_conv1d_mixed_split.register_fake
+def _(*args):
+    return None
+
+
+def mixed_split(x, weight, bias, conv_state, split, activation, pad_slot_id, math, metadata,
+                out):
+    """``causal_conv1d_mixed`` with split outputs while torch.compile traces: the caller's
+    (out_spec, out_non_spec), or (``split`` True) new ones whose row counts are the
+    lengths of the parts' token maps (the traced graph cannot read the query_start_loc
+    values): a part with sequences needs its map."""
+    from jitconv.api.plan import SplitOutputs
+    from jitconv.api.validation import check_no_out
+    check_no_out(out)
+    metadata = tuple(as_tensor(m) for m in metadata)
+    if split is True:
+        parts = []
+        for name, loc, rows in (("spec_token_indx", metadata[4], metadata[6]),
+                                ("non_spec_token_indx", metadata[0], metadata[3])):
+            if loc is None:
+                parts.append(None)
+            elif rows is None:
+                raise ValueError(f"{name}: needed for new split outputs under torch.compile "
+                                 f"(its length is the part's row count; the traced graph "
+                                 f"does not read query_start_loc's values): pass it, or "
+                                 f"out_spec / out_non_spec")
+            else:
+                parts.append(x.new_empty((rows.shape[0], x.shape[1])) if rows.shape[0]
+                             else None)
+        split = tuple(parts)
+    torch.ops.jitconv.causal_conv1d_mixed_split(x, weight, bias, conv_state, *split,
+                                                *metadata, activation, pad_slot_id, math)
+    return SplitOutputs(*split)
 
 
 @custom_op("jitconv::causal_conv1d_fn", mutates_args=("conv_state",))

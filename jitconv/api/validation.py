@@ -249,12 +249,16 @@ def check_writable(x, weight, bias, conv_state, out):
                                 f"torch.no_grad() or torch.inference_mode(), or pass "
                                 f"{name}.detach()")
     for name, t in (("conv_state", conv_state), ("out", out)):
-        if isinstance(t, torch.Tensor):
-            if t.is_inference() and not torch.is_inference_mode_enabled():
-                raise ValueError(f"{name}: an inference tensor cannot be updated in place "
-                                 f"outside torch.inference_mode() (torch forbids it)")
-        elif t is not None and getattr(t, "read_only", False):
-            raise ValueError(f"{name}: the array is read-only, but it is updated in place")
+        _check_updatable(name, t)
+
+
+def _check_updatable(name, t):
+    if isinstance(t, torch.Tensor):
+        if t.is_inference() and not torch.is_inference_mode_enabled():
+            raise ValueError(f"{name}: an inference tensor cannot be updated in place "
+                             f"outside torch.inference_mode() (torch forbids it)")
+    elif t is not None and getattr(t, "read_only", False):
+        raise ValueError(f"{name}: the array is read-only, but it is updated in place")
 
 
 _EXACT_LIMIT = 1 << 22  # elements: beyond this an ambiguous layout is rejected unchecked
@@ -317,3 +321,64 @@ def check_aliasing(x, weight, bias, conv_state, out, lines):
 def _strides(t):
     return tuple(t.stride())
 
+
+
+# ---------------------------------------------------------------- split outputs
+
+SPLIT_NAMES = ("out_spec", "out_non_spec")
+
+
+def check_no_out(out):
+    """A call with split outputs (``split``, ``out_spec`` / ``out_non_spec``) takes no out."""
+    if out is not None:
+        raise ValueError("out: given with split outputs (split, out_spec / out_non_spec); "
+                         "split outputs replace out: pass one or the other")
+
+
+def check_split_outputs(x, weight, bias, conv_state, out, split, part_rows, extents):
+    """The split outputs of one run (``split``: out_spec, out_non_spec, normalized;
+    ``part_rows``: the plan's token count of each part, in that order) against the other
+    tensors (checked already; ``extents``: their byte extents). A part with tokens needs
+    its output, of shape (tokens, dim), x's dtype and device, contiguous channels and
+    rows apart; one without tokens takes None or zero rows. They are written while x,
+    weight, bias and conv_state are read or updated, so they overlap none of them nor
+    each other."""
+    check_no_out(out)
+    dim, where = shape_of(x)[1], _where(x)
+    found = {}
+    for name, t, rows in zip(SPLIT_NAMES, split, part_rows):
+        if t is None:
+            if rows:
+                raise ValueError(f"{name}: the plan's part holds {rows} tokens, so its "
+                                 f"output is needed: pass a ({rows}, {dim}) tensor")
+            continue
+        if not hasattr(t, "shape") or not hasattr(t, "dtype"):
+            raise TypeError(f"{name}: expected a tensor, got {type(t).__name__}")
+        if shape_of(t) != (rows, dim):
+            raise ValueError(f"{name}: expected shape ({rows}, {dim}) (the part's tokens, "
+                             f"dim), got {shape_of(t)}")
+        _same_dtype(name, t, bridge.dtype_name(x))
+        if _where(t) != where:
+            raise ValueError(f"{name}: expected a tensor on the same device as x "
+                             f"({bridge.device_of(x)}), got one on {bridge.device_of(t)}")
+        _check_strides(name, t)
+        if not bridge.has_unit_channel_stride(t):
+            raise ValueError(f"{name}: channels (last dimension) must be contiguous, got "
+                             f"strides {tuple(t.stride())}")
+        if rows > 1 and dim > 1 and t.stride()[0] < dim:
+            raise ValueError(f"{name}: its rows overlap in memory (row stride "
+                             f"{t.stride()[0]} < dim {dim})")
+        if torch.is_grad_enabled() and isinstance(t, torch.Tensor) and t.requires_grad:
+            raise TypeError(f"{name}: requires grad, but jitconv's conv has no autograd; "
+                            f"pass {name}.detach() or run under torch.no_grad()")
+        _check_updatable(name, t)
+        found[name] = bridge.byte_extent(t)
+    for name, extent in found.items():
+        for other in ("x", "weight", "bias", "conv_state"):
+            if bridge.extents_meet(extent, extents[other]):
+                role = "updated" if other == "conv_state" else "read"
+                raise ValueError(f"{name} and {other} overlap in memory: {name} is written "
+                                 f"while {other} is {role}; pass separate tensors")
+    if len(found) == 2 and bridge.extents_meet(*found.values()):
+        raise ValueError("out_spec and out_non_spec overlap in memory: each part's rows "
+                         "need their own memory")

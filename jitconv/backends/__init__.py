@@ -27,6 +27,14 @@ class Launch(NamedTuple):
     extents: dict      # byte extents of the arguments (validation.check_aliasing)
     zero_copy: bool    # x and out are the caller's own tensors (the launch may be kept)
     key: object        # the backend's key from ``remembered``, or None
+    # The kernel's split mode (kernels.abi SPLIT_*). SPLIT_PARTS: target takes the
+    # non-spec part's rows and out2 the spec part's, row k of a part its k-th token
+    # (either None for a part without tokens: nothing is written there, the backend
+    # passes x in its place); spec_slot0: the spec part's first token slot. SPLIT_SLOTS:
+    # each token at its slot's row of target (a new output; out2 not used).
+    split: int = 0
+    out2: object = None
+    spec_slot0: int = 0
 
 
 class Backend(Protocol):
@@ -40,10 +48,12 @@ class Backend(Protocol):
     def takes(self, x) -> bool:
         """Whether a call whose x is ``x`` runs on this backend."""
 
-    def remembered(self, plan, args, activation, math):
+    def remembered(self, plan, args, activation, math, split=0):
         """(result, key): the result of a launch remembered for exactly these tensors
-        (submitted now, no checks needed), else None and a key for ``launch`` to keep
-        this one under (None: never kept)."""
+        and split mode (submitted now, no checks needed), else None and a key for
+        ``launch`` to keep this one under (None: never kept). SPLIT_PARTS runs (the
+        caller's two outputs) are never remembered; only what the backend refuses for
+        any run is checked then."""
 
     def launch(self, plan, launch: Launch) -> None:
         """Run ``plan`` on the checked tensors of ``launch``, writing ``launch.target``."""

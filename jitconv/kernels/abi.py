@@ -68,6 +68,13 @@ FLAG_INITIAL_STATE = 1
 FLAG_SPEC = 2
 FLAG_BLOCK_ROWS = 4
 FLAG_SEQ_ROWS = 8
+# The pseudo sequence of the rows of x that no sequence covers (zeros in out): it belongs
+# to neither part, so a launch with split outputs writes nothing for it.
+FLAG_UNCOVERED = 16
+
+# The kernel's ``split`` modes (see CONV_ARGS): one output in x's rows; the two parts
+# into out and out2; every token at its slot's row of out.
+SPLIT_NONE, SPLIT_PARTS, SPLIT_SLOTS = 0, 1, 2
 
 # The per-call tables (built by batch.py), in the order of Batch.tables(): "rows" (the
 # row of x of each token slot, in sequence order) and "blocks" (one record per block).
@@ -102,4 +109,13 @@ CONV_ARGS = (
     ("tables", 1, "int32", "C"),
 ) + tuple((name, 0, "int64", None) for name in TABLES) + (
     ("has_bias", 0, "int64", None), ("silu", 0, "int64", None),
+    # Split outputs. ``split`` 1: each part's outputs in their own array, row k of a part
+    # being its k-th token in the part's token order (its slot, the spec part's counted
+    # from ``spec_slot0``): the non-spec part into out, the spec part into out2. ``split``
+    # 2: every token into out at the row of its slot (the non-spec part's rows, then the
+    # spec part's: one array that both parts are views of). Otherwise out row r is x row
+    # r. Unless ``split`` is 1, out2 is not read (any valid array).
+    ("out2", 1, "raw", "C"), ("out2_offset", 0, "int64", None),
+    ("out2_row_stride", 0, "int64", None), ("split", 0, "int64", None),
+    ("spec_slot0", 0, "int64", None),
 )

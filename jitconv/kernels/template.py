@@ -91,7 +91,8 @@ def {name}({index_arg}x, x_offset, x_row_stride, out, out_offset, out_row_stride
            weight, weight_offset, weight_stride_c, weight_stride_k,
            bias, bias_offset, bias_stride,
            state, state_offset, state_stride_line, state_stride_c, state_stride_col,
-           tables, rows, blocks, has_bias, silu{extra_args}):
+           tables, rows, blocks, has_bias, silu, out2, out2_offset, out2_row_stride, split,
+           spec_slot0{extra_args}):
     # rows, blocks: offsets of the per-call tables inside `tables` (kernel_abi.TABLES);
     # a block's record holds BLOCK_FIELDS, its sequence's fields included.
 {index}
@@ -102,8 +103,20 @@ def {name}({index_arg}x, x_offset, x_row_stride, out, out_offset, out_row_stride
     flags = tables[U(blk + 6)]
     r0 = tables[U(blk + 7)]  # the row of the block's first token (consecutive rows)
 {early_record}{channel_offsets}
+    o = out  # the array this block's outputs go to, and its row stride
+    ors = out_row_stride
+    ob = -1  # out row r is x row r; split outputs: the block's first out row (its slot)
+    if split:
+        ob = t0
+        if split == SPLIT_PARTS and flags & FLAG_SPEC:
+            o = out2
+            ors = out2_row_stride
+            ob = t0 - spec_slot0
+{split_offsets}
     if line < 0:
         # Padded sequence, or output rows no sequence covers: zeros, no state access.
+        if ob >= 0 and flags & FLAG_UNCOVERED:
+            return  # rows of neither part: no split output has them
         for i in range(nb):
             r = r0 + i
             if not flags & FLAG_BLOCK_ROWS:
@@ -277,21 +290,23 @@ class _Kernel:
             lines += [f"{dest.format(J=J)} = load({raw.format(J=J)})" for J in self.suffixes]
         return lines
 
-    def out_row(self, value, row):
-        """Lines storing ``value`` (an expression with {J}) of every channel to row
-        ``row`` of out; with ``row_group`` G > 1, one ``store_row{G}`` per G channels."""
-        G = self.G
+    def out_row(self, value, row, i):
+        """Lines storing ``value`` (an expression with {J}) of every channel for the
+        block's token ``i``, whose row of x is ``row``: to that row of out, or with split
+        outputs to row ob + i of the part's array (``o``, ``ors``: see _TEMPLATE); with
+        ``row_group`` G > 1, one ``store_row{G}`` per G channels."""
+        G, at = self.G, f"({row} if ob < 0 else ob + {i}) * ors"
         if G == 1:
-            return [f"out[U(oc{J} + {row} * out_row_stride)] = {value.format(J=J)}"
-                    for J in self.suffixes]
-        return [f"store_row{G}(out, U(oc{part[0]} + {row} * out_row_stride), "
+            return [f"o[U(oc{J} + {at})] = {value.format(J=J)}" for J in self.suffixes]
+        return [f"store_row{G}(o, U(oc{part[0]} + {at}), "
                 + ", ".join(value.format(J=J) for J in part) + ")" for part in self.groups]
 
     # ------------------------------------------------------------ the tokens
 
-    def token(self, xv, row):
+    def token(self, xv, row, i):
         """One token of the sliding window, its input loaded into ``xv`` (per channel):
-        the taps, the shift, silu (the divisions grouped), the store at ``row``.
+        the taps, the shift, silu (the divisions grouped), the store of token ``i`` of
+        the block (row ``row`` of x: ``out_row``).
         ``fdiv`` is the backend's plain division (the divisor is >= 1 or NaN, never 0:
         no zero-divisor check, which numba-dpex's default error model would add and
         which broke vectorization on the OpenCL CPU device); ``exp`` is math.exp or the
@@ -305,7 +320,7 @@ class _Kernel:
             lines += [f"f{k}{J} = f{k + 1}{J}" for k in range(S - 1)] + [f"f{S - 1}{J} = {xv.format(J=J)}"]
         lines.append("if silu:")
         lines += [f"    acc{J} = fdiv(acc{J}, ONE + exp(-acc{J}))" for J in self.suffixes]
-        return lines + self.out_row("store(acc{J})", row)
+        return lines + self.out_row("store(acc{J})", row, i)
 
     def token_loops(self, row_of):
         """The block's tokens: groups of L = ``lookahead`` (all loads, then the tokens),
@@ -314,7 +329,7 @@ class _Kernel:
         then one at a time. ``row_of(i)``: the expression of token i's row."""
         L = self.lookahead
         single = [f"r = {row_of('i')}"] + self.x_row("xf{J}", "r", True) + \
-            self.token("xf{J}", "r")
+            self.token("xf{J}", "r", "i")
         if L == 1:
             lines = ["for i in range(nb):"] + _indent(single, 1)
         else:
@@ -323,7 +338,7 @@ class _Kernel:
                 for m in range(size):
                     lines += self.x_row(f"xg{m}{{J}}", f"ra{m}", True)
                 for m in range(size):
-                    lines += self.token(f"xg{m}{{J}}", f"ra{m}")
+                    lines += self.token(f"xg{m}{{J}}", f"ra{m}", f"i + {m}")
                 return _indent(lines, 1) + [IND + f"i += {size}"]
             lines = ["i = 0", f"while i + {L} <= nb:"] + group(L)
             if L >= 4:  # one group of L / 2 (a spec sequence of 1 + 3 tokens)
@@ -337,7 +352,7 @@ class _Kernel:
         lines = []
         for k in range(count):
             body = ([f"xs{k}{J} = load(v{k}{J})" for J in self.suffixes]
-                    + self.token(f"xs{k}{{J}}", f"rq{k}"))
+                    + self.token(f"xs{k}{{J}}", f"rq{k}", str(k)))
             lines.append(IND * k + f"if nb > {k}:")  # nb = 0: the state rule only
             lines += _indent(body, k + 1)
         return "\n".join(_indent(lines, depth))
@@ -558,7 +573,8 @@ class _Kernel:
             extra_args=backend.extra_args, index=backend.index.format(C=self.channels),
             channel_offsets=self.each("xc{J} = x_offset + {CH}      # this channel in x and "
                                       "out\noc{J} = out_offset + {CH}"),
-            pad_zeros="\n".join(_indent(self.out_row("ZERO", "r"), 3)),
+            split_offsets=self.each("oc{J} = out2_offset + {CH}", 3),
+            pad_zeros="\n".join(_indent(self.out_row("ZERO", "r", "i"), 3)),
             state_part=self.state(),
             early_record=record + "\n" if early_record else "",
             late_record="" if early_record else record + "\n",

@@ -28,6 +28,7 @@ import torch
 
 from jitconv.api import ops, plan_cache
 from jitconv.api.device_plan import device_plan
+from jitconv.api.plan import SplitOutputs
 from jitconv.api.validation import host_ints
 from jitconv.vllm import conventions
 from jitconv.vllm.conventions import NULL_BLOCK_ID, PAD_SLOT_ID
@@ -298,7 +299,8 @@ _NO_LINE = -(2 ** 40)
 
 
 def gdn_conv_step(mixed_qkv, weight, bias, conv_state, attn_metadata, activation="silu",
-                  null_block_id=NULL_BLOCK_ID, non_spec_num_accepted_tokens=None):
+                  null_block_id=NULL_BLOCK_ID, non_spec_num_accepted_tokens=None,
+                  split=False):
     """The conv of one GDN layer for a whole engine step, from vLLM 0.33's
     GDNAttentionMetadata, in ONE launch (prefill chunks, decodes and spec verify
     sequences together).
@@ -316,6 +318,11 @@ def gdn_conv_step(mixed_qkv, weight, bias, conv_state, attn_metadata, activation
     chunk or decode that follows a spec step which accepted a tokens reads its window at
     column a-1 (vLLM's kernels read column 0 there: a stale window).
 
+    ``split``: return ``jitconv.SplitOutputs(spec, non_spec)`` instead, each part's rows
+    in a tensor of its own, written by the same launch: what vLLM's layer gets from
+    ``mixed_qkv.index_select(0, spec_token_indx)`` / ``(0, non_spec_token_indx)``
+    followed by its conv calls, without the gathers (None for a part without tokens).
+
     The plan (validated metadata and kernel tables) is built by the first layer of a
     step and kept on the metadata object; the step's other layers reuse it.
     """
@@ -330,6 +337,10 @@ def gdn_conv_step(mixed_qkv, weight, bias, conv_state, attn_metadata, activation
         return conventions.gdn_step_arguments(attn_metadata, geometry[0], lines,
                                               null_block_id, non_spec_num_accepted_tokens)
     plan = _step_plan(attn_metadata, geometry, non_spec_num_accepted_tokens, arguments)
+    if split:
+        parts = plan.run(mixed_qkv, weight, bias, conv_state,
+                         activation=_activation(activation), split=True)
+        return SplitOutputs(*(None if t is None else t.to(original_dtype) for t in parts))
     out = plan.run(mixed_qkv, weight, bias, conv_state, activation=_activation(activation))
     return out.to(original_dtype)
 

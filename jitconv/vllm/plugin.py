@@ -20,7 +20,10 @@ Opt-in whole-step mode (``JITCONV_VLLM_WHOLE_STEP=1``): the Qwen GDN layer's
 ``_forward_core`` first runs the conv of the whole step through
 ``jitconv.vllm.gdn_conv_step`` (one launch for spec and non-spec tokens, one plan per
 step shared by every layer) and writes it into ``mixed_qkv``; the layer's own conv calls
-then hand their input back unchanged, as it is already convolved.
+then hand their input back unchanged, as it is already convolved. In a step with both
+parts the conv writes each part's rows into its own tensor instead (split outputs) and
+the layer is handed a zero-width view of ``mixed_qkv``: its two ``index_select`` gathers
+then move no data, and its conv calls return the split outputs.
 """
 
 import contextvars
@@ -31,6 +34,7 @@ import os
 import sys
 
 from jitconv import vllm as drop_ins
+from jitconv.api.plan import SplitOutputs
 
 # A child of vLLM's logger, so the lines appear with vLLM's own logging setup.
 logger = logging.getLogger("vllm.plugins.jitconv")
@@ -152,17 +156,26 @@ def install(whole_step=False):
 
 
 def causal_conv1d_fn(x, *args, **kwargs):
-    """What replaces vLLM's op: ``jitconv.vllm.causal_conv1d_fn``, or x itself while the
-    whole-step mode has done the current layer's conv already."""
-    if _conv_done.get():
-        return x
+    """What replaces vLLM's op: ``jitconv.vllm.causal_conv1d_fn``, or, while the
+    whole-step mode has done the current layer's conv already, x itself (or the
+    non-spec part's split output, as the (dim, tokens) view the layer transposes back)."""
+    done = _conv_done.get()
+    if done:
+        return done.non_spec.transpose(0, 1) if isinstance(done, SplitOutputs) else x
     return drop_ins.causal_conv1d_fn(x, *args, **kwargs)
 
 
 def causal_conv1d_update(x, *args, **kwargs):
-    """What replaces vLLM's op: ``jitconv.vllm.causal_conv1d_update``, or x (copied into
-    ``out`` when given) while the whole-step mode has done the layer's conv already."""
-    if _conv_done.get():
+    """What replaces vLLM's op: ``jitconv.vllm.causal_conv1d_update``, or, while the
+    whole-step mode has done the layer's conv already, x (copied into ``out`` when given)
+    or the call's part of the split outputs (the spec part's call passes its
+    query_start_loc)."""
+    done = _conv_done.get()
+    if done:
+        if isinstance(done, SplitOutputs):
+            spec = kwargs.get("query_start_loc") is not None or \
+                kwargs.get("num_accepted_tokens") is not None
+            x = done.spec if spec else done.non_spec
         out = kwargs.get("out")
         if out is None:
             return x
@@ -209,10 +222,20 @@ def _install_whole_step():
         rows = mixed_qkv[:metadata.num_actual_tokens]
         weight = self.conv1d.weight
         conv_state = drop_ins.conv_state_view(self.kv_cache[0], is_conv_state_dim_first())
-        rows.copy_(drop_ins.gdn_conv_step(rows, weight.view(weight.size(0), weight.size(-1)),
-                                      self.conv1d.bias, conv_state, metadata,
-                                      activation=self.activation))
-        token = _conv_done.set(True)
+        # Both parts in the step: the layer gathers each part's rows out of mixed_qkv
+        # before its conv calls. The conv writes them split instead (one launch), the
+        # layer gets a zero-width view, so its gathers move no data, and its conv calls
+        # hand back the split outputs.
+        both = getattr(metadata, "spec_sequence_masks", None) is not None and \
+            (metadata.num_prefills > 0 or metadata.num_decodes > 0)
+        result = drop_ins.gdn_conv_step(rows, weight.view(weight.size(0), weight.size(-1)),
+                                        self.conv1d.bias, conv_state, metadata,
+                                        activation=self.activation, split=both)
+        if both:
+            mixed_qkv = mixed_qkv[:, :0]
+        else:
+            rows.copy_(result)
+        token = _conv_done.set(result if both else True)
         try:
             return original(self, mixed_qkv, *args, **kwargs)
         finally:

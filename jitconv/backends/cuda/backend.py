@@ -5,6 +5,7 @@ import torch
 
 from jitconv import device as current
 from jitconv.backends.cuda import devices, launching
+from jitconv.kernels.abi import SPLIT_NONE, SPLIT_PARTS
 
 
 class CudaBackend:
@@ -32,14 +33,16 @@ class CudaBackend:
         raise TypeError(f"x: a CPU tensor, but the current device is {name}: pass torch "
                         f"CUDA tensors (x.to('{name}')) or select a SYCL device")
 
-    def remembered(self, plan, args, activation, math):
+    def remembered(self, plan, args, activation, math, split=SPLIT_NONE):
         if args[0].device.type == "cuda" and _capturing() and not plan.on_device:
             raise RuntimeError(
                 "plan: built from metadata values read on the host, so a CUDA graph that "
                 "captured this run would replay those values even after the metadata "
                 "tensors are rewritten; capture runs of jitconv.device_plan (which reads "
                 "the metadata on the device at every replay), or run this plan eagerly")
-        key = launching.run_key(args, activation, math)
+        if split == SPLIT_PARTS:
+            return None, None
+        key = launching.run_key(args, activation, math, split)
         if key is None:
             return None, None
         run = launching.remembered(plan, key)
@@ -48,10 +51,15 @@ class CudaBackend:
         return run(args[4]), key  # these tensors passed the checks of this geometry
 
     def launch(self, plan, launch):
+        target, out2, parts = launch.target, launch.out2, launch.split == SPLIT_PARTS
+        if parts:  # x for a part without tokens: never written (see Launch)
+            target = launch.x if target is None else target
+            out2 = launch.x if out2 is None else out2
         launching.launch(plan, launch.x, launch.weight, launch.bias, launch.conv_state,
-                         launch.target, launch.silu, launch.dtype, launch.math,
-                         launch.key if launch.zero_copy else None, launch.out is None)
-
+                         target, launch.silu, launch.dtype, launch.math,
+                         launch.key if launch.zero_copy else None,
+                         launch.out is None and not parts, out2, launch.split,
+                         launch.spec_slot0)
 
     def read_errors(self, plan):
         return launching.read_errors(plan)

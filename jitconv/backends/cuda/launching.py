@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from jitconv.kernels import planner, tuning
-from jitconv.kernels.abi import CONV_ARGS, rows_aligned
+from jitconv.kernels.abi import CONV_ARGS, SPLIT_NONE, SPLIT_PARTS, rows_aligned
 from jitconv.backends.cuda import driver
 from jitconv.backends.cuda.devices import architecture, have_numba_cuda, native_bf16, simulating
 from jitconv.backends.cuda.source import (ARG_NAMES, CALL_ARGS, EXTRA_ARGS, LAYOUT_ARGS,
@@ -88,14 +88,16 @@ def vector_taps_for(weight, tune):
             and (weight.stride(0) == 4 or weight.shape[0] == 1) and _aligned(weight, 4))
 
 
-def row_group_for(channels, tune, x, target, conv_state):
+def row_group_for(channels, tune, x, target, conv_state, out2=None):
     """(G, grouped state) of a launch. G: the tuning's channels per access to rows of x
-    and out, halved until it divides ``channels`` and the rows of both (tokens, dim)
-    tensors are aligned to it (``abi.rows_aligned``). Grouped state: the conv state
-    accessed G channels at a time too, where the tuning asks for it, G > 1 and its
-    channels are contiguous and aligned to G."""
+    and out (and out2, the spec part's split output), halved until it divides
+    ``channels`` and the rows of those (tokens, dim) tensors are aligned to it
+    (``abi.rows_aligned``). Grouped state: the conv state accessed G channels at a time
+    too, where the tuning asks for it, G > 1 and its channels are contiguous and aligned
+    to G."""
+    rows = (x, target) if out2 is None else (x, target, out2)  # (x may stand in)
     group = tune.row_group
-    while group > 1 and (channels % group or not all(_aligned(t, group) for t in (x, target))):
+    while group > 1 and (channels % group or not all(_aligned(t, group) for t in rows)):
         group //= 2
     return group, group > 1 and tune.group_state and _aligned(conv_state, group)
 
@@ -220,12 +222,13 @@ def _uniform_decode(plan, short_tokens, tune):
 
 
 def launch(plan, x, weight, bias, conv_state, target, silu, dtype, math=None, key=None,
-           new_output=False):
+           new_output=False, out2=None, split=SPLIT_NONE, spec_slot0=0):
     """One run of ``plan`` on checked tensors into ``target`` (StepPlan._launch checked
     them and chose target: channels of x and target contiguous, target apart from x):
     for a device plan its planner, then the conv kernel, on torch's current stream. With
     a ``key`` (``run_key``) the prepared launches are kept for ``remembered`` runs;
-    ``new_output``: target is a new tensor at every such run."""
+    ``new_output``: target is a new tensor at every such run. ``split``, ``out2``,
+    ``spec_slot0``: split outputs (``backends.Launch``)."""
     sim = simulating()
     if not sim and not have_numba_cuda():
         raise RuntimeError("x: a CUDA tensor, but numba-cuda is not installed: "
@@ -241,7 +244,9 @@ def launch(plan, x, weight, bias, conv_state, target, silu, dtype, math=None, ke
     short_tokens = _plan_short_tokens(plan) if short else 0
     tune = tuning.cuda(arch, dtype, kind_of(short_tokens))
     channels = channels_for(dim, tune.channels)
-    row_group, group_state = row_group_for(channels, tune, x, target, conv_state)
+    if split != SPLIT_PARTS:
+        out2 = None
+    row_group, group_state = row_group_for(channels, tune, x, target, conv_state, out2)
     grid, block = launch_shape(dim // channels, plan.num_blocks, tune.threads)
     stream = None if sim else driver.current_stream(x.device.index)
 
@@ -258,7 +263,7 @@ def launch(plan, x, weight, bias, conv_state, target, silu, dtype, math=None, ke
         else:
             tables, offsets = _tables(plan, x.device, sim, stream)
         args = _arguments(tables, offsets, plan, x, weight, bias, conv_state, target, silu,
-                          dim, sim)
+                          dim, sim, out2, split, spec_slot0)
         layout = _layout(args) if tune.constant_layout else None
         compact = layout is not None and tune.compact_args
         fixed = block if layout is not None and tune.fixed_block else None
@@ -350,11 +355,12 @@ def _describe_inference(t):
     return None if t is None else (t.data_ptr(), t.shape, t.stride(), t.dtype, t.get_device())
 
 
-def run_key(args, activation, math):
+def run_key(args, activation, math, split=SPLIT_NONE):
     """What a remembered run must match: what the checks and the launch's arguments read
     (each tensor's address, shape, strides, dtype, device and autograd / inference flags,
     torch's grad and inference modes), the call's activation and math, the tuning's
-    overrides and torch's current stream. None: not a run to remember (not all CUDA tensors)."""
+    overrides, torch's current stream and the split mode. None: not a run to remember (not
+    all CUDA tensors)."""
     x, weight, bias, conv_state, out = args
     for t in args:
         if t is not None and (not isinstance(t, torch.Tensor) or t.device.type != "cuda"):
@@ -364,7 +370,7 @@ def run_key(args, activation, math):
     describe = _describe_inference if inference else _describe
     # tuning overrides (tests, benchmarks) choose other kernels: part of the key
     overrides = tuple(sorted(tuning._overrides.items())) if tuning._overrides else ()
-    return (index, driver.current_stream(index), activation, math, inference,
+    return (index, driver.current_stream(index), activation, math, split, inference,
             torch.is_grad_enabled(), overrides, describe(x), describe(weight),
             describe(bias), describe(conv_state), describe(out))
 
@@ -455,13 +461,21 @@ def _layout(args):
     return layout
 
 
-def _arguments(tables, offsets, plan, x, weight, bias, conv_state, target, silu, dim, sim):
+def _arguments(tables, offsets, plan, x, weight, bias, conv_state, target, silu, dim, sim,
+               out2=None, split=SPLIT_NONE, spec_slot0=0):
     """The kernel's arguments (``kernel_abi.CONV_ARGS`` and ``source.EXTRA_ARGS``)."""
     xa, oa, wa, sa = (_as_kernel_arg(t, sim) for t in (x, target, weight, conv_state))
     ba = _as_kernel_arg(bias, sim) if bias is not None else wa  # not read without bias
+    # Unless split is SPLIT_PARTS out2 is not read: x stands in (not out itself, since the
+    # simulator copies each array argument back after the kernel, the unwritten copy last).
+    if out2 is None or out2 is x:
+        out2, o2 = x, xa
+    else:
+        o2 = _as_kernel_arg(out2, sim)
+    split = (o2, 0, out2.stride(0), int(split), int(spec_slot0))
     return (xa, 0, x.stride(0), oa, 0, target.stride(0),
             wa, 0, weight.stride(0), weight.stride(1),
             ba, 0, bias.stride(0) if bias is not None else 1,
             sa, 0, *conv_state.stride(),
-            tables, *offsets, int(bias is not None), int(silu),
+            tables, *offsets, int(bias is not None), int(silu), *split,
             dim, plan.num_blocks)

@@ -41,13 +41,13 @@ EXTRA_ARGS = (("dim", 0, "int64", None), ("num_blocks", 0, "int64", None))
 STATE_CHUNK_EXTRA = 1
 
 # The scalar arguments a kernel can take as compile-time constants (``layout``): a
-# layer's offsets, strides, dim, has_bias and silu, the same at every call of a layer
-# (the per-call table offsets and block count are not). With them constant the 64-bit
-# index arithmetic on them folds (the bfloat16 decode kernel's SASS held 149 IMAD, 58
-# LEA and 46 IADD3 against 33, 8 and 2 in vLLM's Triton kernel, whose strides are
-# constexpr; docs/design.md).
+# layer's offsets, strides, dim, has_bias, silu and split, the same at every call of a
+# layer (the per-call table offsets, block count and spec_slot0 are not). With them
+# constant the 64-bit index arithmetic on them folds (the bfloat16 decode kernel's SASS
+# held 149 IMAD, 58 LEA and 46 IADD3 against 33, 8 and 2 in vLLM's Triton kernel, whose
+# strides are constexpr; docs/design.md).
 LAYOUT_ARGS = tuple(a[0] for a in CONV_ARGS + EXTRA_ARGS
-                    if not a[1] and a[0] not in TABLES + ("num_blocks",))
+                    if not a[1] and a[0] not in TABLES + ("num_blocks", "spec_slot0"))
 
 
 ARG_NAMES = tuple(a[0] for a in CONV_ARGS + EXTRA_ARGS)

@@ -15,7 +15,7 @@ import torch
 
 from jitconv import device as current
 from jitconv.backends.sycl import devices, launching, run_cache, tables
-from jitconv.kernels.abi import fast_silu
+from jitconv.kernels.abi import SPLIT_NONE, SPLIT_PARTS, fast_silu
 from jitconv.memory import bridge
 
 
@@ -32,12 +32,12 @@ class SyclBackend:
     def _queue(plan, x):
         return plan.queue or current.queue_for(x)
 
-    def remembered(self, plan, args, activation, math):
-        if not launching.can_resubmit():
+    def remembered(self, plan, args, activation, math, split=SPLIT_NONE):
+        if split == SPLIT_PARTS or not launching.can_resubmit():
             return None, None
         x, weight, bias, conv_state, out = args
         key = run_cache.key(x, weight, bias, conv_state, out, activation, math,
-                            self._queue(plan, x))
+                            self._queue(plan, x), split)
         if key is None:
             return None, None
         entry = run_cache.find(key, plan)
@@ -54,10 +54,16 @@ class SyclBackend:
         for name, t, writable, written in (
                 ("x", x, False, None), ("out", target, True, None),
                 ("weight", weight, False, None),
-                ("conv_state", conv_state, True, plan.written_lines)):
+                ("conv_state", conv_state, True, plan.written_lines),
+                ("out2", launch.out2, True, None)):
+            if t is None:  # a split part without tokens: x stands in (see Launch)
+                continue
             views[name], wb = bridge.to_device(t, name, writable, queue, written)
             if wb is not None:
                 write_backs.append(wb)
+        if launch.split == SPLIT_PARTS:
+            views.setdefault("out", views["x"])
+            views.setdefault("out2", views["x"])
         if len(views["weight"].shape) == 3:  # (dim, 1, width): drop the unit axis
             w = views["weight"]
             views["weight"] = w._replace(shape=(w.shape[0], w.shape[2]),
@@ -68,7 +74,7 @@ class SyclBackend:
             # The kernel does not read bias then, but the argument must be a valid array.
             views["bias"] = views["weight"]._replace(shape=(1,), strides=(1,))
         host_reads = write_backs or any(isinstance(t, torch.Tensor) and t.device.type == "cpu"
-                                        for t in (x, target, conv_state))
+                                        for t in (x, target, conv_state, launch.out2))
         wait = bool(host_reads) or not queue.is_in_order
         if not wait:
             tables.mark_unwaited(plan)
@@ -77,7 +83,8 @@ class SyclBackend:
         kernel, values, grid = launching.submit_conv(
             queue, plan.geometry.width, launch.dtype, views, table_args, plan.num_blocks,
             dim, has_bias=bias is not None, silu=launch.silu,
-            fast=fast_silu(launch.dtype, launch.math), wait=wait, after=after)
+            fast=fast_silu(launch.dtype, launch.math), wait=wait, after=after,
+            split=launch.split, spec_slot0=launch.spec_slot0)
         for wb in write_backs:
             wb()
         # Only zero-copy launches are remembered: a copy is new memory on every run.

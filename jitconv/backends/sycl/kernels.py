@@ -28,8 +28,9 @@ from numba.core.extending import intrinsic
 import numba_dpex as dpex
 
 from jitconv.kernels import bit_conversions
-from jitconv.kernels.abi import (FLAG_BLOCK_ROWS, FLAG_INITIAL_STATE, FLAG_SEQ_ROWS, FLAG_SPEC, STORAGE,
-                         WIDE_CHANNELS, fast_silu)
+from jitconv.kernels.abi import (FLAG_BLOCK_ROWS, FLAG_INITIAL_STATE, FLAG_SEQ_ROWS, FLAG_SPEC,
+                                 FLAG_UNCOVERED, SPLIT_PARTS, STORAGE, WIDE_CHANNELS,
+                                 fast_silu)
 from jitconv.kernels.template import window_value
 from jitconv.backends.sycl.source import name_and_source
 
@@ -232,6 +233,7 @@ def make_conv_kernel(width, dtype_name, fast=None, wide=False, **backend_options
         "ZERO": STORAGE[dtype_name](0), "F32_ZERO": np.float32(0.0), "ONE": np.float32(1.0),
         "FLAG_INITIAL_STATE": FLAG_INITIAL_STATE, "FLAG_SPEC": FLAG_SPEC,
         "FLAG_BLOCK_ROWS": FLAG_BLOCK_ROWS, "FLAG_SEQ_ROWS": FLAG_SEQ_ROWS,
+        "FLAG_UNCOVERED": FLAG_UNCOVERED, "SPLIT_PARTS": SPLIT_PARTS,
     }
     exec(compile(source, filename, "exec"), namespace)
     return dpex.kernel(namespace[name])

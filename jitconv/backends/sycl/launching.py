@@ -26,8 +26,8 @@ import numpy as np
 
 from jitconv.backends.sycl import device_check
 from jitconv.backends.sycl import kernel_cache
-from jitconv.kernels.abi import (CONV_ARGS, STORAGE, TABLES, WIDE_CHANNELS, fast_silu,
-                                 rows_aligned)
+from jitconv.kernels.abi import (CONV_ARGS, SPLIT_NONE, SPLIT_PARTS, STORAGE, TABLES,
+                                 WIDE_CHANNELS, fast_silu, rows_aligned)
 from jitconv.backends.sycl import devices
 
 _lock = threading.Lock()
@@ -207,16 +207,17 @@ def _known_answer_launch(kernel, queue, dtype_name, wide):
 
 def wide_fits(views, dim, dtype_name):
     """Whether a launch can take the wide kernel (``kernel_abi.WIDE_CHANNELS``): a dtype
-    that has one, dim a multiple of its channel count C, and every row of x, out and the
-    conv state (channels contiguous) starting at a multiple of C elements, so that its
-    C-channel words are aligned (``kernel_abi.rows_aligned``; the conv state's view is
+    that has one, dim a multiple of its channel count C, and every row of x, out (and
+    out2) and the conv state (channels contiguous) starting at a multiple of C elements,
+    so that its C-channel words are aligned (``kernel_abi.rows_aligned``; the conv state's view is
     (lines, dim, state_len), channels on axis 1 like x's and out's). Everything else
     takes the one-channel kernel."""
     group = WIDE_CHANNELS.get(dtype_name)
     if group is None or dim % group:
         return False
     return all(rows_aligned(v.address, v.itemsize, v.shape, v.strides, group)
-               for v in (views["x"], views["out"], views["conv_state"]))
+               for v in (views["x"], views["out"], views["conv_state"], views.get("out2"))
+               if v is not None)
 
 
 def _array_params(nitems, itemsize, pointer, *scalars):
@@ -243,7 +244,8 @@ def array_args(view, *scalars):
 _PACKED = (("x", "x_offset", "x_row_stride", "out", "out_offset", "out_row_stride",
             "weight", "weight_offset", "weight_stride_c", "weight_stride_k", "bias",
             "bias_offset", "bias_stride", "state", "state_offset", "state_stride_line",
-            "state_stride_c", "state_stride_col", "tables") + TABLES + ("has_bias", "silu"))
+            "state_stride_c", "state_stride_col", "tables") + TABLES + ("has_bias", "silu",
+            "out2", "out2_offset", "out2_row_stride", "split", "spec_slot0"))
 if tuple(a[0] for a in CONV_ARGS) != _PACKED:
     raise ImportError("kernel_abi.CONV_ARGS changed: update launching.submit_conv")
 # Which packed parameters are USM pointers (the third of an array's five).
@@ -256,11 +258,15 @@ def table_args(view, offsets):
     return array_args(view, *(offsets[name] for name in TABLES))
 
 
-def _pack(views, tables, has_bias, silu):
+def _pack(views, tables, has_bias, silu, split=SPLIT_NONE, spec_slot0=0):
     """The kernel's parameters in order: ints, and dpctl memory objects where a USM
-    pointer goes (``_POINTERS``). ``tables``: from ``table_args``."""
+    pointer goes (``_POINTERS``). ``tables``: from ``table_args``. ``split``,
+    ``spec_slot0``: the kernel's (kernels.abi); with SPLIT_PARTS views "out" (the
+    non-spec part's) and "out2" (the spec part's), else out2's parameters repeat out's
+    (not read)."""
     x, out, w, b, st = views["x"], views["out"], views["weight"], views["bias"], \
         views["conv_state"]
+    out2 = views["out2"] if split == SPLIT_PARTS else out
     values = array_args(x, x.offset, x.strides[0])
     values += array_args(out, out.offset, out.strides[0])
     values += array_args(w, w.offset, *w.strides)
@@ -269,23 +275,25 @@ def _pack(views, tables, has_bias, silu):
     values += tables
     values.append(1 if has_bias else 0)
     values.append(1 if silu else 0)
+    values += array_args(out2, out2.offset, out2.strides[0])
+    values += [int(split), int(spec_slot0)]
     return values
 
 
 def submit_conv(queue, width, dtype_name, views, tables, num_blocks, dim, *, has_bias,
-                silu, fast=None, wait=True, after=None):
+                silu, fast=None, wait=True, after=None, split=SPLIT_NONE, spec_slot0=0):
     """Pack the conv kernel's arguments (kernel_abi.CONV_ARGS, in order) and submit it
     over (num_blocks, dim / C) work-items on ``queue`` (C channels per work-item: 1, or
     the wide kernel's where ``wide_fits``); wait for it when ``wait``.
 
     views: "x", "out", "weight", "bias", "conv_state" -> bridge.DeviceView in memory of
-    the queue's context; tables: the plan's ``table_args``; after: as in
-    ``submit_packed``. Returns (kernel, values, grid): what ``submit_packed`` needs to
-    submit the same launch again.
+    the queue's context, and "out2" with SPLIT_PARTS (``split``: see ``_pack``);
+    tables: the plan's ``table_args``; after: as in ``submit_packed``. Returns (kernel,
+    values, grid): what ``submit_packed`` needs to submit the same launch again.
     """
     wide = wide_fits(views, dim, dtype_name)
     kernel = get_conv_kernel(width, dtype_name, queue, wide, fast)
-    values = _pack(views, tables, has_bias, silu)
+    values = _pack(views, tables, has_bias, silu, split, spec_slot0)
     # SYCL order (slowest first): the kernel's get_id(0) is the last, fastest dimension.
     grid = (int(num_blocks), int(dim) // WIDE_CHANNELS[dtype_name] if wide else int(dim))
     submit_packed(kernel, queue, values, grid, wait, after)
@@ -327,9 +335,10 @@ def with_tables(values, tables):
 def set_out(values, address, shape):
     """Replace out's parameters in packed ``values`` (with addresses) by those of a new
     contiguous 2-D array of ``shape`` at ``address`` (same dtype)."""
-    first = _START["out"]
-    packed = _array_params(shape[0] * shape[1], values[first + 1], address, 0, shape[1])
-    values[first:first + len(packed)] = packed
+    for name in ("out", "out2"):  # out2 repeats out without split outputs
+        first = _START[name]
+        packed = _array_params(shape[0] * shape[1], values[first + 1], address, 0, shape[1])
+        values[first:first + len(packed)] = packed
 
 
 def submit_packed(kernel, queue, values, grid, wait, after=None):

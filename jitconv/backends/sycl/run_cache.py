@@ -52,8 +52,9 @@ def _tensor_key(t):
             iface["typestr"], iface.get("offset"))
 
 
-def key(x, weight, bias, conv_state, out, activation, math, queue):
-    """The key of a run, or None when it must be checked and packed from scratch."""
+def key(x, weight, bias, conv_state, out, activation, math, queue, split=0):
+    """The key of a run (``split``: its kernels.abi split mode), or None when it must be
+    checked and packed from scratch."""
     if activation not in ACTIVATIONS or math not in MATHS or not launching.can_resubmit():
         return None
     parts = (_tensor_key(x), _tensor_key(weight), _tensor_key(bias),
@@ -61,7 +62,7 @@ def key(x, weight, bias, conv_state, out, activation, math, queue):
     if False in parts:
         return None
     return (parts, activation, math, torch.is_grad_enabled(), torch.is_inference_mode_enabled(),
-            queue)
+            queue, split)
 
 
 def find(key, plan):
