@@ -98,10 +98,10 @@ def test_readme_usage_examples_compute_the_contract(sycl_device, monkeypatch):
 @pytest.mark.parametrize("dim_first", [False, True], ids=["state_major", "dim_first"])
 @pytest.mark.parametrize("layout", ["vllm", "shuffled"])
 def test_readme_vllm_wiring_runs_one_step_of_a_gdn_layer(sycl_device, layout, dim_first):
-    """The wiring block against a stand-in layer and GDNAttentionMetadata: mixed_qkv
-    becomes the conv of the whole step (one launch), the layer's cache holds the
-    reference state, and the spec rows it selects are the conv output's. The step's
-    pads carry vLLM's null block 0: line 0 is added in front of the step's lines."""
+    """The wiring block against a stand-in layer and GDNAttentionMetadata: the conv of
+    the whole step in one launch, split by part (the reference's rows gathered by each
+    part's token map), the layer's cache holding the reference state. The step's pads
+    carry vLLM's null block 0: line 0 is added in front of the step's lines."""
     assert len(WIRING) == 1, "the README's vLLM wiring example is missing"
     gen = torch.Generator().manual_seed(7)
     dim, width, k, padding = 96, 4, 3, 5
@@ -130,11 +130,9 @@ def test_readme_vllm_wiring_runs_one_step_of_a_gdn_layer(sycl_device, layout, di
                      is_conv_state_dim_first=lambda: dim_first)
     exec(compile(WIRING[0], str(README), "exec"), namespace)
 
-    out = namespace["mixed_qkv"]
-    assert tuple(out.shape) == (num_actual, dim)
-    assert_outputs_close(out, ref_out, torch.float32)
+    for part in ("spec", "non_spec"):
+        rows = getattr(meta, f"{part}_token_indx").long().numpy()
+        assert_outputs_close(namespace[f"mixed_qkv_{part}"], ref_out[rows], torch.float32)
     state = kv_cache[1:] if dim_first else kv_cache[1:].transpose(-1, -2)
     assert_state_exact(state, ref_state)
     assert torch.equal(kv_cache[0], null_before), "the null block was written"
-    rows = meta.spec_token_indx.long()
-    assert torch.equal(namespace["mixed_qkv_spec"], out[rows])

@@ -192,6 +192,26 @@ def test_fn_extra_columns_of_x_are_zero(sycl_device, rand):
     assert_rows_zero(out.t(), np.arange(int(case.query_start_loc[-1]), out.shape[1]))
 
 
+def test_fn_reads_the_first_batch_entries_of_longer_per_sequence_tensors(sycl_device, rand):
+    """cache_indices and has_initial_state longer than the batch (vLLM's own test file
+    passes padded ones; its kernel reads the first batch entries): the rest is ignored,
+    whatever it holds. Shorter ones are refused by name, the state untouched."""
+    case = fn_case(*rand, x_dtype=torch.float32, state_dtype=torch.float32, width=4,
+                   pads=1)
+    given = case.cache_indices, case.has_initial_state
+    case.cache_indices = torch.cat([given[0], torch.tensor([7, 99, -5], dtype=given[0].dtype)])
+    case.has_initial_state = torch.cat([given[1], torch.tensor([True, False])])
+    run_fn(case)
+    for name, short in (("cache_indices", dict(cache_indices=given[0][:-1])),
+                        ("has_initial_state", dict(has_initial_state=given[1][:-1]))):
+        before = bits(case.state)
+        args = dict(dict(cache_indices=given[0], has_initial_state=given[1]), **short)
+        with pytest.raises(ValueError, match=f"^{name}: expected at least"):
+            vllm.causal_conv1d_fn(case.tokens.t(), case.weight, case.bias, case.state,
+                                  case.query_start_loc, **args)
+        assert torch.equal(bits(case.state), before)
+
+
 @X_AND_STATE_DTYPES
 def test_fn_x_dtype_differs_from_state(sycl_device, rand, x_dtype, state_dtype):
     case = fn_case(*rand, x_dtype=x_dtype, state_dtype=state_dtype, width=4, pads=1)

@@ -36,6 +36,7 @@ import torch
 from jitconv import device as devices
 from jitconv.memory import dlpack
 from jitconv.memory import usm
+from jitconv.backends.sycl.devices import name_of
 
 try:
     import dpctl  # noqa: E402  (devices bootstraps the runtime first)
@@ -226,7 +227,7 @@ def _from_usm_interface(obj, name):
     dtype = "bool" if dt == np.bool_ else dt.name
     # syclobj may also be a context (no device to name): the pointer query decides then
     return UsmArray(obj, obj, address, shape, strides, dtype, dt.itemsize,
-                    device.filter_string if device is not None else None,
+                    name_of(device) if device is not None else None,
                     allocation=_allocation_of(obj), read_only=bool(iface["data"][1]))
 
 
@@ -277,7 +278,7 @@ _queue_devices = {}  # SyclQueue -> filter string of its device
 def _queue_device(queue):
     found = _queue_devices.get(queue)
     if found is None:
-        found = _queue_devices[queue] = queue.sycl_device.filter_string
+        found = _queue_devices[queue] = name_of(queue.sycl_device)
     return found
 
 

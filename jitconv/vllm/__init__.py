@@ -67,6 +67,12 @@ def causal_conv1d_fn(x, weight, bias, conv_states, query_start_loc, cache_indice
             _activation(activation), pad_slot_id, null_block_id)
     null_block_id = conventions.check_skipped_id(null_block_id, "null_block_id")
     pad_slot_id = conventions.check_skipped_id(pad_slot_id, "pad_slot_id")
+    if hasattr(query_start_loc, "__len__") and len(query_start_loc) > 0:
+        # vLLM's kernel reads the first batch entries of these: longer ones are padded
+        batch = len(query_start_loc) - 1
+        cache_indices = conventions.leading_entries(cache_indices, batch, "cache_indices")
+        has_initial_state = conventions.leading_entries(has_initial_state, batch,
+                                                        "has_initial_state")
     if _on_device(x, cache_indices, query_start_loc, has_initial_state) and \
             x.dtype == conv_states.dtype:
         return _device_fn(x, weight, bias, conv_states, query_start_loc, cache_indices,

@@ -20,6 +20,7 @@ int64 numpy copies of the metadata.
 """
 
 import numpy as np
+import torch
 
 from jitconv.api import validation
 
@@ -49,6 +50,19 @@ def first_entries(values, batch, name):
         raise ValueError(f"{name}: expected at least {batch} entries (one per sequence), "
                          f"got {len(arr)}")
     return arr[:batch]
+
+
+def leading_entries(values, batch, name):
+    """``first_entries`` without reading the values: a tensor (on any device) is sliced,
+    anything else made an array first; None stays None."""
+    if values is None:
+        return None
+    if not isinstance(values, torch.Tensor):
+        values = np.asarray(values)
+    if values.ndim == 0 or values.shape[0] < batch:
+        raise ValueError(f"{name}: expected at least {batch} entries (one per sequence), "
+                         f"got shape {tuple(values.shape)}")
+    return values[:batch]
 
 
 def column_zero(values, name):

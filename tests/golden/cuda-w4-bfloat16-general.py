@@ -3,7 +3,8 @@ def jitconv_conv_w4_bfloat16_c2_l8_fastexp_r64_g2_vt(x, x_offset, x_row_stride, 
            weight, weight_offset, weight_stride_c, weight_stride_k,
            bias, bias_offset, bias_stride,
            state, state_offset, state_stride_line, state_stride_c, state_stride_col,
-           tables, rows, blocks, has_bias, silu, dim, num_blocks):
+           tables, rows, blocks, has_bias, silu, out2, out2_offset, out2_row_stride, split,
+           spec_slot0, dim, num_blocks):
     # rows, blocks: offsets of the per-call tables inside `tables` (kernel_abi.TABLES);
     # a block's record holds BLOCK_FIELDS, its sequence's fields included.
     g = cuda.blockIdx.y * cuda.blockDim.x + cuda.threadIdx.x  # channel group
@@ -24,13 +25,26 @@ def jitconv_conv_w4_bfloat16_c2_l8_fastexp_r64_g2_vt(x, x_offset, x_row_stride, 
     oc_0 = out_offset + c
     xc_1 = x_offset + (c + 1)      # this channel in x and out
     oc_1 = out_offset + (c + 1)
+    o = out  # the array this block's outputs go to, and its row stride
+    ors = out_row_stride
+    ob = -1  # out row r is x row r; split outputs: the block's first out row (its slot)
+    if split:
+        ob = t0
+        if split == SPLIT_PARTS and flags & FLAG_SPEC:
+            o = out2
+            ors = out2_row_stride
+            ob = t0 - spec_slot0
+            oc_0 = out2_offset + c
+            oc_1 = out2_offset + (c + 1)
     if line < 0:
         # Padded sequence, or output rows no sequence covers: zeros, no state access.
+        if ob >= 0 and flags & FLAG_UNCOVERED:
+            return  # rows of neither part: no split output has them
         for i in range(nb):
             r = r0 + i
             if not flags & FLAG_BLOCK_ROWS:
                 r = tables[U(rows + t0 + i)]
-            store_row2(out, U(oc_0 + r * out_row_stride), ZERO, ZERO)
+            store_row2(o, U(oc_0 + (r if ob < 0 else ob + i) * ors), ZERO, ZERO)
         return
 
     first_slot = t0 - p0  # the sequence's first token slot
@@ -186,7 +200,7 @@ def jitconv_conv_w4_bfloat16_c2_l8_fastexp_r64_g2_vt(x, x_offset, x_row_stride, 
             if silu:
                 acc_0 = fdiv(acc_0, ONE + exp(-acc_0))
                 acc_1 = fdiv(acc_1, ONE + exp(-acc_1))
-            store_row2(out, U(oc_0 + rq0 * out_row_stride), store(acc_0), store(acc_1))
+            store_row2(o, U(oc_0 + (rq0 if ob < 0 else ob + 0) * ors), store(acc_0), store(acc_1))
             if nb > 1:
                 xs1_0 = load(v1_0)
                 xs1_1 = load(v1_1)
@@ -201,7 +215,7 @@ def jitconv_conv_w4_bfloat16_c2_l8_fastexp_r64_g2_vt(x, x_offset, x_row_stride, 
                 if silu:
                     acc_0 = fdiv(acc_0, ONE + exp(-acc_0))
                     acc_1 = fdiv(acc_1, ONE + exp(-acc_1))
-                store_row2(out, U(oc_0 + rq1 * out_row_stride), store(acc_0), store(acc_1))
+                store_row2(o, U(oc_0 + (rq1 if ob < 0 else ob + 1) * ors), store(acc_0), store(acc_1))
                 if nb > 2:
                     xs2_0 = load(v2_0)
                     xs2_1 = load(v2_1)
@@ -216,7 +230,7 @@ def jitconv_conv_w4_bfloat16_c2_l8_fastexp_r64_g2_vt(x, x_offset, x_row_stride, 
                     if silu:
                         acc_0 = fdiv(acc_0, ONE + exp(-acc_0))
                         acc_1 = fdiv(acc_1, ONE + exp(-acc_1))
-                    store_row2(out, U(oc_0 + rq2 * out_row_stride), store(acc_0), store(acc_1))
+                    store_row2(o, U(oc_0 + (rq2 if ob < 0 else ob + 2) * ors), store(acc_0), store(acc_1))
                     if nb > 3:
                         xs3_0 = load(v3_0)
                         xs3_1 = load(v3_1)
@@ -231,7 +245,7 @@ def jitconv_conv_w4_bfloat16_c2_l8_fastexp_r64_g2_vt(x, x_offset, x_row_stride, 
                         if silu:
                             acc_0 = fdiv(acc_0, ONE + exp(-acc_0))
                             acc_1 = fdiv(acc_1, ONE + exp(-acc_1))
-                        store_row2(out, U(oc_0 + rq3 * out_row_stride), store(acc_0), store(acc_1))
+                        store_row2(o, U(oc_0 + (rq3 if ob < 0 else ob + 3) * ors), store(acc_0), store(acc_1))
     elif flags & FLAG_BLOCK_ROWS:
         i = 0
         while i + 8 <= nb:
@@ -278,7 +292,7 @@ def jitconv_conv_w4_bfloat16_c2_l8_fastexp_r64_g2_vt(x, x_offset, x_row_stride, 
             if silu:
                 acc_0 = fdiv(acc_0, ONE + exp(-acc_0))
                 acc_1 = fdiv(acc_1, ONE + exp(-acc_1))
-            store_row2(out, U(oc_0 + ra0 * out_row_stride), store(acc_0), store(acc_1))
+            store_row2(o, U(oc_0 + (ra0 if ob < 0 else ob + i + 0) * ors), store(acc_0), store(acc_1))
             acc_0 = bias_c_0 + w0_0 * f0_0 + w1_0 * f1_0 + w2_0 * f2_0 + w3_0 * xg1_0
             acc_1 = bias_c_1 + w0_1 * f0_1 + w1_1 * f1_1 + w2_1 * f2_1 + w3_1 * xg1_1
             f0_0 = f1_0
@@ -290,7 +304,7 @@ def jitconv_conv_w4_bfloat16_c2_l8_fastexp_r64_g2_vt(x, x_offset, x_row_stride, 
             if silu:
                 acc_0 = fdiv(acc_0, ONE + exp(-acc_0))
                 acc_1 = fdiv(acc_1, ONE + exp(-acc_1))
-            store_row2(out, U(oc_0 + ra1 * out_row_stride), store(acc_0), store(acc_1))
+            store_row2(o, U(oc_0 + (ra1 if ob < 0 else ob + i + 1) * ors), store(acc_0), store(acc_1))
             acc_0 = bias_c_0 + w0_0 * f0_0 + w1_0 * f1_0 + w2_0 * f2_0 + w3_0 * xg2_0
             acc_1 = bias_c_1 + w0_1 * f0_1 + w1_1 * f1_1 + w2_1 * f2_1 + w3_1 * xg2_1
             f0_0 = f1_0
@@ -302,7 +316,7 @@ def jitconv_conv_w4_bfloat16_c2_l8_fastexp_r64_g2_vt(x, x_offset, x_row_stride, 
             if silu:
                 acc_0 = fdiv(acc_0, ONE + exp(-acc_0))
                 acc_1 = fdiv(acc_1, ONE + exp(-acc_1))
-            store_row2(out, U(oc_0 + ra2 * out_row_stride), store(acc_0), store(acc_1))
+            store_row2(o, U(oc_0 + (ra2 if ob < 0 else ob + i + 2) * ors), store(acc_0), store(acc_1))
             acc_0 = bias_c_0 + w0_0 * f0_0 + w1_0 * f1_0 + w2_0 * f2_0 + w3_0 * xg3_0
             acc_1 = bias_c_1 + w0_1 * f0_1 + w1_1 * f1_1 + w2_1 * f2_1 + w3_1 * xg3_1
             f0_0 = f1_0
@@ -314,7 +328,7 @@ def jitconv_conv_w4_bfloat16_c2_l8_fastexp_r64_g2_vt(x, x_offset, x_row_stride, 
             if silu:
                 acc_0 = fdiv(acc_0, ONE + exp(-acc_0))
                 acc_1 = fdiv(acc_1, ONE + exp(-acc_1))
-            store_row2(out, U(oc_0 + ra3 * out_row_stride), store(acc_0), store(acc_1))
+            store_row2(o, U(oc_0 + (ra3 if ob < 0 else ob + i + 3) * ors), store(acc_0), store(acc_1))
             acc_0 = bias_c_0 + w0_0 * f0_0 + w1_0 * f1_0 + w2_0 * f2_0 + w3_0 * xg4_0
             acc_1 = bias_c_1 + w0_1 * f0_1 + w1_1 * f1_1 + w2_1 * f2_1 + w3_1 * xg4_1
             f0_0 = f1_0
@@ -326,7 +340,7 @@ def jitconv_conv_w4_bfloat16_c2_l8_fastexp_r64_g2_vt(x, x_offset, x_row_stride, 
             if silu:
                 acc_0 = fdiv(acc_0, ONE + exp(-acc_0))
                 acc_1 = fdiv(acc_1, ONE + exp(-acc_1))
-            store_row2(out, U(oc_0 + ra4 * out_row_stride), store(acc_0), store(acc_1))
+            store_row2(o, U(oc_0 + (ra4 if ob < 0 else ob + i + 4) * ors), store(acc_0), store(acc_1))
             acc_0 = bias_c_0 + w0_0 * f0_0 + w1_0 * f1_0 + w2_0 * f2_0 + w3_0 * xg5_0
             acc_1 = bias_c_1 + w0_1 * f0_1 + w1_1 * f1_1 + w2_1 * f2_1 + w3_1 * xg5_1
             f0_0 = f1_0
@@ -338,7 +352,7 @@ def jitconv_conv_w4_bfloat16_c2_l8_fastexp_r64_g2_vt(x, x_offset, x_row_stride, 
             if silu:
                 acc_0 = fdiv(acc_0, ONE + exp(-acc_0))
                 acc_1 = fdiv(acc_1, ONE + exp(-acc_1))
-            store_row2(out, U(oc_0 + ra5 * out_row_stride), store(acc_0), store(acc_1))
+            store_row2(o, U(oc_0 + (ra5 if ob < 0 else ob + i + 5) * ors), store(acc_0), store(acc_1))
             acc_0 = bias_c_0 + w0_0 * f0_0 + w1_0 * f1_0 + w2_0 * f2_0 + w3_0 * xg6_0
             acc_1 = bias_c_1 + w0_1 * f0_1 + w1_1 * f1_1 + w2_1 * f2_1 + w3_1 * xg6_1
             f0_0 = f1_0
@@ -350,7 +364,7 @@ def jitconv_conv_w4_bfloat16_c2_l8_fastexp_r64_g2_vt(x, x_offset, x_row_stride, 
             if silu:
                 acc_0 = fdiv(acc_0, ONE + exp(-acc_0))
                 acc_1 = fdiv(acc_1, ONE + exp(-acc_1))
-            store_row2(out, U(oc_0 + ra6 * out_row_stride), store(acc_0), store(acc_1))
+            store_row2(o, U(oc_0 + (ra6 if ob < 0 else ob + i + 6) * ors), store(acc_0), store(acc_1))
             acc_0 = bias_c_0 + w0_0 * f0_0 + w1_0 * f1_0 + w2_0 * f2_0 + w3_0 * xg7_0
             acc_1 = bias_c_1 + w0_1 * f0_1 + w1_1 * f1_1 + w2_1 * f2_1 + w3_1 * xg7_1
             f0_0 = f1_0
@@ -362,7 +376,7 @@ def jitconv_conv_w4_bfloat16_c2_l8_fastexp_r64_g2_vt(x, x_offset, x_row_stride, 
             if silu:
                 acc_0 = fdiv(acc_0, ONE + exp(-acc_0))
                 acc_1 = fdiv(acc_1, ONE + exp(-acc_1))
-            store_row2(out, U(oc_0 + ra7 * out_row_stride), store(acc_0), store(acc_1))
+            store_row2(o, U(oc_0 + (ra7 if ob < 0 else ob + i + 7) * ors), store(acc_0), store(acc_1))
             i += 8
         if i + 4 <= nb:
             ra0 = r0 + i + 0
@@ -392,7 +406,7 @@ def jitconv_conv_w4_bfloat16_c2_l8_fastexp_r64_g2_vt(x, x_offset, x_row_stride, 
             if silu:
                 acc_0 = fdiv(acc_0, ONE + exp(-acc_0))
                 acc_1 = fdiv(acc_1, ONE + exp(-acc_1))
-            store_row2(out, U(oc_0 + ra0 * out_row_stride), store(acc_0), store(acc_1))
+            store_row2(o, U(oc_0 + (ra0 if ob < 0 else ob + i + 0) * ors), store(acc_0), store(acc_1))
             acc_0 = bias_c_0 + w0_0 * f0_0 + w1_0 * f1_0 + w2_0 * f2_0 + w3_0 * xg1_0
             acc_1 = bias_c_1 + w0_1 * f0_1 + w1_1 * f1_1 + w2_1 * f2_1 + w3_1 * xg1_1
             f0_0 = f1_0
@@ -404,7 +418,7 @@ def jitconv_conv_w4_bfloat16_c2_l8_fastexp_r64_g2_vt(x, x_offset, x_row_stride, 
             if silu:
                 acc_0 = fdiv(acc_0, ONE + exp(-acc_0))
                 acc_1 = fdiv(acc_1, ONE + exp(-acc_1))
-            store_row2(out, U(oc_0 + ra1 * out_row_stride), store(acc_0), store(acc_1))
+            store_row2(o, U(oc_0 + (ra1 if ob < 0 else ob + i + 1) * ors), store(acc_0), store(acc_1))
             acc_0 = bias_c_0 + w0_0 * f0_0 + w1_0 * f1_0 + w2_0 * f2_0 + w3_0 * xg2_0
             acc_1 = bias_c_1 + w0_1 * f0_1 + w1_1 * f1_1 + w2_1 * f2_1 + w3_1 * xg2_1
             f0_0 = f1_0
@@ -416,7 +430,7 @@ def jitconv_conv_w4_bfloat16_c2_l8_fastexp_r64_g2_vt(x, x_offset, x_row_stride, 
             if silu:
                 acc_0 = fdiv(acc_0, ONE + exp(-acc_0))
                 acc_1 = fdiv(acc_1, ONE + exp(-acc_1))
-            store_row2(out, U(oc_0 + ra2 * out_row_stride), store(acc_0), store(acc_1))
+            store_row2(o, U(oc_0 + (ra2 if ob < 0 else ob + i + 2) * ors), store(acc_0), store(acc_1))
             acc_0 = bias_c_0 + w0_0 * f0_0 + w1_0 * f1_0 + w2_0 * f2_0 + w3_0 * xg3_0
             acc_1 = bias_c_1 + w0_1 * f0_1 + w1_1 * f1_1 + w2_1 * f2_1 + w3_1 * xg3_1
             f0_0 = f1_0
@@ -428,7 +442,7 @@ def jitconv_conv_w4_bfloat16_c2_l8_fastexp_r64_g2_vt(x, x_offset, x_row_stride, 
             if silu:
                 acc_0 = fdiv(acc_0, ONE + exp(-acc_0))
                 acc_1 = fdiv(acc_1, ONE + exp(-acc_1))
-            store_row2(out, U(oc_0 + ra3 * out_row_stride), store(acc_0), store(acc_1))
+            store_row2(o, U(oc_0 + (ra3 if ob < 0 else ob + i + 3) * ors), store(acc_0), store(acc_1))
             i += 4
         for i in range(i, nb):
             r = r0 + i
@@ -446,7 +460,7 @@ def jitconv_conv_w4_bfloat16_c2_l8_fastexp_r64_g2_vt(x, x_offset, x_row_stride, 
             if silu:
                 acc_0 = fdiv(acc_0, ONE + exp(-acc_0))
                 acc_1 = fdiv(acc_1, ONE + exp(-acc_1))
-            store_row2(out, U(oc_0 + r * out_row_stride), store(acc_0), store(acc_1))
+            store_row2(o, U(oc_0 + (r if ob < 0 else ob + i) * ors), store(acc_0), store(acc_1))
     else:
         i = 0
         while i + 8 <= nb:
@@ -493,7 +507,7 @@ def jitconv_conv_w4_bfloat16_c2_l8_fastexp_r64_g2_vt(x, x_offset, x_row_stride, 
             if silu:
                 acc_0 = fdiv(acc_0, ONE + exp(-acc_0))
                 acc_1 = fdiv(acc_1, ONE + exp(-acc_1))
-            store_row2(out, U(oc_0 + ra0 * out_row_stride), store(acc_0), store(acc_1))
+            store_row2(o, U(oc_0 + (ra0 if ob < 0 else ob + i + 0) * ors), store(acc_0), store(acc_1))
             acc_0 = bias_c_0 + w0_0 * f0_0 + w1_0 * f1_0 + w2_0 * f2_0 + w3_0 * xg1_0
             acc_1 = bias_c_1 + w0_1 * f0_1 + w1_1 * f1_1 + w2_1 * f2_1 + w3_1 * xg1_1
             f0_0 = f1_0
@@ -505,7 +519,7 @@ def jitconv_conv_w4_bfloat16_c2_l8_fastexp_r64_g2_vt(x, x_offset, x_row_stride, 
             if silu:
                 acc_0 = fdiv(acc_0, ONE + exp(-acc_0))
                 acc_1 = fdiv(acc_1, ONE + exp(-acc_1))
-            store_row2(out, U(oc_0 + ra1 * out_row_stride), store(acc_0), store(acc_1))
+            store_row2(o, U(oc_0 + (ra1 if ob < 0 else ob + i + 1) * ors), store(acc_0), store(acc_1))
             acc_0 = bias_c_0 + w0_0 * f0_0 + w1_0 * f1_0 + w2_0 * f2_0 + w3_0 * xg2_0
             acc_1 = bias_c_1 + w0_1 * f0_1 + w1_1 * f1_1 + w2_1 * f2_1 + w3_1 * xg2_1
             f0_0 = f1_0
@@ -517,7 +531,7 @@ def jitconv_conv_w4_bfloat16_c2_l8_fastexp_r64_g2_vt(x, x_offset, x_row_stride, 
             if silu:
                 acc_0 = fdiv(acc_0, ONE + exp(-acc_0))
                 acc_1 = fdiv(acc_1, ONE + exp(-acc_1))
-            store_row2(out, U(oc_0 + ra2 * out_row_stride), store(acc_0), store(acc_1))
+            store_row2(o, U(oc_0 + (ra2 if ob < 0 else ob + i + 2) * ors), store(acc_0), store(acc_1))
             acc_0 = bias_c_0 + w0_0 * f0_0 + w1_0 * f1_0 + w2_0 * f2_0 + w3_0 * xg3_0
             acc_1 = bias_c_1 + w0_1 * f0_1 + w1_1 * f1_1 + w2_1 * f2_1 + w3_1 * xg3_1
             f0_0 = f1_0
@@ -529,7 +543,7 @@ def jitconv_conv_w4_bfloat16_c2_l8_fastexp_r64_g2_vt(x, x_offset, x_row_stride, 
             if silu:
                 acc_0 = fdiv(acc_0, ONE + exp(-acc_0))
                 acc_1 = fdiv(acc_1, ONE + exp(-acc_1))
-            store_row2(out, U(oc_0 + ra3 * out_row_stride), store(acc_0), store(acc_1))
+            store_row2(o, U(oc_0 + (ra3 if ob < 0 else ob + i + 3) * ors), store(acc_0), store(acc_1))
             acc_0 = bias_c_0 + w0_0 * f0_0 + w1_0 * f1_0 + w2_0 * f2_0 + w3_0 * xg4_0
             acc_1 = bias_c_1 + w0_1 * f0_1 + w1_1 * f1_1 + w2_1 * f2_1 + w3_1 * xg4_1
             f0_0 = f1_0
@@ -541,7 +555,7 @@ def jitconv_conv_w4_bfloat16_c2_l8_fastexp_r64_g2_vt(x, x_offset, x_row_stride, 
             if silu:
                 acc_0 = fdiv(acc_0, ONE + exp(-acc_0))
                 acc_1 = fdiv(acc_1, ONE + exp(-acc_1))
-            store_row2(out, U(oc_0 + ra4 * out_row_stride), store(acc_0), store(acc_1))
+            store_row2(o, U(oc_0 + (ra4 if ob < 0 else ob + i + 4) * ors), store(acc_0), store(acc_1))
             acc_0 = bias_c_0 + w0_0 * f0_0 + w1_0 * f1_0 + w2_0 * f2_0 + w3_0 * xg5_0
             acc_1 = bias_c_1 + w0_1 * f0_1 + w1_1 * f1_1 + w2_1 * f2_1 + w3_1 * xg5_1
             f0_0 = f1_0
@@ -553,7 +567,7 @@ def jitconv_conv_w4_bfloat16_c2_l8_fastexp_r64_g2_vt(x, x_offset, x_row_stride, 
             if silu:
                 acc_0 = fdiv(acc_0, ONE + exp(-acc_0))
                 acc_1 = fdiv(acc_1, ONE + exp(-acc_1))
-            store_row2(out, U(oc_0 + ra5 * out_row_stride), store(acc_0), store(acc_1))
+            store_row2(o, U(oc_0 + (ra5 if ob < 0 else ob + i + 5) * ors), store(acc_0), store(acc_1))
             acc_0 = bias_c_0 + w0_0 * f0_0 + w1_0 * f1_0 + w2_0 * f2_0 + w3_0 * xg6_0
             acc_1 = bias_c_1 + w0_1 * f0_1 + w1_1 * f1_1 + w2_1 * f2_1 + w3_1 * xg6_1
             f0_0 = f1_0
@@ -565,7 +579,7 @@ def jitconv_conv_w4_bfloat16_c2_l8_fastexp_r64_g2_vt(x, x_offset, x_row_stride, 
             if silu:
                 acc_0 = fdiv(acc_0, ONE + exp(-acc_0))
                 acc_1 = fdiv(acc_1, ONE + exp(-acc_1))
-            store_row2(out, U(oc_0 + ra6 * out_row_stride), store(acc_0), store(acc_1))
+            store_row2(o, U(oc_0 + (ra6 if ob < 0 else ob + i + 6) * ors), store(acc_0), store(acc_1))
             acc_0 = bias_c_0 + w0_0 * f0_0 + w1_0 * f1_0 + w2_0 * f2_0 + w3_0 * xg7_0
             acc_1 = bias_c_1 + w0_1 * f0_1 + w1_1 * f1_1 + w2_1 * f2_1 + w3_1 * xg7_1
             f0_0 = f1_0
@@ -577,7 +591,7 @@ def jitconv_conv_w4_bfloat16_c2_l8_fastexp_r64_g2_vt(x, x_offset, x_row_stride, 
             if silu:
                 acc_0 = fdiv(acc_0, ONE + exp(-acc_0))
                 acc_1 = fdiv(acc_1, ONE + exp(-acc_1))
-            store_row2(out, U(oc_0 + ra7 * out_row_stride), store(acc_0), store(acc_1))
+            store_row2(o, U(oc_0 + (ra7 if ob < 0 else ob + i + 7) * ors), store(acc_0), store(acc_1))
             i += 8
         if i + 4 <= nb:
             ra0 = tables[U(rows + t0 + i + 0)]
@@ -607,7 +621,7 @@ def jitconv_conv_w4_bfloat16_c2_l8_fastexp_r64_g2_vt(x, x_offset, x_row_stride, 
             if silu:
                 acc_0 = fdiv(acc_0, ONE + exp(-acc_0))
                 acc_1 = fdiv(acc_1, ONE + exp(-acc_1))
-            store_row2(out, U(oc_0 + ra0 * out_row_stride), store(acc_0), store(acc_1))
+            store_row2(o, U(oc_0 + (ra0 if ob < 0 else ob + i + 0) * ors), store(acc_0), store(acc_1))
             acc_0 = bias_c_0 + w0_0 * f0_0 + w1_0 * f1_0 + w2_0 * f2_0 + w3_0 * xg1_0
             acc_1 = bias_c_1 + w0_1 * f0_1 + w1_1 * f1_1 + w2_1 * f2_1 + w3_1 * xg1_1
             f0_0 = f1_0
@@ -619,7 +633,7 @@ def jitconv_conv_w4_bfloat16_c2_l8_fastexp_r64_g2_vt(x, x_offset, x_row_stride, 
             if silu:
                 acc_0 = fdiv(acc_0, ONE + exp(-acc_0))
                 acc_1 = fdiv(acc_1, ONE + exp(-acc_1))
-            store_row2(out, U(oc_0 + ra1 * out_row_stride), store(acc_0), store(acc_1))
+            store_row2(o, U(oc_0 + (ra1 if ob < 0 else ob + i + 1) * ors), store(acc_0), store(acc_1))
             acc_0 = bias_c_0 + w0_0 * f0_0 + w1_0 * f1_0 + w2_0 * f2_0 + w3_0 * xg2_0
             acc_1 = bias_c_1 + w0_1 * f0_1 + w1_1 * f1_1 + w2_1 * f2_1 + w3_1 * xg2_1
             f0_0 = f1_0
@@ -631,7 +645,7 @@ def jitconv_conv_w4_bfloat16_c2_l8_fastexp_r64_g2_vt(x, x_offset, x_row_stride, 
             if silu:
                 acc_0 = fdiv(acc_0, ONE + exp(-acc_0))
                 acc_1 = fdiv(acc_1, ONE + exp(-acc_1))
-            store_row2(out, U(oc_0 + ra2 * out_row_stride), store(acc_0), store(acc_1))
+            store_row2(o, U(oc_0 + (ra2 if ob < 0 else ob + i + 2) * ors), store(acc_0), store(acc_1))
             acc_0 = bias_c_0 + w0_0 * f0_0 + w1_0 * f1_0 + w2_0 * f2_0 + w3_0 * xg3_0
             acc_1 = bias_c_1 + w0_1 * f0_1 + w1_1 * f1_1 + w2_1 * f2_1 + w3_1 * xg3_1
             f0_0 = f1_0
@@ -643,7 +657,7 @@ def jitconv_conv_w4_bfloat16_c2_l8_fastexp_r64_g2_vt(x, x_offset, x_row_stride, 
             if silu:
                 acc_0 = fdiv(acc_0, ONE + exp(-acc_0))
                 acc_1 = fdiv(acc_1, ONE + exp(-acc_1))
-            store_row2(out, U(oc_0 + ra3 * out_row_stride), store(acc_0), store(acc_1))
+            store_row2(o, U(oc_0 + (ra3 if ob < 0 else ob + i + 3) * ors), store(acc_0), store(acc_1))
             i += 4
         for i in range(i, nb):
             r = tables[U(rows + t0 + i)]
@@ -661,4 +675,4 @@ def jitconv_conv_w4_bfloat16_c2_l8_fastexp_r64_g2_vt(x, x_offset, x_row_stride, 
             if silu:
                 acc_0 = fdiv(acc_0, ONE + exp(-acc_0))
                 acc_1 = fdiv(acc_1, ONE + exp(-acc_1))
-            store_row2(out, U(oc_0 + r * out_row_stride), store(acc_0), store(acc_1))
+            store_row2(o, U(oc_0 + (r if ob < 0 else ob + i) * ors), store(acc_0), store(acc_1))

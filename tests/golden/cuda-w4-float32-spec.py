@@ -3,7 +3,8 @@ def jitconv_conv_w4_float32_c2_l4_fastexp_r64_short4_g2_ew_gs_vt(x, x_offset, x_
            weight, weight_offset, weight_stride_c, weight_stride_k,
            bias, bias_offset, bias_stride,
            state, state_offset, state_stride_line, state_stride_c, state_stride_col,
-           tables, rows, blocks, has_bias, silu, dim, num_blocks):
+           tables, rows, blocks, has_bias, silu, out2, out2_offset, out2_row_stride, split,
+           spec_slot0, dim, num_blocks):
     # rows, blocks: offsets of the per-call tables inside `tables` (kernel_abi.TABLES);
     # a block's record holds BLOCK_FIELDS, its sequence's fields included.
     g = cuda.blockIdx.y * cuda.blockDim.x + cuda.threadIdx.x  # channel group
@@ -24,13 +25,26 @@ def jitconv_conv_w4_float32_c2_l4_fastexp_r64_short4_g2_ew_gs_vt(x, x_offset, x_
     oc_0 = out_offset + c
     xc_1 = x_offset + (c + 1)      # this channel in x and out
     oc_1 = out_offset + (c + 1)
+    o = out  # the array this block's outputs go to, and its row stride
+    ors = out_row_stride
+    ob = -1  # out row r is x row r; split outputs: the block's first out row (its slot)
+    if split:
+        ob = t0
+        if split == SPLIT_PARTS and flags & FLAG_SPEC:
+            o = out2
+            ors = out2_row_stride
+            ob = t0 - spec_slot0
+            oc_0 = out2_offset + c
+            oc_1 = out2_offset + (c + 1)
     if line < 0:
         # Padded sequence, or output rows no sequence covers: zeros, no state access.
+        if ob >= 0 and flags & FLAG_UNCOVERED:
+            return  # rows of neither part: no split output has them
         for i in range(nb):
             r = r0 + i
             if not flags & FLAG_BLOCK_ROWS:
                 r = tables[U(rows + t0 + i)]
-            store_row2(out, U(oc_0 + r * out_row_stride), ZERO, ZERO)
+            store_row2(o, U(oc_0 + (r if ob < 0 else ob + i) * ors), ZERO, ZERO)
         return
 
     wr0_0, wr1_0, wr2_0, wr3_0 = load_taps4(weight, U(weight_offset + c * 4))
@@ -141,7 +155,7 @@ def jitconv_conv_w4_float32_c2_l4_fastexp_r64_short4_g2_ew_gs_vt(x, x_offset, x_
         if silu:
             acc_0 = fdiv(acc_0, ONE + exp(-acc_0))
             acc_1 = fdiv(acc_1, ONE + exp(-acc_1))
-        store_row2(out, U(oc_0 + rq0 * out_row_stride), store(acc_0), store(acc_1))
+        store_row2(o, U(oc_0 + (rq0 if ob < 0 else ob + 0) * ors), store(acc_0), store(acc_1))
         if nb > 1:
             xs1_0 = load(v1_0)
             xs1_1 = load(v1_1)
@@ -156,7 +170,7 @@ def jitconv_conv_w4_float32_c2_l4_fastexp_r64_short4_g2_ew_gs_vt(x, x_offset, x_
             if silu:
                 acc_0 = fdiv(acc_0, ONE + exp(-acc_0))
                 acc_1 = fdiv(acc_1, ONE + exp(-acc_1))
-            store_row2(out, U(oc_0 + rq1 * out_row_stride), store(acc_0), store(acc_1))
+            store_row2(o, U(oc_0 + (rq1 if ob < 0 else ob + 1) * ors), store(acc_0), store(acc_1))
             if nb > 2:
                 xs2_0 = load(v2_0)
                 xs2_1 = load(v2_1)
@@ -171,7 +185,7 @@ def jitconv_conv_w4_float32_c2_l4_fastexp_r64_short4_g2_ew_gs_vt(x, x_offset, x_
                 if silu:
                     acc_0 = fdiv(acc_0, ONE + exp(-acc_0))
                     acc_1 = fdiv(acc_1, ONE + exp(-acc_1))
-                store_row2(out, U(oc_0 + rq2 * out_row_stride), store(acc_0), store(acc_1))
+                store_row2(o, U(oc_0 + (rq2 if ob < 0 else ob + 2) * ors), store(acc_0), store(acc_1))
                 if nb > 3:
                     xs3_0 = load(v3_0)
                     xs3_1 = load(v3_1)
@@ -186,4 +200,4 @@ def jitconv_conv_w4_float32_c2_l4_fastexp_r64_short4_g2_ew_gs_vt(x, x_offset, x_
                     if silu:
                         acc_0 = fdiv(acc_0, ONE + exp(-acc_0))
                         acc_1 = fdiv(acc_1, ONE + exp(-acc_1))
-                    store_row2(out, U(oc_0 + rq3 * out_row_stride), store(acc_0), store(acc_1))
+                    store_row2(o, U(oc_0 + (rq3 if ob < 0 else ob + 3) * ors), store(acc_0), store(acc_1))

@@ -3,7 +3,8 @@ def jitconv_conv_w4_bfloat16_fast_wide(item, x, x_offset, x_row_stride, out, out
            weight, weight_offset, weight_stride_c, weight_stride_k,
            bias, bias_offset, bias_stride,
            state, state_offset, state_stride_line, state_stride_c, state_stride_col,
-           tables, rows, blocks, has_bias, silu):
+           tables, rows, blocks, has_bias, silu, out2, out2_offset, out2_row_stride, split,
+           spec_slot0):
     # rows, blocks: offsets of the per-call tables inside `tables` (kernel_abi.TABLES);
     # a block's record holds BLOCK_FIELDS, its sequence's fields included.
     c = item.get_id(0) * 4  # first channel: the fastest index
@@ -22,13 +23,28 @@ def jitconv_conv_w4_bfloat16_fast_wide(item, x, x_offset, x_row_stride, out, out
     oc_2 = out_offset + (c + 2)
     xc_3 = x_offset + (c + 3)      # this channel in x and out
     oc_3 = out_offset + (c + 3)
+    o = out  # the array this block's outputs go to, and its row stride
+    ors = out_row_stride
+    ob = -1  # out row r is x row r; split outputs: the block's first out row (its slot)
+    if split:
+        ob = t0
+        if split == SPLIT_PARTS and flags & FLAG_SPEC:
+            o = out2
+            ors = out2_row_stride
+            ob = t0 - spec_slot0
+            oc_0 = out2_offset + c
+            oc_1 = out2_offset + (c + 1)
+            oc_2 = out2_offset + (c + 2)
+            oc_3 = out2_offset + (c + 3)
     if line < 0:
         # Padded sequence, or output rows no sequence covers: zeros, no state access.
+        if ob >= 0 and flags & FLAG_UNCOVERED:
+            return  # rows of neither part: no split output has them
         for i in range(nb):
             r = r0 + i
             if not flags & FLAG_BLOCK_ROWS:
                 r = tables[U(rows + t0 + i)]
-            store_row4(out, U(oc_0 + r * out_row_stride), ZERO, ZERO, ZERO, ZERO)
+            store_row4(o, U(oc_0 + (r if ob < 0 else ob + i) * ors), ZERO, ZERO, ZERO, ZERO)
         return
 
     p0 = tables[U(blk + 2)]  # position of the block's first token in its sequence
@@ -232,7 +248,7 @@ def jitconv_conv_w4_bfloat16_fast_wide(item, x, x_offset, x_row_stride, out, out
                 acc_1 = fdiv(acc_1, ONE + exp(-acc_1))
                 acc_2 = fdiv(acc_2, ONE + exp(-acc_2))
                 acc_3 = fdiv(acc_3, ONE + exp(-acc_3))
-            store_row4(out, U(oc_0 + r * out_row_stride), store(acc_0), store(acc_1), store(acc_2), store(acc_3))
+            store_row4(o, U(oc_0 + (r if ob < 0 else ob + i) * ors), store(acc_0), store(acc_1), store(acc_2), store(acc_3))
     else:
         for i in range(nb):
             r = tables[U(rows + t0 + i)]
@@ -262,4 +278,4 @@ def jitconv_conv_w4_bfloat16_fast_wide(item, x, x_offset, x_row_stride, out, out
                 acc_1 = fdiv(acc_1, ONE + exp(-acc_1))
                 acc_2 = fdiv(acc_2, ONE + exp(-acc_2))
                 acc_3 = fdiv(acc_3, ONE + exp(-acc_3))
-            store_row4(out, U(oc_0 + r * out_row_stride), store(acc_0), store(acc_1), store(acc_2), store(acc_3))
+            store_row4(o, U(oc_0 + (r if ob < 0 else ob + i) * ors), store(acc_0), store(acc_1), store(acc_2), store(acc_3))

@@ -3,7 +3,8 @@ def jitconv_conv_w4_float32(item, x, x_offset, x_row_stride, out, out_offset, ou
            weight, weight_offset, weight_stride_c, weight_stride_k,
            bias, bias_offset, bias_stride,
            state, state_offset, state_stride_line, state_stride_c, state_stride_col,
-           tables, rows, blocks, has_bias, silu):
+           tables, rows, blocks, has_bias, silu, out2, out2_offset, out2_row_stride, split,
+           spec_slot0):
     # rows, blocks: offsets of the per-call tables inside `tables` (kernel_abi.TABLES);
     # a block's record holds BLOCK_FIELDS, its sequence's fields included.
     c = item.get_id(0) * 1  # first channel: the fastest index
@@ -16,13 +17,25 @@ def jitconv_conv_w4_float32(item, x, x_offset, x_row_stride, out, out_offset, ou
     r0 = tables[U(blk + 7)]  # the row of the block's first token (consecutive rows)
     xc = x_offset + c      # this channel in x and out
     oc = out_offset + c
+    o = out  # the array this block's outputs go to, and its row stride
+    ors = out_row_stride
+    ob = -1  # out row r is x row r; split outputs: the block's first out row (its slot)
+    if split:
+        ob = t0
+        if split == SPLIT_PARTS and flags & FLAG_SPEC:
+            o = out2
+            ors = out2_row_stride
+            ob = t0 - spec_slot0
+            oc = out2_offset + c
     if line < 0:
         # Padded sequence, or output rows no sequence covers: zeros, no state access.
+        if ob >= 0 and flags & FLAG_UNCOVERED:
+            return  # rows of neither part: no split output has them
         for i in range(nb):
             r = r0 + i
             if not flags & FLAG_BLOCK_ROWS:
                 r = tables[U(rows + t0 + i)]
-            out[U(oc + r * out_row_stride)] = ZERO
+            o[U(oc + (r if ob < 0 else ob + i) * ors)] = ZERO
         return
 
     p0 = tables[U(blk + 2)]  # position of the block's first token in its sequence
@@ -158,7 +171,7 @@ def jitconv_conv_w4_float32(item, x, x_offset, x_row_stride, out, out_offset, ou
             f2 = xf
             if silu:
                 acc = fdiv(acc, ONE + exp(-acc))
-            out[U(oc + r * out_row_stride)] = store(acc)
+            o[U(oc + (r if ob < 0 else ob + i) * ors)] = store(acc)
     else:
         for i in range(nb):
             r = tables[U(rows + t0 + i)]
@@ -169,4 +182,4 @@ def jitconv_conv_w4_float32(item, x, x_offset, x_row_stride, out, out_offset, ou
             f2 = xf
             if silu:
                 acc = fdiv(acc, ONE + exp(-acc))
-            out[U(oc + r * out_row_stride)] = store(acc)
+            o[U(oc + (r if ob < 0 else ob + i) * ors)] = store(acc)

@@ -39,7 +39,7 @@ from importlib.metadata import PackageNotFoundError, version
 import numpy as np
 import torch
 
-from jitconv.backends.sycl import bootstrap
+from jitconv.backends.sycl import bootstrap, devices
 from jitconv.memory import bridge
 from jitconv.backends.sycl import kernel_cache
 from jitconv import reference
@@ -72,7 +72,7 @@ def device_identity(device):
     """What decides how a dpctl.SyclDevice compiles a kernel: the device, its driver, the
     SYCL runtime and, on a CPU device, the instruction set the runtime targets."""
     identity = {
-        "filter": device.filter_string,
+        "filter": devices.name_of(device),
         "name": device.name,
         "vendor": device.vendor,
         "driver": device.driver_version,
@@ -294,7 +294,7 @@ def verify(queue, width, dtype_name, wide, spirv, launch, force=False, fast=None
     if not force:
         if not ENABLED:
             return "off"
-        refused = _refused.get(device.filter_string)
+        refused = _refused.get(devices.name_of(device))
         if refused is not None:
             raise refused
     identity = device_identity(device)
@@ -312,7 +312,7 @@ def verify(queue, width, dtype_name, wide, spirv, launch, force=False, fast=None
     stats["checked"] += 1
     if problem:
         error = DeviceCheckError(_message(identity, kernel, problem))
-        _refused.setdefault(device.filter_string, error)
+        _refused.setdefault(devices.name_of(device), error)
         raise error
     _passed.add(key)
     _store(key, identity, kernel)

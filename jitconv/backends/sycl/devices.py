@@ -8,6 +8,7 @@ Importing this module bootstraps the SYCL runtime (``bootstrap``) before dpctl l
 """
 
 import ctypes
+import threading
 
 from jitconv.backends.sycl.bootstrap import bootstrap
 
@@ -25,6 +26,27 @@ def sycl_devices():
 
 
 _queues = {}  # filter string -> dpctl's cached queue (making a SyclDevice costs ~15 us)
+_names = {}  # dpctl.SyclDevice -> name_of(it)
+_names_lock = threading.Lock()
+
+
+def name_of(device):
+    """The name of a dpctl.SyclDevice in jitconv's caches and messages: its filter string
+    ("level_zero:gpu:0"). A sub-device (a tile of an Intel GPU that the driver exposes as
+    one, a partition of the CPU device) has no filter string: it is named after its parent,
+    with a number that tells this process's sub-devices of that parent apart."""
+    name = _names.get(device)
+    if name is None:
+        parent = getattr(device, "parent_device", None)
+        if parent is None:
+            return _names.setdefault(device, device.filter_string)
+        prefix = f"{name_of(parent)}/sub-device "
+        with _names_lock:
+            name = _names.get(device)
+            if name is None:
+                taken = sum(1 for n in _names.values() if n.startswith(prefix))
+                name = _names[device] = f"{prefix}{taken}"
+    return name
 
 
 def get_queue(filter_str):
@@ -34,6 +56,19 @@ def get_queue(filter_str):
         queue = _queues[filter_str] = dpctl.get_device_cached_queue(
             dpctl.SyclDevice(filter_str))
     return queue
+
+
+def compile_queue(queue):
+    """The queue numba-dpex compiles a kernel for ``queue`` with: ``queue`` itself, or for a
+    sub-device the cached queue of its root device. numba-dpex types a kernel by its
+    queue's filter string, which a sub-device has none of; the SPIR-V it makes does not
+    depend on the device, and each queue builds its own program from it."""
+    device = queue.sycl_device
+    if getattr(device, "parent_device", None) is None:
+        return queue
+    while device.parent_device is not None:
+        device = device.parent_device
+    return get_queue(device.filter_string)
 
 
 # ------------------------------------------------------------------ the caller's queue

@@ -81,6 +81,7 @@ def compile_spirv(width, dtype_name, queue, wide=False, fast=None):
 
     from jitconv.backends.sycl.kernels import make_conv_kernel
 
+    queue = devices.compile_queue(queue)
     _prepare_numba_dpex(queue)
     dispatcher = make_conv_kernel(width, dtype_name, fast, wide=wide)
     with target_override("dpex"):
@@ -167,7 +168,8 @@ def get_conv_kernel(width, dtype_name, queue, wide=False, fast=None):
     that order. A program belongs to one context: a queue of another context (torch's, a
     user's) gets its own build of the same SPIR-V."""
     fast = fast_silu(dtype_name) if fast is None else fast
-    key = (queue.sycl_device.filter_string, queue.sycl_context, width, dtype_name, wide, fast)
+    key = (devices.name_of(queue.sycl_device), queue.sycl_context, width, dtype_name, wide,
+           fast)
     kernel = _built.get(key)
     if kernel is None:
         with _lock:
@@ -346,7 +348,7 @@ def submit_packed(kernel, queue, values, grid, wait, after=None):
     or, on the C path, plain addresses where a pointer goes) over ``grid``; ``after``:
     an event of ``submit_planner`` that the kernel must wait for (consumed)."""
     if device_check.refused_any():  # a device failed its check: launch nothing there
-        refused = device_check.refusal(queue.sycl_device.filter_string)
+        refused = device_check.refusal(devices.name_of(queue.sycl_device))
         if refused is not None:
             raise refused
     sink = getattr(_recording, "events", None)

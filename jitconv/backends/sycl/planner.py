@@ -19,7 +19,7 @@ import weakref
 import numpy as np
 import torch
 
-from jitconv.backends.sycl import kernel_cache, launching
+from jitconv.backends.sycl import devices, kernel_cache, launching
 from jitconv.kernels import planner
 from jitconv.memory import bridge
 
@@ -71,6 +71,7 @@ def _signature(element_types, queue):
 def compile_spirv(element_types, queue):
     """(SPIR-V bytes, kernel name) of the planner for these element types."""
     from numba.core.target_extension import target_override
+    queue = devices.compile_queue(queue)
     launching._prepare_numba_dpex(queue)
     with target_override("dpex"):
         result = make_planner_kernel().get_compile_result(_signature(element_types, queue))
@@ -89,7 +90,7 @@ def compile_and_store(element_types, queue, directory=None):
 def get_planner(element_types, queue):
     """The built planner for the queue's device and context: from this process's table,
     the disk cache (user cache, then shipped), or a numba-dpex compile, in that order."""
-    key = (queue.sycl_device.filter_string, queue.sycl_context, element_types)
+    key = (devices.name_of(queue.sycl_device), queue.sycl_context, element_types)
     kernel = _built.get(key)
     if kernel is None:
         with _lock:
