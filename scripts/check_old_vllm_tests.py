@@ -63,12 +63,9 @@ STANDIN = {
             raise AssertionError("the stand-in's op ran: the plugin did not replace it")
         """,
     "conftest.py": """
-        import logging
-
         import jitconv
         from jitconv.vllm import plugin
 
-        logging.basicConfig(level=logging.INFO)
         jitconv.set_device("cuda:0")
         replaced = plugin.install()
         assert "vllm.model_executor.layers.mamba.ops.causal_conv1d.causal_conv1d_update" \\
