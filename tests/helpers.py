@@ -251,3 +251,15 @@ def check_split_outputs(case, dtype, usm=False, extra_rows=0):
             if n:
                 assert torch.equal(bits(t), bits(full)[token_rows(case, part)]), part
         assert torch.equal(bits(case["conv_state"]), full_state)
+
+
+class TransposedView:
+    """A (lines, dim, state_len) view of a DeviceArray stored as (lines, state_len, dim),
+    through the same USM interface with swapped shape and strides."""
+
+    def __init__(self, arr):
+        iface = dict(arr.__sycl_usm_array_interface__)
+        lines, state_len, dim = arr.shape
+        iface.update(shape=(lines, dim, state_len), strides=(state_len * dim, 1, dim))
+        self.__sycl_usm_array_interface__ = iface
+        self.sycl_queue, self.usm_data = arr.sycl_queue, arr.usm_data

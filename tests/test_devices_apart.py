@@ -21,7 +21,8 @@ from jitconv.backends.sycl import launching, tables
 from jitconv.memory.usm import DeviceArray
 from jitconv.reference import causal_conv1d_reference
 
-from helpers import (DATA_KEYS, assert_outputs_close, assert_state_exact, bits, mixed_step)
+from helpers import (DATA_KEYS, TransposedView, assert_outputs_close, assert_state_exact,
+                     bits, mixed_step)
 
 
 @pytest.fixture(scope="module")
@@ -58,15 +59,6 @@ def _on(queue, data):
     return arrays
 
 
-class _Transposed:
-    def __init__(self, arr):
-        iface = dict(arr.__sycl_usm_array_interface__)
-        lines, state_len, dim = arr.shape
-        iface.update(shape=(lines, dim, state_len), strides=(state_len * dim, 1, dim))
-        self.__sycl_usm_array_interface__ = iface
-        self.sycl_queue, self.usm_data = arr.sycl_queue, arr.usm_data
-
-
 def test_one_plan_in_two_contexts_from_two_threads(two_contexts):
     """One host plan (no queue of its own: each run takes its arrays' queue) run in both
     contexts, three layers' worth each, from two threads at once: every run exact
@@ -90,7 +82,7 @@ def test_one_plan_in_two_contexts_from_two_threads(two_contexts):
             got = []
             for _ in range(3):
                 plan.run(arrays["x"], arrays["weight"], arrays["bias"],
-                         _Transposed(arrays["state"]), out=out)
+                         TransposedView(arrays["state"]), out=out)
                 got.append((out.to_tensor(), arrays["state"].to_tensor().transpose(1, 2)))
             results[queue] = got
         except Exception as exc:  # reported below, with the thread's queue
@@ -130,7 +122,7 @@ def test_memory_of_another_context_is_refused_by_name(two_contexts):
         submitted = launching.stats["submitted"]
         with pytest.raises(ValueError) as err:
             plan.run(arrays["x"], arrays["weight"], arrays["bias"],
-                     _Transposed(arrays["state"]))
+                     TransposedView(arrays["state"]))
         # x on the other device: weight is the first tensor apart from x
         arg = {"state": "conv_state", "x": "weight", "all": "x"}[name]
         message = str(err.value)

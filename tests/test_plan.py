@@ -18,7 +18,8 @@ from jitconv.backends.sycl import launching
 from jitconv.reference import causal_conv1d_reference
 from jitconv.memory.usm import DeviceArray
 
-from helpers import (DATA_KEYS, DTYPES, assert_outputs_close, assert_state_exact, bits,
+from helpers import (DATA_KEYS, DTYPES, TransposedView, assert_outputs_close,
+                     assert_state_exact, bits,
                      gdn_metadata, mixed_step, randn)
 
 LAYERS = 4
@@ -200,23 +201,10 @@ def test_run_on_an_explicit_in_order_queue_with_device_arrays(sycl_device):
     state = DeviceArray(stored, queue)
     out = DeviceArray(torch.full(tuple(step["x"].shape), float("nan")), queue)
     before = launching.stats["submitted"]
-    plan.run(arrays["x"], arrays["weight"], arrays["bias"], _Transposed(state), out=out)
+    plan.run(arrays["x"], arrays["weight"], arrays["bias"], TransposedView(state), out=out)
     assert launching.stats["submitted"] == before + 1
     assert_outputs_close(out.to_tensor(), ref_out, torch.float32)
     assert_state_exact(state.to_tensor().transpose(1, 2), ref_state)
-
-
-class _Transposed:
-    """A (lines, dim, state_len) view of a DeviceArray stored as (lines, state_len, dim),
-    through the same USM interface with swapped shape and strides."""
-
-    def __init__(self, arr):
-        iface = dict(arr.__sycl_usm_array_interface__)
-        lines, state_len, dim = arr.shape
-        iface.update(shape=(lines, dim, state_len),
-                     strides=(state_len * dim, 1, dim))
-        self.__sycl_usm_array_interface__ = iface
-        self.sycl_queue, self.usm_data = arr.sycl_queue, arr.usm_data
 
 
 def test_gdn_conv_step_plans_once_per_metadata_object(sycl_device, monkeypatch):

@@ -167,8 +167,8 @@ class StepPlan:
         extents = validation.check_aliasing(x, weight, bias, conv_state, out, self.lines)
         out_spec, out_non_spec = (bridge.normalize(t, n)
                                   for t, n in zip(split, validation.SPLIT_NAMES))
-        validation.check_split_outputs(x, weight, bias, conv_state, out,
-                                       (out_spec, out_non_spec), self.part_tokens, extents)
+        validation.check_split_outputs(x, weight, bias, conv_state, (out_spec, out_non_spec),
+                                       self.part_tokens, extents)
         result = SplitOutputs(*split)
         if validation.shape_of(x)[1] == 0 or self.num_blocks == 0 or \
                 (out_spec is None and out_non_spec is None):

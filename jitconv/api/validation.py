@@ -335,7 +335,7 @@ def check_no_out(out):
                          "split outputs replace out: pass one or the other")
 
 
-def check_split_outputs(x, weight, bias, conv_state, out, split, part_rows, extents):
+def check_split_outputs(x, weight, bias, conv_state, split, part_rows, extents):
     """The split outputs of one run (``split``: out_spec, out_non_spec, normalized;
     ``part_rows``: the plan's token count of each part, in that order) against the other
     tensors (checked already; ``extents``: their byte extents). A part with tokens needs
@@ -343,7 +343,6 @@ def check_split_outputs(x, weight, bias, conv_state, out, split, part_rows, exte
     rows apart; one without tokens takes None or zero rows. They are written while x,
     weight, bias and conv_state are read or updated, so they overlap none of them nor
     each other."""
-    check_no_out(out)
     dim, where = shape_of(x)[1], _where(x)
     found = {}
     for name, t, rows in zip(SPLIT_NAMES, split, part_rows):
