@@ -61,6 +61,19 @@ def sycl_device(request):
     return device
 
 
+@pytest.fixture
+def cpu_tensor_device(sycl_device):
+    """The device under test, for tests whose tensors are torch CPU tensors: a SYCL device
+    (zero-copy through DLPack) or the CUDA simulator. A CUDA GPU refuses CPU tensors: skip
+    there (the drop-ins on a GPU: tests/test_device_plan.py, and vLLM's own test file
+    through scripts/check_old_vllm_tests.py)."""
+    from jitconv.backends.cuda import devices
+    if devices.is_cuda_name(sycl_device) and not devices.simulating():
+        pytest.skip(f"these tests hold torch CPU tensors; the device under test is the "
+                    f"CUDA GPU {sycl_device}")
+    return sycl_device
+
+
 def pytest_collection_modifyitems(config, items):
     device, _ = _select(config)
     if device is not None and ":gpu" in device:

@@ -16,6 +16,7 @@ import torch
 import jitconv
 from jitconv.backends.cuda import devices as cuda_devices
 from jitconv.backends.cuda import launching as cuda_launching
+from jitconv.backends.cuda.source import LAYOUT_ARGS
 from jitconv.kernels import planner, tuning
 from jitconv.reference import causal_conv1d_reference
 
@@ -137,9 +138,9 @@ def reference_of(md, data, activation="silu", spec_first=False):
                                    activation=activation, **args)
 
 
-def layer(gen, dtype, num_tokens, num_lines, state_len, width, device, layout="SD"):
-    data = (randn(gen, (num_tokens, DIM), dtype), randn(gen, (DIM, width), dtype),
-            randn(gen, (DIM,), dtype), make_state(gen, num_lines, DIM, state_len, dtype, layout))
+def layer(gen, dtype, num_tokens, num_lines, state_len, width, device, layout="SD", dim=DIM):
+    data = (randn(gen, (num_tokens, dim), dtype), randn(gen, (dim, width), dtype),
+            randn(gen, (dim,), dtype), make_state(gen, num_lines, dim, state_len, dtype, layout))
     return tuple(put(t, device) for t in data)
 
 
@@ -209,6 +210,39 @@ def test_spec_rows_first(device, declared):
                 for k in live:
                     live[k].copy_(new[k])
             run_checked(plan, data, live, torch.float32, spec_first=True)
+
+
+@pytest.mark.parametrize("dtype_name", ["float32", "bfloat16"])
+def test_spec_kernel_shares_its_record(device, dtype_name):
+    """A spec step whose channel groups fill whole thread blocks (no bounds guard): the
+    fused conv kernel computes its block's record in one thread and shares it (the
+    tuning's ``shared_record``); runs follow rewritten metadata, with pads and bad values
+    among them."""
+    if device.type == "cpu" and not SIM:
+        pytest.skip("the CUDA kernel's choice (SYCL device plans run the planner kernel)")
+    dtype = DTYPES[dtype_name]
+    tune = tuning.cuda("simulator" if SIM else "sm_90", dtype_name, "spec")
+    dim = 4 * tune.threads * tune.channels  # groups: a multiple of the block
+    width, num_tokens, num_lines, nseq, max_len = 4, 48, 30, 9, 4
+    state_len = width - 2 + max_len
+    gen = torch.Generator().manual_seed(11)
+    md = random_metadata(gen, "spec", nseq, num_tokens, num_lines, state_len, width, max_len)
+    live = {k: put(v, device) for k, v in md.items()}
+    plan = jitconv.device_plan(num_tokens, num_lines, state_len, width, max_query_len=max_len,
+                               **live)
+    data = layer(gen, dtype, num_tokens, num_lines, state_len, width, device, dim=dim)
+    for step in range(3):
+        if step:
+            new = random_metadata(gen, "spec", nseq, num_tokens, num_lines, state_len, width,
+                                  max_len, pads=step)
+            for k, v in new.items():
+                live[k].copy_(v)
+        run_checked(plan, data, live, dtype)
+    at = LAYOUT_ARGS.index("dim")
+    used = [spec for spec in list(cuda_launching._kernels)
+            if spec.fused_plan and spec.layout and spec.layout[at] == dim]
+    if tuning.cuda("simulator" if SIM else "sm_90", dtype_name, "spec").fused_planner:
+        assert used and all(spec.shared_record for spec in used), used
 
 
 @pytest.mark.parametrize("width", [2, 3, 5])

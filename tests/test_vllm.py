@@ -24,6 +24,9 @@ from jitconv.reference import causal_conv1d_reference
 from helpers import (DTYPES, POISON, TOLERANCE, assert_outputs_close, assert_state_exact,
                      bits, cumulative, make_state, randn, strided_rows)
 
+# Every test holds torch CPU tensors (skipped on a CUDA GPU: conftest.cpu_tensor_device).
+pytestmark = pytest.mark.usefixtures("cpu_tensor_device")
+
 DIM = 136
 WIDTHS = (2, 3, 4, 5)
 EXTRA_LINES = 3        # cache lines no sequence uses (line 0, the null block, besides)

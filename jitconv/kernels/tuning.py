@@ -38,6 +38,10 @@ class CudaTuning:
     # device plans: the conv kernel plans its own block (one launch), not a planner kernel
     # before it (H200, 2026-12-03, 4 workloads: kernel 0.77-0.93x, graph replay 0.74-0.89x)
     fused_planner: bool = True
+    # ... its record computed by one thread of the thread block and shared through shared
+    # memory (a barrier), not by every warp (H200, 2026-12-04: spec 0.92-0.97x kernel
+    # time, decode 1.03x: the table turns it on for spec kernels only)
+    shared_record: bool = False
 
 
 # (backend, architecture, dtype, kind) -> values; "*" matches anything. Entries apply in
@@ -48,7 +52,8 @@ TABLE = {
     ("cuda", "simulator", "*", "*"): {"threads": 32},  # Python threads: keep blocks small
     ("cuda", "*", "*", "decode"): {"group_state": True, "early_weights": True},
     # 16-bit spec kernels ran 0.64-0.93x as fast with paired row accesses
-    ("cuda", "*", "*", "spec"): {"row_group": 1, "group_state": True, "early_weights": True},
+    ("cuda", "*", "*", "spec"): {"row_group": 1, "group_state": True, "early_weights": True,
+                                 "shared_record": True},
     ("cuda", "*", "float32", "spec"): {"row_group": 2},
 }
 

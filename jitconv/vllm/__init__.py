@@ -198,16 +198,23 @@ def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None,
 def _on_device(x, *metadata):
     """Whether a drop-in call takes the device-metadata path: x a 2-D CUDA or XPU tensor
     and every metadata argument given a tensor on its device."""
-    return (isinstance(x, torch.Tensor) and x.device.type in ("cuda", "xpu")
-            and x.dim() == 2 and metadata[0] is not None
-            and all(m is None or (isinstance(m, torch.Tensor) and m.device == x.device)
-                    for m in metadata))
+    # is_cuda / is_xpu / get_device, not .device: a torch.device is built per access
+    if not isinstance(x, torch.Tensor) or x.dim() != 2 or metadata[0] is None:
+        return False
+    cuda, xpu = x.is_cuda, x.is_xpu
+    if not (cuda or xpu):
+        return False
+    index = x.get_device()
+    return all(m is None or (isinstance(m, torch.Tensor) and m.is_cuda == cuda
+                             and m.is_xpu == xpu and m.get_device() == index)
+               for m in metadata)
 
 
 
 
 def _describe(t):
-    return None if t is None else (t.data_ptr(), t.shape, t.stride(), t.dtype, t.device)
+    return None if t is None else (t.data_ptr(), t.shape, t.stride(), t.dtype, t.is_cuda,
+                                   t.get_device())
 
 
 def _kept_plan(key, build):

@@ -18,10 +18,14 @@ class CudaBackend:
         """A torch CUDA tensor; a torch CPU tensor while a simulated CUDA device is
         current. A CPU tensor while a real CUDA device is current is an error: its memory
         is not the GPU's."""
-        if not isinstance(x, torch.Tensor) or x.device.type not in ("cuda", "cpu"):
+        # is_cuda, not device.type: a torch.device is built per access (a few hundred ns,
+        # on every run's path)
+        if not isinstance(x, torch.Tensor):
             return False
-        if x.device.type == "cuda":
+        if x.is_cuda:
             return True
+        if not x.is_cpu:
+            return False
         try:
             name = current.get_device()
         except current.DeviceNotFoundError:
@@ -34,7 +38,7 @@ class CudaBackend:
                         f"CUDA tensors (x.to('{name}')) or select a SYCL device")
 
     def remembered(self, plan, args, activation, math, split=SPLIT_NONE):
-        if args[0].device.type == "cuda" and _capturing() and not plan.on_device:
+        if args[0].is_cuda and _capturing() and not plan.on_device:
             raise RuntimeError(
                 "plan: built from metadata values read on the host, so a CUDA graph that "
                 "captured this run would replay those values even after the metadata "

@@ -31,7 +31,10 @@ def _driver():
             if _lib is None:
                 lib = ctypes.CDLL("libcuda.so.1")
                 vp, u = ctypes.c_void_p, ctypes.c_uint
-                lib.cuLaunchKernel.argtypes = [vp, u, u, u, u, u, u, u, vp, vp, vp]
+                # cuLaunchKernel has no argtypes: ctypes' conversions through them cost
+                # about 1 us per launch; Prepared passes each argument as its C type
+                # (void* as c_void_p; grid and block extents, unsigned int, as Python ints:
+                # C ints, the same registers, far below 2**31)
                 lib.cuCtxGetCurrent.argtypes = [ctypes.POINTER(vp)]
                 lib.cuCtxPushCurrent_v2.argtypes = [vp]
                 lib.cuCtxPopCurrent_v2.argtypes = [ctypes.POINTER(vp)]
@@ -73,7 +76,7 @@ class Prepared:
     argument word that ``launch(stream, value)`` replaces (a new output's address), or
     None."""
 
-    __slots__ = ("function", "grid", "block", "words", "size", "extra", "patch")
+    __slots__ = ("function", "grid", "block", "words", "size", "extra", "patch", "head")
 
     def __init__(self, kernel, args, grid, block, patch=None):
         self.function = ctypes.c_void_p(_address(kernel))
@@ -83,6 +86,8 @@ class Prepared:
         self.size = ctypes.c_size_t(ctypes.sizeof(self.words))
         self.extra = self._extra(self.words)
         self.patch = patch
+        # cuLaunchKernel's arguments before the stream: function, grid, block, shared bytes
+        self.head = (self.function,) + self.grid + self.block + (0,)
 
     def _extra(self, words):
         return (ctypes.c_void_p * 5)(_BUFFER_POINTER, ctypes.addressof(words),
@@ -96,9 +101,7 @@ class Prepared:
             words = type(self.words).from_buffer_copy(self.words)
             words[self.patch] = value
             extra = self._extra(words)
-        g, b = self.grid, self.block
-        code = _lib.cuLaunchKernel(self.function, g[0], g[1], g[2], b[0], b[1], b[2], 0,
-                                   stream, None, extra)
+        code = _lib.cuLaunchKernel(*self.head, ctypes.c_void_p(stream), None, extra)
         if code:
             _check(code, "cuLaunchKernel")
 

@@ -259,6 +259,7 @@ def make_conv_kernel(spec):
     if spec.fused_plan:
         from jitconv.backends.cuda.planner import device_functions
         namespace["slot_record"] = device_functions()["slot_record"]
+        namespace["RECORD_TYPE"] = np.int32  # the tables' element type: the same arithmetic
     exec(compile(source, filename, "exec"), namespace)
     if _simulating():  # Python: numpy arrays, no register limit
         return cuda.jit(fastmath=fastmath)(namespace[name])

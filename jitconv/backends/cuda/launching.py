@@ -272,7 +272,8 @@ def launch(plan, x, weight, bias, conv_state, target, silu, dtype, math=None, ke
                           tune.max_registers or None, native_bf16(x.device), short_tokens,
                           row_group, layout, tune.early_weights, group_state,
                           vector_taps_for(weight, tune), fixed, compact, tune.exact_grid,
-                          _uniform_decode(plan, short_tokens, tune), record_types)
+                          _uniform_decode(plan, short_tokens, tune), record_types,
+                          tune.shared_record)
         names = CALL_ARGS if compact else ARG_NAMES
         if compact:  # the layout's values are in the kernel: pass the per-call ones
             args = tuple(args[i] for i in _call_at())
@@ -363,9 +364,9 @@ def run_key(args, activation, math, split=SPLIT_NONE):
     all CUDA tensors)."""
     x, weight, bias, conv_state, out = args
     for t in args:
-        if t is not None and (not isinstance(t, torch.Tensor) or t.device.type != "cuda"):
+        if t is not None and (not isinstance(t, torch.Tensor) or not t.is_cuda):
             return None
-    index = x.device.index
+    index = x.get_device()
     inference = torch.is_inference_mode_enabled()
     describe = _describe_inference if inference else _describe
     # tuning overrides (tests, benchmarks) choose other kernels: part of the key
@@ -466,10 +467,12 @@ def _arguments(tables, offsets, plan, x, weight, bias, conv_state, target, silu,
     """The kernel's arguments (``kernel_abi.CONV_ARGS`` and ``source.EXTRA_ARGS``)."""
     xa, oa, wa, sa = (_as_kernel_arg(t, sim) for t in (x, target, weight, conv_state))
     ba = _as_kernel_arg(bias, sim) if bias is not None else wa  # not read without bias
-    # Unless split is SPLIT_PARTS out2 is not read: x stands in (not out itself, since the
-    # simulator copies each array argument back after the kernel, the unwritten copy last).
+    # Unless split is SPLIT_PARTS out2 is not read: x stands in on a GPU. The simulator
+    # copies each array argument in and back out after the kernel, in argument order, so
+    # there the stand-in aliases nothing: an unwritten copy of x (which is out when the
+    # run is in place) copied back last would undo the kernel's writes.
     if out2 is None or out2 is x:
-        out2, o2 = x, xa
+        out2, o2 = x, np.zeros(1, xa.dtype) if sim else xa
     else:
         o2 = _as_kernel_arg(out2, sim)
     split = (o2, 0, out2.stride(0), int(split), int(spec_slot0))

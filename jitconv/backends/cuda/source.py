@@ -126,28 +126,61 @@ class KernelSpec:
     exact_grid: bool = True
     uniform_decode: bool = False
     fused_plan: Optional[tuple] = None
+    shared_record: bool = False
 
     def __post_init__(self):
         normal = {"native_bf16": self.native_bf16 and self.dtype_name == "bfloat16",
                   "compact_args": self.compact_args and self.layout is not None,
                   "exact_grid": self.exact_grid and self.block is not None}
+        # every thread must reach the barrier: no bounds guard returns before it
+        normal["shared_record"] = self.shared_record and self.fused_plan is not None and \
+            _exact(self.layout, self.block, self.channels, normal["exact_grid"])
         for name, value in normal.items():
             object.__setattr__(self, name, value)
+
+
+def _exact(layout, block, channels, exact_grid):
+    """Whether the grid has exactly one thread per channel group and token block (no
+    bounds guard): a compiled-in 1-D thread block that divides the channel groups."""
+    if not (exact_grid and block and layout is not None) or block[1] != 1:
+        return False
+    return layout[LAYOUT_ARGS.index("dim")] // channels % block[0] == 0
+
+
+def with_shared_record(source):
+    """A fused kernel (``with_fused_plan``) whose block record is computed once per thread
+    block: by its first thread, handed to the others through shared memory after a
+    barrier. Every warp computing the record itself doubled the instructions the H200
+    executed for a spec step (2.78 M against 5.51 M, ncu, docs/performance.md). Only for
+    kernels without a bounds guard: every thread reaches the barrier."""
+    lines = source.split("\n")
+    at = [k for k, line in enumerate(lines) if "= slot_record(b, " in line]
+    if len(at) != 1:
+        raise ValueError("kernel source: the block record's computation was not found")
+    line = lines[at[0]]
+    pad = line[:len(line) - len(line.lstrip())]
+    names, call = (part.strip() for part in line.split(" = ", 1))
+    names = [n.strip() for n in names.split(",")]
+    shared = [f"{pad}shared_record = cuda.shared.array({len(names)}, RECORD_TYPE)",
+              f"{pad}if cuda.threadIdx.x == 0:",
+              f"{pad}    {', '.join('q' + n for n in names)} = {call}"]
+    shared += [f"{pad}    shared_record[{k}] = q{n}" for k, n in enumerate(names)]
+    shared += [f"{pad}cuda.syncthreads()"]
+    shared += [f"{pad}{n} = shared_record[{k}]" for k, n in enumerate(names)]
+    return "\n".join(lines[:at[0]] + shared + lines[at[0] + 1:])
 
 
 def name_and_source(spec):
     """(kernel name, Python source, argument names) of a KernelSpec."""
     (width, dtype_name, channels, fastmath, lookahead, fast_exp, max_registers, native_bf16,
      short_tokens, row_group, layout, early_weights, group_state, vector_taps, block,
-     compact_args, exact_grid, uniform_decode, fused_plan) = dataclasses.astuple(spec)
+     compact_args, exact_grid, uniform_decode, fused_plan,
+     shared_record) = dataclasses.astuple(spec)
     if width not in SUPPORTED_WIDTHS:
         raise ValueError(f"width must be one of {SUPPORTED_WIDTHS}, got {width}")
     if block and layout is None:
         raise ValueError("block: a thread block shape is compiled in only with a layout")
-    exact = False
-    if block:
-        groups = layout[LAYOUT_ARGS.index("dim")] // channels
-        exact = exact_grid and block[1] == 1 and groups % block[0] == 0
+    exact = _exact(layout, block, channels, exact_grid)
     name = (f"jitconv_conv_w{width}_{dtype_name}_c{channels}_l{lookahead}"
             f"{'_fast' if fastmath else ''}{'_fastexp' if fast_exp else ''}"
             f"{f'_r{max_registers}' if max_registers else ''}"
@@ -160,7 +193,8 @@ def name_and_source(spec):
             f"{f'_b{block[0]}x{block[1]}' if block else ''}"
             f"{'_ca' if layout is not None and compact_args else ''}"
             f"{'_ng' if exact else ''}{'_ud' if uniform_decode else ''}"
-            f"{f'_fp{hash(fused_plan) % 10 ** 6}' if fused_plan else ''}")
+            f"{f'_fp{hash(fused_plan) % 10 ** 6}' if fused_plan else ''}"
+            f"{'_sr' if shared_record else ''}")
     backend = CUDA._replace(index=cuda_index(block, exact)) if block else CUDA
     source = kernel_source(width, name, backend, channels, lookahead,
                            state_chunk=width - 1 + STATE_CHUNK_EXTRA, short_tokens=short_tokens,
@@ -169,6 +203,8 @@ def name_and_source(spec):
                            uniform_decode=uniform_decode)
     if fused_plan:
         source = with_fused_plan(source, RECORD_ARGS)
+        if shared_record:
+            source = with_shared_record(source)
     if layout is not None:
         source = with_layout(source, layout, compact_args)
     names = CALL_ARGS if layout is not None and compact_args else ARG_NAMES
