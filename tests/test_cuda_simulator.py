@@ -1,4 +1,5 @@
-"""The CUDA backend in CI: tests/test_cuda.py and tests/test_device_plan.py under numba's CUDA simulator, in a
+"""The CUDA backend in CI: tests/test_cuda.py, tests/test_device_plan.py and tests/test_vllm.py
+(the drop-ins, in place into x among them) under numba's CUDA simulator, in a
 subprocess (NUMBA_ENABLE_CUDASIM must be set before numba.cuda is first imported) with
 dpctl, dpnp and numba-dpex hidden, as on a CUDA machine without the SYCL stack.
 See tests/test_cuda.py for what the simulator can and cannot check."""
@@ -24,7 +25,8 @@ def test_cuda_kernels_in_the_simulator():
     env.pop("JITCONV_DEVICE", None)
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                            "-rs", str(TESTS / "test_cuda.py"),
-                           str(TESTS / "test_device_plan.py")], cwd=TESTS.parent, env=env,
+                           str(TESTS / "test_device_plan.py"), str(TESTS / "test_vllm.py")],
+                          cwd=TESTS.parent, env=env,
                           capture_output=True, text=True, timeout=900)
     tail = done.stdout[-3000:] + done.stderr[-2000:]
     assert done.returncode == 0, tail
