@@ -58,6 +58,11 @@ def info(_args):
     for width, dtype, wide, fast, where in kernel_origins(compiler):
         print(f"  width {width} {dtype:9s} {_math_name(fast)} {'wide ' if wide else ''}"
               f"{where}")
+    print("fused kernels of device plans (one submit per run; where one is missing and "
+          "cannot be compiled, a device plan submits its planner first):")
+    for width, dtype, wide, fast, types, where in fused_origins(compiler):
+        print(f"  width {width} {dtype:9s} {_math_name(fast)} {'wide ' if wide else ''}"
+              f"{_types_name(types)} {where}")
     for path, reason in kernel_cache.rejected:
         print(f"  ignored {path}: {reason}")
     return 0
@@ -65,6 +70,11 @@ def info(_args):
 
 def _math_name(fast):
     return "fast " if fast else "exact"
+
+
+def _types_name(record_types):
+    """A fused kernel's metadata types: cache lines' / flags' (the others are the lines')."""
+    return f"metadata {record_types[1]}/{record_types[2]}"
 
 
 def kernel_origins(compiler):
@@ -80,6 +90,25 @@ def kernel_origins(compiler):
             where = ("compiled on first use (numba-dpex)" if compiler
                      else "MISSING: no SPIR-V and no numba-dpex to compile it")
         rows.append((width, dtype, wide, fast, where))
+    return rows
+
+
+def fused_origins(compiler):
+    """(width, dtype, wide, fast, record types, where) of each shipped fused kernel
+    (``kernel_cache.fused_specializations``); a missing one is not an error: device plans
+    then run their planner first."""
+    from jitconv.backends.sycl import kernel_cache
+    from jitconv.kernels.abi import fast_silu
+    rows = []
+    for width, dtype, wide, fast, types in kernel_cache.fused_specializations():
+        fast = fast_silu(dtype) if fast is None else fast
+        entry = kernel_cache.load(width, dtype, wide, fast, types)
+        if entry is not None:
+            where = f"{kernel_cache.origin(entry[2])} ({entry[2]})"
+        else:
+            where = ("compiled on first use (numba-dpex)" if compiler
+                     else "not available: device plans run their planner first")
+        rows.append((width, dtype, wide, fast, types, where))
     return rows
 
 
@@ -197,18 +226,23 @@ def device_checks(queue):
           f"{device_check.verdict_dir()}"
           + ("" if device_check.ENABLED else "; the automatic check is OFF "
              "(JITCONV_DEVICE_CHECK=0)"))
-    for width, dtype, wide, fast in kernel_cache.specializations():
+    from jitconv.kernels.abi import fast_silu
+    kernels = [spec + (None,) for spec in kernel_cache.specializations()]
+    kernels += [(w, d, wide, fast_silu(d) if fast is None else fast, types)
+                for w, d, wide, fast, types in kernel_cache.fused_specializations()]
+    for width, dtype, wide, fast, types in kernels:
         t0 = time.perf_counter()
         try:
-            launching.check_kernel(width, dtype, queue, wide, fast)
+            launching.check_kernel(width, dtype, queue, wide, fast, types)
             verdict = "passed"
         except device_check.DeviceCheckError as exc:
             failed += 1
             verdict = "FAILED: " + str(exc).splitlines()[0].split("known-answer step: ")[-1]
         except launching.KernelUnavailableError:
             verdict = "no kernel (not shipped, and numba-dpex is not installed)"
+        kind = f"fused, {_types_name(types)} " if types else ""
         print(f"  width {width} {dtype:9s} {_math_name(fast)} {'wide' if wide else '    '} "
-              f"{verdict} "
+              f"{kind}{verdict} "
               f"({(time.perf_counter() - t0) * 1e3:.0f} ms)", flush=True)
     if failed:
         print(str(device_check.refusal(queue.sycl_device.filter_string)))
@@ -278,6 +312,16 @@ def build_kernels(args):
         print(f"  width {width} {dtype:9s} {_math_name(fast)} {'wide' if wide else '    '} "
               f"{path.stat().st_size / 1024:6.1f} KiB {time.perf_counter() - t0:5.2f} s  "
               f"{path.name}", flush=True)
+    # the fused kernels of device plans, for the widths and dtypes asked for
+    for width, dtype, wide, fast, types in kernel_cache.fused_specializations():
+        if width not in widths or dtype not in dtypes:
+            continue
+        t0 = time.perf_counter()
+        _kernel, path = launching.compile_and_store(width, dtype, queue, target, wide=wide,
+                                                    fast=fast, record_types=types)
+        print(f"  width {width} {dtype:9s} fused {_types_name(types)} "
+              f"{'wide' if wide else '    '} {path.stat().st_size / 1024:6.1f} KiB "
+              f"{time.perf_counter() - t0:5.2f} s  {path.name}", flush=True)
     # the device planners (jitconv.device_plan): one per shipped set of metadata types
     from jitconv.backends.sycl import planner
     for types in kernel_cache.planner_specializations():

@@ -162,13 +162,67 @@ def test_planted_wrong_answer_refuses_the_device(sycl_device, fresh_checks, monk
     assert torch.equal(bits(step["conv_state"]), state_before)
 
 
-def test_a_wrong_kernel_is_caught(sycl_device, fresh_checks, monkeypatch):
-    """A real wrong kernel (width 3's code asked to compute width 4) fails the check."""
+def _device_plan_step(seed=0, dtype=torch.bfloat16):
+    """A device plan on USM metadata (a mixed step, tokens in consecutive rows) and its
+    layer's tensors."""
+    step = mixed_step(torch.Generator().manual_seed(seed), dim=64, width=4, dtype=dtype,
+                      ns_lengths=[5, 1], sp_lengths=[3], rows="plain", ns_pads=0,
+                      usm=True)
+    lines, _dim, state_len = step["conv_state"].shape
+    metadata = {}
+    for name in ("non_spec_query_start_loc", "non_spec_state_indices", "has_initial_state",
+                 "spec_query_start_loc", "spec_state_indices", "num_accepted_tokens"):
+        value = torch.as_tensor(step[name])
+        metadata[name] = jitconv.empty(tuple(value.shape), value.dtype if value.dtype ==
+                                       torch.bool else torch.int32)
+        metadata[name].copy_(value)
+    plan = jitconv.device_plan(step["x"].shape[0], lines, state_len, 4, **metadata)
+    return plan, {k: step[k] for k in ("x", "weight", "bias", "conv_state")}
+
+
+@pytest.mark.parametrize("call", ["mixed", "device plan"])
+def test_a_wrong_kernel_is_caught(sycl_device, fresh_checks, monkeypatch, call):
+    """A real wrong kernel (width 3's code asked to compute width 4) fails the check: the
+    kernel of a mixed call, and a device plan's fused kernel (checked on the device
+    plan's layout of the known-answer step)."""
     build = launching._build
-    monkeypatch.setattr(launching, "_build", lambda width, dtype_name, queue, wide, fast=None:
-                        build(3 if width == 4 else width, dtype_name, queue, wide, fast))
-    with pytest.raises(device_check.DeviceCheckError, match="outputs wrong"):
-        jitconv.causal_conv1d_mixed(**_step(torch.float32))
+    monkeypatch.setattr(launching, "_build",
+                        lambda width, dtype_name, queue, wide, fast=None, record_types=None:
+                        build(3 if width == 4 else width, dtype_name, queue, wide, fast,
+                              record_types))
+    with pytest.raises(device_check.DeviceCheckError, match="outputs wrong") as error:
+        if call == "mixed":
+            jitconv.causal_conv1d_mixed(**_step(torch.float32))
+        else:
+            plan, layer = _device_plan_step()
+            state_before = bits(layer["conv_state"])
+            plan.run(**layer)
+    if call == "device plan":
+        assert "fused, for device plans" in str(error.value)
+        assert torch.equal(bits(layer["conv_state"]), state_before)
+
+
+def test_a_device_plans_fused_kernel_is_checked(sycl_device, fresh_checks, monkeypatch):
+    """A device plan's first run builds its fused kernel and checks it first (its own
+    verdict, with the metadata's types); a planted wrong answer refuses the device
+    before anything of the run is launched."""
+    before = device_check.stats["checked"]
+    plan, layer = _device_plan_step(seed=1)
+    plan.run(**layer)
+    plan.check_errors()
+    records = [json.loads(p.read_text())["kernel"] for p in fresh_checks.glob("*.json")]
+    assert [r["record_types"] for r in records if "record_types" in r] == \
+        [list(plan.element_types)], records
+    assert device_check.stats["checked"] == before + 1
+    monkeypatch.setattr(launching, "_built", {})
+    monkeypatch.setattr(device_check, "_passed", set())
+    monkeypatch.setattr(device_check, "verdict_dir", lambda: fresh_checks / "other")
+    _perturb(monkeypatch)
+    plan, layer = _device_plan_step(seed=2)
+    state_before = bits(layer["conv_state"])
+    with pytest.raises(device_check.DeviceCheckError, match="fused, for device plans"):
+        plan.run(**layer)
+    assert torch.equal(bits(layer["conv_state"]), state_before)
 
 
 def test_verdict_key_follows_device_driver_runtime_and_kernel():
@@ -230,7 +284,10 @@ def test_check_command_prints_every_verdict(sycl_device, tmp_path):
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     verdicts = [line for line in done.stdout.splitlines() if line.startswith("  width ")
                 and "ms)" in line]
-    assert len(verdicts) == len(jitconv.backends.sycl.launching.kernel_cache.specializations())
+    cache = jitconv.backends.sycl.launching.kernel_cache
+    assert len(verdicts) == len(cache.specializations()) + len(cache.fused_specializations())
+    assert sum(" fused, metadata " in line for line in verdicts) == \
+        len(cache.fused_specializations())
     assert all(" passed " in line for line in verdicts), verdicts
     assert done.stdout.strip().endswith("check: OK")
     assert len(list((tmp_path / "checks").glob("*.json"))) == len(verdicts)

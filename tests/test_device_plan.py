@@ -16,6 +16,8 @@ import torch
 import jitconv
 from jitconv.backends.cuda import devices as cuda_devices
 from jitconv.backends.cuda import launching as cuda_launching
+from jitconv.backends.sycl import launching as sycl_launching
+from jitconv.backends.sycl import run_cache as sycl_run_cache
 from jitconv.kernels import planner, tuning
 from jitconv.reference import causal_conv1d_reference
 
@@ -31,12 +33,14 @@ GPU_ONLY = pytest.mark.skipif(SIM or not cuda_devices.devices(),
 KINDS = ("decode", "spec", "mixed", "prefill")
 
 
-@pytest.fixture(scope="module", params=["sycl", "cuda", "cuda-planner"])
+@pytest.fixture(scope="module", params=["sycl", "sycl-planner", "cuda", "cuda-planner"])
 def device(request):
     """The torch device of a backend's tensors: "cpu" for the SYCL device under test
     (tensors made by ``put``: USM memory), the CUDA device (or the simulator's "cpu"):
     "cuda" with the conv kernel planning its own blocks (the tuning's default,
-    ``fused_planner``), "cuda-planner" with the planner kernel launched before it."""
+    ``fused_planner``), "cuda-planner" with the planner kernel launched before it. On
+    SYCL likewise: "sycl" runs the fused kernel, "sycl-planner" the planner and the
+    kernel that reads its table, as where no fused kernel is shipped or compiled."""
     if request.param.startswith("cuda"):
         if not cuda_devices.devices():
             pytest.skip(f"no CUDA device: {cuda_devices.why_unavailable()}")
@@ -50,7 +54,13 @@ def device(request):
     if cuda_devices.is_cuda_name(name):  # a CUDA machine without a SYCL device
         pytest.skip(f"SYCL device plans: the device under test is {name}")
     jitconv.set_device(name)
-    yield torch.device("cpu")
+    # remembered launches keep their kernel: none may cross from one variant to the other
+    sycl_run_cache.clear()
+    with pytest.MonkeyPatch.context() as patch:
+        if request.param == "sycl-planner":
+            patch.setattr(sycl_launching, "fused_kernel", lambda *args: None)
+        yield torch.device("cpu")
+    sycl_run_cache.clear()
 
 
 @pytest.fixture(scope="module", params=["planner", "fused"])
@@ -246,6 +256,42 @@ def test_spec_kernel_shares_its_record(device, dtype_name, monkeypatch):
     fused = [spec for spec in used if spec.fused_plan]
     if tune.fused_planner:  # the "cuda" device (not "cuda-planner")
         assert fused and all(spec.shared_record for spec in fused), used
+
+
+@pytest.mark.parametrize("metadata", ["usm", "plain"])
+def test_sycl_submits(device, metadata, monkeypatch):
+    """A SYCL device plan's run is one submit: the fused kernel, which computes its
+    records from the metadata ("sycl"); or where none can be had the planner's submit,
+    then the conv kernel's ("sycl-planner"). The same for remembered runs (the same
+    tensors again) and for metadata in plain CPU memory ("plain": copied at every run,
+    the run waits for the kernel), each run following the rewritten values."""
+    if device.type != "cpu" or SIM:
+        pytest.skip("SYCL submits")
+    fused = sycl_launching.fused_kernel.__name__ == "fused_kernel"  # not the fixture's
+    gen = torch.Generator().manual_seed(21)
+    width, num_tokens, num_lines, state_len = 4, 30, 16, 7
+    md = random_metadata(gen, "mixed", 4, num_tokens, num_lines, state_len, width, 4)
+    live = {k: put(v, device) if metadata == "usm" else v.clone() for k, v in md.items()}
+    plan = jitconv.device_plan(num_tokens, num_lines, state_len, width, max_query_len=4,
+                               **live)
+    data = layer(gen, torch.bfloat16, num_tokens, num_lines, state_len, width, device)
+    planners = []
+    real = sycl_launching.submit_planner
+    monkeypatch.setattr(sycl_launching, "submit_planner",
+                        lambda *a, **k: planners.append(1) or real(*a, **k))
+    before = sycl_launching.stats["submitted"]
+    for step in range(3):  # checked and packed, then remembered
+        if step:
+            new = random_metadata(gen, "mixed", 4, num_tokens, num_lines, state_len, width,
+                                  4, pads=step - 1)
+            for k, v in new.items():
+                live[k].copy_(v)
+        run_checked(plan, data, live, torch.bfloat16)
+    assert sycl_launching.stats["submitted"] - before == 3
+    assert len(planners) == (0 if fused else 3)
+    if fused:  # the kernel built for these metadata types
+        assert plan.element_types in [k[-1] for k in sycl_launching._built], \
+            list(sycl_launching._built)
 
 
 @pytest.mark.parametrize("width", [2, 3, 5])

@@ -139,8 +139,9 @@ def test_installed_wheel_runs_the_kernel_tests_without_numba_dpex(environment):
 
     info = _run([str(py), "-m", "jitconv", "info"], env=env, cwd=work)
     where = "user cache" if e["kernels"] == "built now" else "shipped"
-    # 7 widths x 3 dtypes, the 16-bit wide kernels, both maths
-    assert info.count(f" {where} (") == 70, info
+    # 7 widths x 3 dtypes, the 16-bit wide kernels, both maths; the fused kernels of
+    # device plans (width 4: 5 kernels x 4 sets of metadata types)
+    assert info.count(f" {where} (") == 70 + 20, info
     assert "MISSING" not in info and "compiled on first use (" not in info, info
 
     # Kernel tests, copied out of the tree so that only the installed package is found.

@@ -35,6 +35,8 @@ def test_shipped_entries_are_intact():
         assert hashlib.sha256(spirv).hexdigest() == meta["sha256"], name
         if "planner" in meta:  # a device planner (jitconv.device_plan)
             assert meta["abi"] == kernel_cache._planner_abi(tuple(meta["planner"])), name
+        elif "record_types" in meta:  # a fused kernel of device plans
+            assert meta["abi"] == kernel_cache._abi(tuple(meta["record_types"])), name
         else:
             assert meta["abi"] == [list(a) for a in CONV_ARGS], name
         assert meta["format"] == kernel_cache.FORMAT, name

@@ -5,11 +5,18 @@ kernel, in the same process:
   submitted through ``launching.submit_packed`` and waited for: the floor of any run;
 - host plan: ``plan.run`` of a ``jitconv.plan`` (remembered: checks skipped);
 - device plan: ``plan.run`` of a ``jitconv.device_plan`` on the same metadata, in USM
-  tensors: the planner's submit, then the conv kernel's (remembered).
+  tensors: one submit of the fused kernel, which computes its block records from the
+  metadata (remembered);
+- fused submit: that run's fused kernel, its remembered launch submitted and waited for
+  (the bare submit of the kernel a device plan's run launches);
+- planner + conv: the same device plan's run as where no fused kernel can be had: the
+  planner's submit, then the conv kernel's (remembered: its own output tensor, so that
+  its remembered launch is its own).
 
 Each is wall time per call (host and device together: with torch CPU tensors every run
-waits for its kernel), the median of rounds of ``--calls`` calls, the three in turn
-within each round. Ratios are against the bare submit of the same round.
+waits for its kernel), the median of rounds of ``--calls`` calls, all in turn within each
+round. Ratios are against the bare submit of the same round, and the device plan's also
+against the fused submit ("device/fused").
 
     python benchmarks/cpu/device_plan_cost.py [--dim 2048] [--calls 200] [--rounds 15]
 """
@@ -21,7 +28,7 @@ import time
 import torch
 
 import jitconv
-from jitconv.backends.sycl import launching, run_cache, tables
+from jitconv.backends.sycl import launching, planner, run_cache, tables
 
 WORKLOADS = {  # name: (decode sequences, spec sequences of 1 + 3 tokens)
     "decode 64": (64, 0),
@@ -78,8 +85,9 @@ def main():
     dtype = getattr(torch, args.dtype)
     print(f"device {jitconv.get_device()}, dim {args.dim}, {args.dtype}; us per call "
           f"(median of {args.rounds} rounds of {args.calls} calls)")
-    print(f"{'workload':24s} {'bare submit':>12s} {'host plan':>10s} {'device plan':>12s} "
-          f"{'host/bare':>10s} {'device/bare':>12s}")
+    print(f"{'workload':24s} {'bare submit':>12s} {'host plan':>10s} {'fused submit':>13s} "
+          f"{'device plan':>12s} {'planner+conv':>13s} {'host/bare':>10s} "
+          f"{'device/bare':>12s} {'device/fused':>13s} {'planner/bare':>13s}")
     for name, (decodes, specs) in WORKLOADS.items():
         host_plan, device_plan, (x, w, b, state) = step(decodes, specs, args.dim, dtype,
                                                        torch.Generator().manual_seed(0))
@@ -99,14 +107,35 @@ def main():
         def device():
             device_plan.run(x, w, b, state, out=out)
 
-        for fn in (bare, host, device):  # warm-up: builds, remembers
+        out_planner = usm(torch.zeros(tuple(x.shape), dtype=dtype))
+
+        def planner_and_conv():
+            device_plan.run(x, w, b, state, out=out_planner)
+
+        fused_kernel = launching.fused_kernel
+        launching.fused_kernel = lambda *a: None  # remembered as planner + conv
+        planner_and_conv()
+        launching.fused_kernel = fused_kernel
+        device()  # checked, packed, remembered: the fused kernel's launch
+        (fused,) = [e for e in run_cache._entries.values()
+                    if len(e.values) > launching.CONV_PARAMS]
+        table_args, record, _copies = planner.record_on(device_plan, fused.queue)
+        fused_values = launching.with_record(fused.values, table_args, record)
+
+        def fused_bare():
+            launching.submit_packed(fused.kernel, fused.queue, fused_values,
+                                    (device_plan.num_blocks, fused.groups), True)
+
+        fns = (bare, host, fused_bare, device, planner_and_conv)
+        for fn in fns:  # warm-up: builds, remembers
             timed(fn, 10)
-        rounds = [[timed(fn, args.calls) for fn in (bare, host, device)]
-                  for _ in range(args.rounds)]
-        med = [statistics.median(r[i] for r in rounds) for i in range(3)]
-        ratios = [statistics.median(r[i] / r[0] for r in rounds) for i in (1, 2)]
-        print(f"{name:24s} {med[0]:12.1f} {med[1]:10.1f} {med[2]:12.1f} {ratios[0]:10.2f} "
-              f"{ratios[1]:12.2f}", flush=True)
+        rounds = [[timed(fn, args.calls) for fn in fns] for _ in range(args.rounds)]
+        med = [statistics.median(r[i] for r in rounds) for i in range(len(fns))]
+        ratio = {(i, j): statistics.median(r[i] / r[j] for r in rounds)
+                 for i, j in ((1, 0), (3, 0), (3, 2), (4, 0))}
+        print(f"{name:24s} {med[0]:12.1f} {med[1]:10.1f} {med[2]:13.1f} {med[3]:12.1f} "
+              f"{med[4]:13.1f} {ratio[1, 0]:10.2f} {ratio[3, 0]:12.2f} {ratio[3, 2]:13.2f} "
+              f"{ratio[4, 0]:13.2f}", flush=True)
         device_plan.check_errors()
 
 

@@ -65,16 +65,25 @@ class DevicePlan(StepPlan):
         self.arrays = arrays  # planner.METADATA_ARRAYS name -> (tensor, element stride)
         # every METADATA_ARRAYS name -> (tensor, stride), and the argument name it came as
         self.kernel_arrays, self.names = _with_placeholders(arrays, names)
+        # the arrays' element types (bool flags as the byte they are), in that order: what
+        # a planner kernel or a fused conv kernel is compiled for
+        self.element_types = tuple(
+            "uint8" if t.dtype == torch.bool else str(t.dtype).split(".")[-1]
+            for t, _stride in self.kernel_arrays.values())
         self.backend = backend  # the backend of the metadata's device
         self.num_ns, self.num_sp, self.ns_implicit = counts
         self.max_len = max_len  # None: no bound
         self.null_line, self.skip_empty = null_line, skip_empty
         self.device = device
-        n_seq = self.num_ns + self.num_sp
-        self.one_slot = max_len is not None and max_len <= planner.BLOCK
+        self.planner_scalars = planner.scalars(  # the planner's (planner.PLAN_ARGS)
+            self.num_ns, self.num_sp, self.ns_implicit, "ns_init" in arrays,
+            "ns_accepted" in arrays, geometry.num_tokens, geometry.num_lines,
+            geometry.state_len, geometry.width, geometry.pad_slot_id, null_line, skip_empty,
+            max_len, spec_first)
+        self.one_slot = bool(self.planner_scalars["one_slot"])
         self.in_place = self.one_slot  # (StepPlan.in_place)
-        self.num_blocks = planner.capacity(n_seq, geometry.num_tokens, self.one_slot)
-        self.tail_first = planner.tail_first(n_seq, geometry.num_tokens, self.one_slot)
+        self.num_blocks = self.planner_scalars["capacity"]
+        self.tail_first = self.planner_scalars["tail_first"]
         bound = max_len if max_len is not None else geometry.num_tokens
         self.longest_block = min(planner.BLOCK, bound)
         ns_max = (1 if self.ns_implicit else bound) if self.num_ns else 0
@@ -86,16 +95,6 @@ class DevicePlan(StepPlan):
         self.written_lines = None  # so a copied conv_state is copied back whole
         self.fit = (geometry.num_tokens, geometry.num_lines, geometry.state_len,
                     geometry.width)
-        self.planner_scalars = dict(  # the planner's scalar arguments (planner.PLAN_ARGS)
-            num_ns=self.num_ns, num_sp=self.num_sp, ns_implicit=int(self.ns_implicit),
-            has_ns_init=int("ns_init" in arrays), has_ns_accepted=int("ns_accepted" in arrays),
-            num_tokens=geometry.num_tokens, num_lines=geometry.num_lines,
-            state_len=geometry.state_len, width=geometry.width,
-            pad_line=geometry.pad_slot_id, null_line=0 if null_line is None else null_line,
-            has_null=int(null_line is not None), skip_empty=int(skip_empty),
-            max_len=geometry.num_tokens if max_len is None else max_len,
-            one_slot=int(self.one_slot), tail_first=self.tail_first,
-            spec_first=int(spec_first), blocks=planner.ROWS_WORDS, capacity=self.num_blocks)
 
     def check_errors(self) -> None:
         """Raise ValueError if a run since the last check met bad metadata values (which

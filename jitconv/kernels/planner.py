@@ -63,6 +63,25 @@ def tail_first(num_sequences, num_tokens, one_slot_per_sequence):
                     BLOCK)
 
 
+def scalars(num_ns, num_sp, ns_implicit, has_ns_init, has_ns_accepted, num_tokens,
+            num_lines, state_len, width, pad_line, null_line, skip_empty, max_len,
+            spec_first):
+    """The planner's scalar arguments (``PLAN_ARGS``) for a step of these counts and
+    flags: ``null_line`` None for no second pad line, ``max_len`` None for no bound (one
+    slot per sequence when it is at most B)."""
+    one_slot = max_len is not None and max_len <= BLOCK
+    n_seq = num_ns + num_sp
+    return dict(
+        num_ns=num_ns, num_sp=num_sp, ns_implicit=int(ns_implicit),
+        has_ns_init=int(has_ns_init), has_ns_accepted=int(has_ns_accepted),
+        num_tokens=num_tokens, num_lines=num_lines, state_len=state_len, width=width,
+        pad_line=pad_line, null_line=0 if null_line is None else null_line,
+        has_null=int(null_line is not None), skip_empty=int(skip_empty),
+        max_len=num_tokens if max_len is None else max_len, one_slot=int(one_slot),
+        tail_first=tail_first(n_seq, num_tokens, one_slot), spec_first=int(spec_first),
+        blocks=ROWS_WORDS, capacity=capacity(n_seq, num_tokens, one_slot))
+
+
 # The planner's arguments after the slot, in order (backends build their signature and
 # their launch from this list). Metadata arrays come as (array, element stride); an
 # absent one is any valid array with its "has_" word 0.

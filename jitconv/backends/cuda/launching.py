@@ -413,15 +413,14 @@ def _planner_values(plan, sim):
     """(element types of the metadata arrays, the values of ``planner.PLAN_ARGS`` but
     the tables') of a device plan: what its planner, or a conv kernel that plans its own
     block, takes."""
-    values, types_ = {}, []
+    values = {}
     for name in planner.METADATA_ARRAYS:
         t, stride = plan.kernel_arrays[name]
-        types_.append("uint8" if t.dtype == torch.bool else str(t.dtype).split(".")[-1])
         # the kernel's pointer is the first element's: no offset
         values[name], values[name + "_offset"] = _as_kernel_arg(t, sim), 0
         values[name + "_stride"] = stride if name in plan.arrays else 0
     values.update(plan.planner_scalars, errors=_as_kernel_arg(errors_of(plan, sim), sim))
-    return tuple(types_), values
+    return plan.element_types, values
 
 
 def _planner_launch(plan, tables, sim):

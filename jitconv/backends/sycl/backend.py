@@ -1,7 +1,9 @@
 """The SYCL backend: a run's tensors as USM views on the queue the call runs on (torch
 XPU's current stream, a dpctl/dpnp array's own queue, or the current device's), one
-submit of the conv kernel (for a device plan, after its planner's: ``sycl.planner``), and
-the launch remembered for the next run with the same tensors (``run_cache``).
+submit of the conv kernel (for a device plan, the fused kernel that computes its block
+records from the metadata itself, or where none can be had its planner's submit first:
+``sycl.planner``), and the launch remembered for the next run with the same tensors
+(``run_cache``).
 
 When a run waits: right after the submit it returns when the kernel's results are only
 read by later work on the same in-order queue (torch XPU tensors on torch's current stream,
@@ -14,7 +16,7 @@ default), where later work is not ordered after the kernel.
 import torch
 
 from jitconv import device as current
-from jitconv.backends.sycl import devices, launching, run_cache, tables
+from jitconv.backends.sycl import devices, launching, planner, run_cache, tables
 from jitconv.kernels.abi import SPLIT_NONE, SPLIT_PARTS, fast_silu
 from jitconv.memory import bridge
 
@@ -37,7 +39,8 @@ class SyclBackend:
             return None, None
         x, weight, bias, conv_state, out = args
         key = run_cache.key(x, weight, bias, conv_state, out, activation, math,
-                            self._queue(plan, x), split)
+                            self._queue(plan, x), split,
+                            plan.element_types if plan.on_device else None)
         if key is None:
             return None, None
         entry = run_cache.find(key, plan)
@@ -79,12 +82,22 @@ class SyclBackend:
         if not wait:
             tables.mark_unwaited(plan)
         dim = int(views["x"].shape[1])
-        table_args, after = tables.for_run(plan, queue)
+        fast = fast_silu(launch.dtype, launch.math)
+        fused = record = None
+        if plan.on_device:  # one submit where a fused kernel can be had
+            fused = launching.fused_kernel(plan.geometry.width, launch.dtype, queue,
+                                           launching.wide_fits(views, dim, launch.dtype),
+                                           fast, plan.element_types)
+        if fused is not None:
+            table_args, record, copies = planner.record_on(plan, queue)
+            after, wait = None, wait or copies  # copied metadata lives until the wait
+        else:
+            table_args, after = tables.for_run(plan, queue)
         kernel, values, grid = launching.submit_conv(
             queue, plan.geometry.width, launch.dtype, views, table_args, plan.num_blocks,
-            dim, has_bias=bias is not None, silu=launch.silu,
-            fast=fast_silu(launch.dtype, launch.math), wait=wait, after=after,
-            split=launch.split, spec_slot0=launch.spec_slot0)
+            dim, has_bias=bias is not None, silu=launch.silu, fast=fast, wait=wait,
+            after=after, split=launch.split, spec_slot0=launch.spec_slot0, fused=fused,
+            record=record)
         for wb in write_backs:
             wb()
         # Only zero-copy launches are remembered: a copy is new memory on every run.
@@ -95,7 +108,6 @@ class SyclBackend:
                                launch.dtype)
 
     def read_errors(self, plan):
-        from jitconv.backends.sycl import planner
         return planner.read_errors(plan)
 
 

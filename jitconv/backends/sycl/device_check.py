@@ -131,10 +131,12 @@ def _store(key, identity, kernel):
 
 # ------------------------------------------------------------------ the known-answer step
 
-def known_answer_step(width, dtype_name):
+def known_answer_step(width, dtype_name, consecutive=False):
     """The step every kernel is checked on: host torch tensors (x, weight, bias, conv_state
     viewed (lines, dim, state_len) from (lines, state_len, dim) storage), the two parts as
-    ``batch.Part``s, and the same step in ``jitconv.reference``'s keyword arguments."""
+    ``batch.Part``s, and the same step in ``jitconv.reference``'s keyword arguments.
+    ``consecutive``: each part's tokens in consecutive rows, non-spec then spec, the
+    uncovered row last (a device plan's layout: what a fused kernel is checked on)."""
     S = width - 1
     dim = 128  # 8 16-lane vectors of one-channel work-items, 2 of wide ones
     gen = torch.Generator().manual_seed(_SEED + width)
@@ -152,6 +154,8 @@ def known_answer_step(width, dtype_name):
     n_ns, n_sp = sum(ns_len), sum(sp_len)
     num_tokens = n_ns + n_sp + 1  # one row no sequence covers: zeros
     rows = torch.randperm(num_tokens, generator=gen).to(torch.int32)
+    if consecutive:
+        rows = torch.arange(num_tokens, dtype=torch.int32)
 
     def values(*shape):
         return torch.randn(shape, generator=gen, dtype=torch.float32).to(
@@ -182,6 +186,42 @@ def known_answer_step(width, dtype_name):
                   spec_token_indx=sp_rows,
                   num_accepted_tokens=torch.tensor(sp_accepted, dtype=torch.int32))
     return dict(x=x, weight=weight, bias=bias, conv_state=conv_state), parts, kwargs
+
+
+def _known_answer_record(kwargs, num_tokens, num_lines, state_len, width, record_types,
+                         queue):
+    """A fused kernel's record of the known-answer step (``consecutive``): (metadata
+    views by ``planner.METADATA_ARRAYS`` name, and "errors": zeroed error words; their
+    element strides; the planner's scalars)."""
+    import dpctl.memory as dpm
+    from jitconv.kernels import planner
+    values = dict(ns_qsl=kwargs["non_spec_query_start_loc"],
+                  ns_lines=kwargs["non_spec_state_indices"],
+                  ns_init=kwargs["has_initial_state"],
+                  ns_accepted=kwargs["non_spec_num_accepted_tokens"],
+                  sp_qsl=kwargs["spec_query_start_loc"],
+                  sp_lines=kwargs["spec_state_indices"],
+                  sp_accepted=kwargs["num_accepted_tokens"])
+    views = {}
+    for name, element in zip(planner.METADATA_ARRAYS, record_types):
+        data = np.ascontiguousarray(np.asarray(values[name]).astype(element))
+        memory = dpm.MemoryUSMDevice(max(data.nbytes, 64), queue=queue)
+        memory.copy_from_host(data.view(np.uint8))
+        views[name] = bridge.DeviceView(memory, 0, data.shape, (1,), data.itemsize, memory)
+    errors = dpm.MemoryUSMDevice(4 * len(planner.ERRORS), queue=queue)
+    errors.memset()
+    views["errors"] = bridge.DeviceView(errors, 0, (len(planner.ERRORS),), (1,), 4, errors)
+    num_ns, num_sp = len(values["ns_lines"]), len(values["sp_lines"])
+    scalars = planner.scalars(num_ns, num_sp, False, True, True, num_tokens, num_lines,
+                              state_len, width, -1, None, False, None, False)
+    strides = {name: 1 for name in planner.METADATA_ARRAYS}
+    return views, strides, scalars
+
+
+def _error_words(view):
+    host = np.empty(view.memory.nbytes, np.uint8)
+    view.memory.copy_to_host(host)
+    return host.view(np.int32)[:view.shape[0]].tolist()
 
 
 def expected(tensors, kwargs, activation, with_bias):
@@ -241,11 +281,15 @@ def _compare(dtype_name, out, state, ref_out, ref_state):
     return "; ".join(problems)
 
 
-def run_known_answer(queue, width, dtype_name, launch):
+def run_known_answer(queue, width, dtype_name, launch, record_types=None):
     """Run the known-answer step through ``launch(views, tables_view, offsets, num_blocks,
-    dim, has_bias, silu)`` (one waited launch of the kernel under test) and return ''
-    or what was wrong."""
-    tensors, parts, kwargs = known_answer_step(width, dtype_name)
+    dim, has_bias, silu, record)`` (one waited launch of the kernel under test) and return
+    '' or what was wrong. ``record_types``: a fused kernel's (its metadata's element
+    types), which computes the step's records itself from the metadata (``record``: see
+    ``_known_answer_record``) over the device plan's capacity of blocks; its error words
+    must stay zero (pads are not errors)."""
+    fused = record_types is not None
+    tensors, parts, kwargs = known_answer_step(width, dtype_name, consecutive=fused)
     x = tensors["x"]
     batch = build_batch(parts, x.shape[0])
     host_tables = batch.tables()
@@ -261,12 +305,21 @@ def run_known_answer(queue, width, dtype_name, launch):
                                                                  "conv_state")}
         poison = torch.full(x.shape, float("nan"), dtype=x.dtype)
         views["out"] = _upload(poison, queue)
-        launch(views, tables_view, offsets, batch.num_blocks, x.shape[1], with_bias,
-               activation is not None)
+        record, num_blocks = None, batch.num_blocks
+        if fused:
+            state = tensors["conv_state"]
+            record = _known_answer_record(kwargs, x.shape[0], state.shape[0],
+                                          state.shape[2], width, record_types, queue)
+            num_blocks = record[2]["capacity"]
+        launch(views, tables_view, offsets, num_blocks, x.shape[1], with_bias,
+               activation is not None, record)
         out = _download(views["out"], poison)
         state = _download(views["conv_state"], tensors["conv_state"])
         ref_out, ref_state = expected(tensors, kwargs, activation, with_bias)
         problem = _compare(dtype_name, out, state, ref_out, ref_state)
+        if fused and any(_error_words(record[0]["errors"])):
+            problem = "; ".join(p for p in (problem, f"error words set on valid metadata: "
+                                            f"{_error_words(record[0]['errors'])}") if p)
         if problem:
             problems.append(f"{activation or 'no activation'}: {problem}")
     return "; ".join(problems)
@@ -284,7 +337,8 @@ def refused_any():
     return bool(_refused)
 
 
-def verify(queue, width, dtype_name, wide, spirv, launch, force=False, fast=None):
+def verify(queue, width, dtype_name, wide, spirv, launch, force=False, fast=None,
+           record_types=None):
     """Make sure the kernel whose SPIR-V is ``spirv``, built for ``queue``'s device, passed
     the known-answer check there: from this process, the stored verdicts or a run now
     (always a run with ``force``). Raises DeviceCheckError (and refuses the device) when
@@ -307,8 +361,10 @@ def verify(queue, width, dtype_name, wide, spirv, launch, force=False, fast=None
             stats["read"] += 1
             return "stored"
     kernel = {"width": width, "dtype": dtype_name, "wide": bool(wide),
-              "cache_key": kernel_cache.key(width, dtype_name, wide, fast)}
-    problem = run_known_answer(queue, width, dtype_name, launch)
+              "cache_key": kernel_cache.key(width, dtype_name, wide, fast, record_types)}
+    if record_types is not None:
+        kernel["record_types"] = list(record_types)
+    problem = run_known_answer(queue, width, dtype_name, launch, record_types)
     stats["checked"] += 1
     if problem:
         error = DeviceCheckError(_message(identity, kernel, problem))
@@ -325,7 +381,9 @@ def _message(identity, kernel, problem):
         f"jitconv: the device check failed on {identity['filter']} ({identity['name']}, "
         f"driver {identity['driver']}; {runtime or 'runtime version unknown'}): the "
         f"kernel width={kernel['width']} dtype={kernel['dtype']}"
-        f"{' (wide)' if kernel['wide'] else ''} [{kernel['cache_key']}] computed a wrong "
+        f"{' (wide)' if kernel['wide'] else ''}"
+        f"{' (fused, for device plans)' if 'record_types' in kernel else ''} "
+        f"[{kernel['cache_key']}] computed a wrong "
         f"answer on the known-answer step: {problem}.",
         "jitconv launches nothing more on this device in this process; no result of it "
         "was returned.",

@@ -49,7 +49,7 @@ _PACKAGE_DIR = Path(__file__).resolve().parents[2]  # jitconv/
 # intrinsics: fdiv, native_exp, word reads, row accesses) and the fp16/bf16 conversions.
 CODEGEN_FILES = ("backends/sycl/kernels.py", "kernels/bit_conversions.py")
 # The device planner's: its logic and the SYCL kernel around it.
-PLANNER_FILES = ("kernels/planner.py", "backends/sycl/planner.py")
+PLANNER_FILES = ("kernels/planner.py", "backends/sycl/planner.py", "backends/sycl/kernels.py")
 FORMAT = 1  # bump when the entry format changes
 
 
@@ -85,6 +85,7 @@ def shipped_files():
     specialization (``specializations``), named by the current key (silu's math: the
     default of each dtype)."""
     keys = [key(*spec) for spec in specializations()]
+    keys += [key(*spec) for spec in fused_specializations()]
     keys += [planner_key(types) for types in planner_specializations()]
     return sorted(f"{k}{suffix}" for k in keys for suffix in (".json", ".spv"))
 
@@ -109,8 +110,14 @@ def compiler_versions():
     return {"numba-dpex": _dist_version("numba-dpex"), "numba": _dist_version("numba")}
 
 
-def _abi():
-    return [list(a) for a in CONV_ARGS]
+def _abi(record_types=None):
+    """The argument layout an entry's SPIR-V expects: ``CONV_ARGS``, and a fused kernel's
+    record arguments with its metadata's element types."""
+    abi = [list(a) for a in CONV_ARGS]
+    if record_types is not None:
+        from jitconv.kernels.planner import RECORD_ARGS
+        abi.append([list(RECORD_ARGS), list(record_types)])
+    return abi
 
 
 @functools.lru_cache(maxsize=None)
@@ -130,15 +137,20 @@ def _code_fingerprint(files=CODEGEN_FILES):
     return h.hexdigest()
 
 
-def key(width, dtype_name, wide=False, fast=None):
+def key(width, dtype_name, wide=False, fast=None, record_types=None):
     """Hash of everything that changes the SPIR-V (see the module docstring). ``fast``:
-    silu's fast math or not (None: the dtype's default, ``abi.fast_silu``)."""
+    silu's fast math or not (None: the dtype's default, ``abi.fast_silu``);
+    ``record_types``: the fused kernel for device plans with metadata of those element
+    types (its code then also comes from PLANNER_FILES)."""
     from jitconv.backends.sycl.source import name_and_source
     fast = fast_silu(dtype_name) if fast is None else fast
-    name, source = name_and_source(width, dtype_name, fast, wide)
-    h = hashlib.sha256(json.dumps([FORMAT, __version__, _abi(), name, source,
-                                   _code_fingerprint()]).encode())
-    return f"conv_w{width}_{dtype_name}{'_wide' if wide else ''}_{h.hexdigest()[:20]}"
+    fused = record_types is not None
+    name, source = name_and_source(width, dtype_name, fast, wide, fused)
+    code = _code_fingerprint() + (_code_fingerprint(PLANNER_FILES) if fused else "")
+    h = hashlib.sha256(json.dumps([FORMAT, __version__, _abi(record_types), name, source,
+                                   code]).encode())
+    kind = f"_fused_{record_types[1]}_{record_types[2]}" if fused else ""
+    return f"conv_w{width}_{dtype_name}{'_wide' if wide else ''}{kind}_{h.hexdigest()[:20]}"
 
 
 
@@ -170,13 +182,29 @@ def planner_specializations():
     return found
 
 
+# The fused conv kernels shipped (device plans: one submit per run), by width: those of
+# the models jitconv is for (Qwen3-Next / Qwen3.5 GDN layers and Mamba layers: width 4).
+# Other widths compile where numba-dpex is installed, else a device plan submits its
+# planner before the kernel that reads the tables.
+FUSED_WIDTHS = (4,)
+
+
+def fused_specializations():
+    """(width, dtype, wide, fast, record types) of the fused kernels the package ships:
+    each width of FUSED_WIDTHS and dtype, one-channel and wide, silu's default math, for
+    every set of metadata types a planner is shipped for."""
+    return [(w, d, wide, None, types) for w in FUSED_WIDTHS for d in STORAGE
+            for wide in ((False, True) if d in WIDE_CHANNELS else (False,))
+            for types in planner_specializations()]
+
+
 rejected = []  # (path, reason) of entries ignored in this process
 
 
-def load(width, dtype_name, wide=False, fast=None):
+def load(width, dtype_name, wide=False, fast=None, record_types=None):
     """(spirv bytes, kernel name, path) of a valid entry, or None. Stale entries are
     recorded in ``rejected`` and ignored."""
-    return _load(key(width, dtype_name, wide, fast), _abi())
+    return _load(key(width, dtype_name, wide, fast, record_types), _abi(record_types))
 
 
 def load_planner(element_types):
@@ -216,12 +244,17 @@ def _load(k, abi):
 
 
 
-def store(width, dtype_name, spirv, kernel_name, directory=None, wide=False, fast=None):
+def store(width, dtype_name, spirv, kernel_name, directory=None, wide=False, fast=None,
+          record_types=None):
     """Write an entry atomically (a concurrent reader sees the old state or the new one,
     never half a file). Returns the path of the SPIR-V file."""
     fast = fast_silu(dtype_name) if fast is None else fast
-    meta = {"width": width, "dtype": dtype_name, "wide": wide, "fast": fast, "abi": _abi()}
-    return _store(key(width, dtype_name, wide, fast), meta, spirv, kernel_name, directory)
+    meta = {"width": width, "dtype": dtype_name, "wide": wide, "fast": fast,
+            "abi": _abi(record_types)}
+    if record_types is not None:
+        meta["record_types"] = list(record_types)
+    return _store(key(width, dtype_name, wide, fast, record_types), meta, spirv,
+                  kernel_name, directory)
 
 
 def store_planner(element_types, spirv, kernel_name, directory=None):

@@ -18,6 +18,7 @@ the tables (token rows, one record per block); ``launching.py`` compiles and sub
 import functools
 import linecache
 import math
+import types as pytypes
 
 import numpy as np
 from llvmlite import ir
@@ -204,7 +205,22 @@ def _converters(dtype_name):
 _window_value = dpex.device_func(window_value)
 
 
-def make_conv_kernel(width, dtype_name, fast=None, wide=False, **backend_options):
+@functools.lru_cache(maxsize=None)
+def planner_functions():
+    """The device planner's functions (``kernels.planner``) as numba-dpex device functions:
+    copies whose globals name each other's device versions. The planner kernel calls
+    ``plan_slot``, a fused conv kernel ``slot_record``."""
+    from jitconv.kernels import planner
+    namespace = dict(vars(planner))
+    for name in ("_start_token", "_sequence", "slot_record", "plan_slot"):
+        fn = getattr(planner, name)
+        copy = pytypes.FunctionType(fn.__code__, namespace, name, fn.__defaults__)
+        namespace[name] = dpex.device_func(copy)
+    return namespace
+
+
+def make_conv_kernel(width, dtype_name, fast=None, wide=False, fused=False,
+                     **backend_options):
     """Build the mixed-batch causal-conv1d kernel for one (width, dtype) specialization;
     ``fast``: the fast silu (silu's exp is OpenCL's native_exp instead of math.exp);
     None: the dtype's default (``abi.fast_silu``); ``wide``: the wide kernel
@@ -215,11 +231,11 @@ def make_conv_kernel(width, dtype_name, fast=None, wide=False, **backend_options
     The width shapes the source (scalar registers for the window and the taps); the
     storage conversions are globals of the generated function, so numba treats them as
     compile-time constants. Returns a numba-dpex kernel with the argument list
-    ``kernel_abi.CONV_ARGS``.
+    ``kernel_abi.CONV_ARGS`` (then ``planner.RECORD_ARGS`` when ``fused``).
     """
     if fast is None:
         fast = fast_silu(dtype_name)
-    name, source = name_and_source(width, dtype_name, fast, wide, **backend_options)
+    name, source = name_and_source(width, dtype_name, fast, wide, fused, **backend_options)
     variant = "".join(f" {key}={value}" for key, value in sorted(backend_options.items()))
     filename = f"<jitconv kernel {name}{variant}>"
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
@@ -235,5 +251,7 @@ def make_conv_kernel(width, dtype_name, fast=None, wide=False, **backend_options
         "FLAG_BLOCK_ROWS": FLAG_BLOCK_ROWS, "FLAG_SEQ_ROWS": FLAG_SEQ_ROWS,
         "FLAG_UNCOVERED": FLAG_UNCOVERED, "SPLIT_PARTS": SPLIT_PARTS,
     }
+    if fused:
+        namespace["slot_record"] = planner_functions()["slot_record"]
     exec(compile(source, filename, "exec"), namespace)
     return dpex.kernel(namespace[name])

@@ -28,6 +28,7 @@ from jitconv.backends.sycl import device_check
 from jitconv.backends.sycl import kernel_cache
 from jitconv.kernels.abi import (CONV_ARGS, SPLIT_NONE, SPLIT_PARTS, STORAGE, TABLES,
                                  WIDE_CHANNELS, fast_silu, rows_aligned)
+from jitconv.kernels.planner import METADATA_ARRAYS, RECORD_ARGS
 from jitconv.backends.sycl import devices
 
 _lock = threading.Lock()
@@ -58,7 +59,22 @@ def _prepare_numba_dpex(queue):
     _numba_ready = True
 
 
-def _signature(width, dtype_name, queue):
+def planner_types(names, element_types, queue):
+    """numba-dpex types of ``names`` (``planner.PLAN_ARGS`` or ``RECORD_ARGS``): a
+    metadata array 1-D of its element type (``element_types``, in
+    ``planner.METADATA_ARRAYS`` order), the record table and error words int32, every
+    other argument int64."""
+    from numba import types
+    from numba_dpex.core.types import DpctlSyclQueue, USMNdArray
+    qtype = DpctlSyclQueue(queue)
+    elements = dict(zip(METADATA_ARRAYS, element_types), tables="int32", errors="int32")
+    return [USMNdArray(1, layout="C", dtype=getattr(types, elements[n]), queue=qtype)
+            if n in elements else types.int64 for n in names]
+
+
+def _signature(width, dtype_name, queue, record_types=None):
+    """The conv kernel's signature (``kernel_abi.CONV_ARGS``), then for a fused kernel
+    the record's arguments (``planner.RECORD_ARGS``) with metadata of ``record_types``."""
     from numba import types
     from numba_dpex.core.types import DpctlSyclQueue, USMNdArray
     from numba_dpex.core.types.kernel_api.index_space_ids import ItemType
@@ -72,20 +88,26 @@ def _signature(width, dtype_name, queue):
             args.append(ntype[elem])
         else:
             args.append(USMNdArray(ndim, layout=layout, dtype=ntype[elem], queue=qtype))
+    if record_types is not None:
+        args += planner_types(RECORD_ARGS, record_types, queue)
     return types.void(*args)
 
 
-def compile_spirv(width, dtype_name, queue, wide=False, fast=None):
-    """SPIR-V bytes and kernel name of one specialization, compiled by numba-dpex."""
+def compile_spirv(width, dtype_name, queue, wide=False, fast=None, record_types=None):
+    """SPIR-V bytes and kernel name of one specialization, compiled by numba-dpex
+    (``record_types``: the fused kernel for device plans with metadata of those element
+    types, ``planner.METADATA_ARRAYS`` order; None: the kernel that reads the tables)."""
     from numba.core.target_extension import target_override
 
     from jitconv.backends.sycl.kernels import make_conv_kernel
 
     queue = devices.compile_queue(queue)
     _prepare_numba_dpex(queue)
-    dispatcher = make_conv_kernel(width, dtype_name, fast, wide=wide)
+    dispatcher = make_conv_kernel(width, dtype_name, fast, wide=wide,
+                                  fused=record_types is not None)
     with target_override("dpex"):
-        result = dispatcher.get_compile_result(_signature(width, dtype_name, queue))
+        result = dispatcher.get_compile_result(_signature(width, dtype_name, queue,
+                                                          record_types))
     stats["compiled"] += 1
     module = result.kernel_device_ir_module
     return module.kernel_bitcode, module.kernel_name
@@ -107,10 +129,10 @@ def _program(queue, spirv, name):
     return kernel
 
 
-def _build(width, dtype_name, queue, wide, fast=None):
+def _build(width, dtype_name, queue, wide, fast=None, record_types=None):
     """Disk cache first (no numba-dpex import at all), else compile and store. Returns
     (kernel, its SPIR-V)."""
-    entry = kernel_cache.load(width, dtype_name, wide, fast)
+    entry = kernel_cache.load(width, dtype_name, wide, fast, record_types)
     if entry is not None:
         spirv, name, path = entry
         try:
@@ -124,29 +146,31 @@ def _build(width, dtype_name, queue, wide, fast=None):
     if not have_compiler():
         raise KernelUnavailableError(
             f"no usable prebuilt kernel for width={width}, dtype={dtype_name}"
-            f"{' (wide)' if wide else ''} in "
+            f"{' (wide)' if wide else ''}"
+            f"{f' (fused, metadata {record_types})' if record_types else ''} in "
             f"{[str(d) for d in kernel_cache.search_dirs()]} and numba-dpex is not "
             f"installed to compile one; run `python -m jitconv build-kernels` where "
             f"numba-dpex is installed and point JITCONV_CACHE_DIR at the result"
             + (f" (ignored: {kernel_cache.rejected})" if kernel_cache.rejected else ""))
     return compile_and_store(width, dtype_name, queue, required=False, wide=wide,
-                             with_spirv=True, fast=fast)
+                             with_spirv=True, fast=fast, record_types=record_types)
 
 
 _warned_dirs = set()  # unwritable cache directories already reported in this process
 
 
 def compile_and_store(width, dtype_name, queue, directory=None, required=True, wide=False,
-                      with_spirv=False, fast=None):
+                      with_spirv=False, fast=None, record_types=None):
     """Compile with numba-dpex, build (only what builds is stored), store the SPIR-V.
     Returns (kernel, path of the stored SPIR-V), or (kernel, SPIR-V bytes) ``with_spirv``.
     With ``required=False`` a cache that cannot be written (read-only, no home directory)
     costs a warning, once per directory, and the kernel is still returned (path None):
     compiled once, not cached."""
-    spirv, name = compile_spirv(width, dtype_name, queue, wide, fast)
+    spirv, name = compile_spirv(width, dtype_name, queue, wide, fast, record_types)
     kernel = _program(queue, spirv, name)
     try:
-        path = kernel_cache.store(width, dtype_name, spirv, name, directory, wide, fast)
+        path = kernel_cache.store(width, dtype_name, spirv, name, directory, wide, fast,
+                                  record_types)
         return kernel, spirv if with_spirv else path
     except OSError as exc:
         if required:
@@ -162,14 +186,16 @@ def compile_and_store(width, dtype_name, queue, directory=None, required=True, w
         return kernel, spirv if with_spirv else None
 
 
-def get_conv_kernel(width, dtype_name, queue, wide=False, fast=None):
+def get_conv_kernel(width, dtype_name, queue, wide=False, fast=None, record_types=None):
     """The built SYCL kernel for (the queue's device and context, width, dtype, wide or
-    not, silu's math: ``fast``, None for the dtype's default): from this process's table, the disk cache, or a fresh numba-dpex compile, in
-    that order. A program belongs to one context: a queue of another context (torch's, a
-    user's) gets its own build of the same SPIR-V."""
+    not, silu's math: ``fast``, None for the dtype's default; ``record_types``: the fused
+    kernel for device plans with metadata of those element types): from this process's
+    table, the disk cache, or a fresh numba-dpex compile, in that order. A program belongs
+    to one context: a queue of another context (torch's, a user's) gets its own build of
+    the same SPIR-V."""
     fast = fast_silu(dtype_name) if fast is None else fast
     key = (devices.name_of(queue.sycl_device), queue.sycl_context, width, dtype_name, wide,
-           fast)
+           fast, record_types)
     kernel = _built.get(key)
     if kernel is None:
         with _lock:
@@ -178,32 +204,57 @@ def get_conv_kernel(width, dtype_name, queue, wide=False, fast=None):
                 refused = device_check.refusal(key[0])
                 if refused is not None:
                     raise refused
-                kernel, spirv = _build(width, dtype_name, queue, wide, fast)
+                kernel, spirv = _build(width, dtype_name, queue, wide, fast, record_types)
                 # Before its first launch: a kernel that fails is never kept or launched.
                 device_check.verify(queue, width, dtype_name, wide, spirv,
-                                    _known_answer_launch(kernel, queue, dtype_name, wide),
-                                    fast=fast)
+                                    _known_answer_launch(kernel, queue, dtype_name, wide,
+                                                         record_types),
+                                    fast=fast, record_types=record_types)
                 _built[key] = kernel
     return kernel
 
 
-def check_kernel(width, dtype_name, queue, wide=False, fast=None):
+_unavailable = set()  # fused kernels (get_conv_kernel's keys) no cache holds or compiles
+
+
+def fused_kernel(width, dtype_name, queue, wide, fast, record_types):
+    """The fused conv kernel (``get_conv_kernel`` with ``record_types``), or None where
+    none is shipped or cached for it and numba-dpex is not there to compile one: a device
+    plan then submits its planner before the kernel that reads the tables (two submits,
+    the same results). Remembered per process, so a miss costs one lookup."""
+    fast = fast_silu(dtype_name) if fast is None else fast
+    miss = (devices.name_of(queue.sycl_device), width, dtype_name, wide, fast, record_types)
+    if miss in _unavailable:
+        return None
+    try:
+        return get_conv_kernel(width, dtype_name, queue, wide, fast, record_types)
+    except KernelUnavailableError:
+        _unavailable.add(miss)
+        return None
+
+
+def check_kernel(width, dtype_name, queue, wide=False, fast=None, record_types=None):
     """Build one specialization for ``queue`` and run its device check now, whatever the
     stored verdicts say (``python -m jitconv check``). Raises DeviceCheckError on a wrong
     answer (the device is then refused in this process)."""
-    kernel, spirv = _build(width, dtype_name, queue, wide, fast)
+    kernel, spirv = _build(width, dtype_name, queue, wide, fast, record_types)
     device_check.verify(queue, width, dtype_name, wide, spirv,
-                        _known_answer_launch(kernel, queue, dtype_name, wide), force=True,
-                        fast=fast)
+                        _known_answer_launch(kernel, queue, dtype_name, wide, record_types),
+                        force=True, fast=fast, record_types=record_types)
 
 
-def _known_answer_launch(kernel, queue, dtype_name, wide):
+def _known_answer_launch(kernel, queue, dtype_name, wide, record_types=None):
     """How the device check launches ``kernel``: once, on its own arrays, waited for, and
-    not counted as a submit of the caller's."""
-    def launch(views, tables_view, offsets, num_blocks, dim, has_bias, silu):
+    not counted as a submit of the caller's. ``record``: a fused kernel's (metadata
+    views by ``planner.METADATA_ARRAYS`` name and "errors", scalars by name)."""
+    def launch(views, tables_view, offsets, num_blocks, dim, has_bias, silu, record=None):
         values = _pack(views, table_args(tables_view, offsets), has_bias, silu)
         grid = (num_blocks, dim // WIDE_CHANNELS[dtype_name] if wide else dim)
-        _submit(kernel, queue, values, grid, wait=True)
+        pointers = _POINTERS
+        if record_types is not None:
+            values += record_params(*record)
+            pointers = _POINTERS + RECORD_POINTERS
+        _submit(kernel, queue, values, grid, wait=True, pointers=pointers)
     return launch
 
 
@@ -255,6 +306,46 @@ _POINTERS = tuple(p for _name, ndim, _e, _l in CONV_ARGS
                   for p in ([i == _ARRAY_POINTER for i in range(5)] if ndim else (False,)))
 
 
+# A fused kernel's record parameters (``planner.RECORD_ARGS``): which are USM pointers.
+_RECORD_ARRAYS = METADATA_ARRAYS + ("errors",)
+RECORD_POINTERS = tuple(p for name in RECORD_ARGS
+                        for p in ([i == _ARRAY_POINTER for i in range(5)]
+                                  if name in _RECORD_ARRAYS else [False]))
+
+
+CONV_PARAMS = len(_POINTERS)  # a conv kernel's packed parameters (a fused kernel's first)
+
+
+def pointers_of(count):
+    """Which of ``count`` packed conv parameters are USM pointers: a conv kernel's, or a
+    fused kernel's (its record's after them)."""
+    return _POINTERS if count == len(_POINTERS) else _POINTERS + RECORD_POINTERS
+
+
+def metadata_params(names, arrays, strides, scalars):
+    """Packed parameters of ``names`` (``planner.PLAN_ARGS`` or ``RECORD_ARGS``): an
+    array of ``arrays`` (DeviceViews by name) as its five, ``<array>_offset`` its view's
+    element offset, ``<array>_stride`` its element stride (``strides``: 0 for a
+    placeholder, never read), anything else from ``scalars``."""
+    values = []
+    for name in names:
+        base = name.rsplit("_", 1)[0]
+        if name in arrays:
+            values += array_args(arrays[name])
+        elif name.endswith("_offset") and base in arrays:
+            values.append(arrays[base].offset)
+        elif name.endswith("_stride") and base in arrays:
+            values.append(strides[base])
+        else:
+            values.append(scalars[name])
+    return values
+
+
+def record_params(arrays, strides, scalars):
+    """A fused kernel's record parameters (``metadata_params`` of ``RECORD_ARGS``)."""
+    return metadata_params(RECORD_ARGS, arrays, strides, scalars)
+
+
 def table_args(view, offsets):
     """The packed parameters of the tables argument: constant for a plan, built once."""
     return array_args(view, *(offsets[name] for name in TABLES))
@@ -283,19 +374,24 @@ def _pack(views, tables, has_bias, silu, split=SPLIT_NONE, spec_slot0=0):
 
 
 def submit_conv(queue, width, dtype_name, views, tables, num_blocks, dim, *, has_bias,
-                silu, fast=None, wait=True, after=None, split=SPLIT_NONE, spec_slot0=0):
+                silu, fast=None, wait=True, after=None, split=SPLIT_NONE, spec_slot0=0,
+                fused=None, record=None):
     """Pack the conv kernel's arguments (kernel_abi.CONV_ARGS, in order) and submit it
     over (num_blocks, dim / C) work-items on ``queue`` (C channels per work-item: 1, or
     the wide kernel's where ``wide_fits``); wait for it when ``wait``.
 
     views: "x", "out", "weight", "bias", "conv_state" -> bridge.DeviceView in memory of
     the queue's context, and "out2" with SPLIT_PARTS (``split``: see ``_pack``);
-    tables: the plan's ``table_args``; after: as in ``submit_packed``. Returns (kernel,
-    values, grid): what ``submit_packed`` needs to submit the same launch again.
+    tables: the plan's ``table_args``; after: as in ``submit_packed``; ``fused``: a fused
+    kernel (``fused_kernel``, for these views) and ``record`` its record parameters
+    (``sycl.planner.record_on``). Returns (kernel, values, grid): what ``submit_packed``
+    needs to submit the same launch again.
     """
     wide = wide_fits(views, dim, dtype_name)
-    kernel = get_conv_kernel(width, dtype_name, queue, wide, fast)
+    kernel = fused or get_conv_kernel(width, dtype_name, queue, wide, fast)
     values = _pack(views, tables, has_bias, silu, split, spec_slot0)
+    if fused is not None:
+        values += record
     # SYCL order (slowest first): the kernel's get_id(0) is the last, fastest dimension.
     grid = (int(num_blocks), int(dim) // WIDE_CHANNELS[dtype_name] if wide else int(dim))
     submit_packed(kernel, queue, values, grid, wait, after)
@@ -308,9 +404,10 @@ def can_resubmit():
     return _c_submit is not None
 
 
-def addresses(values, pointers=_POINTERS):
+def addresses(values, pointers=None):
     """``values`` with each USM memory object replaced by its address (an int);
-    ``pointers``: which values are USM pointers (the conv kernel's by default)."""
+    ``pointers``: which values are USM pointers (a conv kernel's by default)."""
+    pointers = pointers or pointers_of(len(values))
     return [v._pointer if p and v.__class__ is not int else v
             for v, p in zip(values, pointers)]
 
@@ -332,6 +429,12 @@ def with_tables(values, tables):
     if values[pointer].__class__ is not int:
         values[pointer] = values[pointer]._pointer
     return values
+
+
+def with_record(values, tables, record):
+    """A copy of a fused kernel's packed ``values`` with another device plan's table
+    parameters and record parameters (``sycl.planner.record_on``)."""
+    return with_tables(values[:len(_POINTERS)], tables) + list(record)
 
 
 def set_out(values, address, shape):
@@ -372,11 +475,13 @@ def submit_planner(kernel, queue, values, pointers, slots, depend, wait=False):
     return event if depend else None
 
 
-def _submit(kernel, queue, values, grid, wait, keep_event=False, after=None):
+def _submit(kernel, queue, values, grid, wait, keep_event=False, after=None,
+            pointers=None):
+    pointers = pointers or pointers_of(len(values))
     if _c_submit is not None:
-        return _c_submit(kernel, queue, values, _POINTERS, grid, wait, keep_event=keep_event,
+        return _c_submit(kernel, queue, values, pointers, grid, wait, keep_event=keep_event,
                          after=after)
-    args = [v if p else ctypes.c_int64(v) for v, p in zip(values, _POINTERS)]
+    args = [v if p else ctypes.c_int64(v) for v, p in zip(values, pointers)]
     if after is not None:
         event = queue.submit(kernel, args, list(grid), dEvents=[after])
     else:

@@ -1,19 +1,25 @@
 """The device planner (``jitconv.kernels.planner``) on SYCL devices: compiled by numba-dpex
 to SPIR-V (kept by ``kernel_cache`` like the conv kernels, and shipped for the usual
 metadata types: ``kernel_cache.planner_specializations``), submitted over one work-item
-per block slot before each conv launch of a device plan.
+per block slot before the conv launch of a device plan that has no fused kernel.
+
+A device plan's run is one submit where a fused conv kernel can be had
+(``launching.fused_kernel``: shipped for ``kernel_cache.FUSED_WIDTHS``, else compiled by
+numba-dpex): that kernel computes its block's record itself (``planner.slot_record``)
+from the metadata, and ``record_on`` gives its record parameters. Otherwise the planner
+writes the records into the plan's table first (``plan_on``); both give the same results.
 
 What a device plan keeps per SYCL queue (``_Tables``): the block-record table the
 planner writes and the conv kernel reads (USM device memory; one per queue, since runs
 on one in-order queue are ordered and on two they would race for one table) and the
 error words (``planner.ERRORS``) that ``read_errors`` reports. The metadata reach the
-planner as USM views (``bridge.to_device``): torch XPU tensors and USM CPU tensors
-(``jitconv.empty``) zero-copy, so the packed launch is kept; other CPU tensors are copied
-at every run (that copy is the read of their current values).
+kernels as USM views (``bridge.to_device``): torch XPU tensors and USM CPU tensors
+(``jitconv.empty``) zero-copy, so the packed parameters are kept; other CPU tensors are
+copied at every run (that copy is the read of their current values), and the run waits
+for its kernel.
 """
 
 import threading
-import types
 import weakref
 
 import numpy as np
@@ -37,14 +43,10 @@ _ARRAYS = planner.METADATA_ARRAYS + ("tables", "errors")
 
 def make_planner_kernel():
     """``planner.plan_slot`` in a numba-dpex kernel over one work-item per slot (the
-    range is the plan's capacity exactly): copies of the module's functions whose globals
-    name their device versions."""
+    range is the plan's capacity exactly)."""
     import numba_dpex as dpex
-    namespace = dict(vars(planner))
-    for name in ("_start_token", "_sequence", "slot_record", "plan_slot"):
-        fn = getattr(planner, name)
-        copy = types.FunctionType(fn.__code__, namespace, name, fn.__defaults__)
-        namespace[name] = dpex.device_func(copy)
+    from jitconv.backends.sycl.kernels import planner_functions
+    namespace = dict(planner_functions())
     source = _SOURCE.format(args=", ".join(planner.PLAN_ARGS),
                             call=", ".join(planner.PLAN_ARGS[:-1]))
     exec(compile(source, "<jitconv sycl planner>", "exec"), namespace)
@@ -53,19 +55,9 @@ def make_planner_kernel():
 
 def _signature(element_types, queue):
     from numba import types as nt
-    from numba_dpex.core.types import DpctlSyclQueue, USMNdArray
     from numba_dpex.core.types.kernel_api.index_space_ids import ItemType
-    qtype = DpctlSyclQueue(queue)
-    elements = dict(zip(planner.METADATA_ARRAYS, element_types), tables="int32",
-                    errors="int32")
-    args = [ItemType(1)]
-    for name in planner.PLAN_ARGS:
-        if name in elements:
-            args.append(USMNdArray(1, layout="C", dtype=getattr(nt, elements[name]),
-                                   queue=qtype))
-        else:
-            args.append(nt.int64)
-    return nt.void(*args)
+    return nt.void(ItemType(1), *launching.planner_types(planner.PLAN_ARGS, element_types,
+                                                         queue))
 
 
 def compile_spirv(element_types, queue):
@@ -124,8 +116,9 @@ def _build(element_types, queue):
 
 class _Tables:
     """A device plan's memory on one queue: the record table (what the conv kernel's
-    ``tables`` argument is) and the error words; the planner's packed launch once its
-    metadata views are known to be zero-copy."""
+    ``tables`` argument is; a fused kernel never reads it) and the error words; the
+    planner's packed launch and the fused kernel's record parameters once the metadata
+    views are known to be zero-copy."""
 
     def __init__(self, plan, queue):
         import dpctl.memory as dpm
@@ -133,16 +126,15 @@ class _Tables:
         self.memory = dpm.MemoryUSMDevice(4 * words, queue=queue)
         self.errors = dpm.MemoryUSMDevice(4 * len(planner.ERRORS), queue=queue)
         self.errors.memset()
-        view = bridge.DeviceView(self.memory, 0, (words,), (1,), 4, self.memory)
+        self.views = {
+            "tables": bridge.DeviceView(self.memory, 0, (words,), (1,), 4, self.memory),
+            "errors": bridge.DeviceView(self.errors, 0, (len(planner.ERRORS),), (1,), 4,
+                                        self.errors)}
         self.table_args = launching.table_args(
-            view, dict(zip(("rows", "blocks"), (0, planner.ROWS_WORDS))))
-        errors = bridge.DeviceView(self.errors, 0, (len(planner.ERRORS),), (1,), 4,
-                                   self.errors)
-        # the planner's tables and errors parameters
-        self.planner_args = {"tables": launching.array_args(view),
-                             "errors": launching.array_args(errors)}
+            self.views["tables"], dict(zip(("rows", "blocks"), (0, planner.ROWS_WORDS))))
         self.queue = queue
         self.launch = None  # (kernel, packed values), kept when every view is zero-copy
+        self.record = None  # the fused kernel's record parameters, kept likewise
 
 
 def _release(where):
@@ -165,10 +157,10 @@ def _tables_of(plan, queue):
     return found
 
 
-def _packed(plan, queue, where):
-    """(planner kernel, packed values, whether every metadata view is zero-copy, the
-    views: they keep copies of the metadata alive until the submit)."""
-    values, views, element_types, zero_copy = {}, {}, [], True
+def _metadata(plan, queue):
+    """(the metadata's USM views by ``planner.METADATA_ARRAYS`` name, their element
+    strides, whether every view is zero-copy). A copy lives as long as its view."""
+    views, strides, zero_copy = {}, {}, True
     for name in planner.METADATA_ARRAYS:
         t, _stride = plan.kernel_arrays[name]
         if t.dtype == torch.bool:
@@ -176,16 +168,34 @@ def _packed(plan, queue, where):
         view, _ = bridge.to_device(t, plan.names[name], False, queue)
         zero_copy = zero_copy and not bridge.is_copy(view)
         views[name] = view
-        element_types.append(str(t.dtype).split(".")[-1])
-        values[name] = launching.array_args(view)
-        stride = view.strides[0] if name in plan.arrays else 0
-        values[name + "_offset"], values[name + "_stride"] = [view.offset], [stride]
-    scalars = plan.planner_scalars
-    values.update(where.planner_args)
-    packed = []
-    for name in planner.PLAN_ARGS:
-        packed += values[name] if name in values else [scalars[name]]
-    return get_planner(tuple(element_types), queue), packed, zero_copy, views
+        strides[name] = view.strides[0] if name in plan.arrays else 0
+    return views, strides, zero_copy
+
+
+def _packed(plan, queue, where):
+    """(planner kernel, packed values, whether every metadata view is zero-copy; the
+    values hold the views' memory, copies included, until they are dropped)."""
+    views, strides, zero_copy = _metadata(plan, queue)
+    values = launching.metadata_params(planner.PLAN_ARGS, {**views, **where.views}, strides,
+                                       plan.planner_scalars)
+    return get_planner(plan.element_types, queue), values, zero_copy
+
+
+def record_on(plan, queue):
+    """What a fused conv kernel (``launching.fused_kernel``) of ``plan`` takes on
+    ``queue``: (the plan's table parameters, valid memory the kernel never reads; its
+    record parameters, ``planner.RECORD_ARGS``; whether those hold copies of the
+    metadata, which the kernel must then be waited for)."""
+    where = _tables_of(plan, queue)
+    if where.record is not None:
+        return where.table_args, where.record, False
+    views, strides, zero_copy = _metadata(plan, queue)
+    values = launching.record_params({**views, "errors": where.views["errors"]}, strides,
+                                     plan.planner_scalars)
+    if zero_copy and launching.can_resubmit():
+        where.record = launching.addresses(values, launching.RECORD_POINTERS)
+        return where.table_args, where.record, False
+    return where.table_args, values, not zero_copy
 
 
 # Which packed parameters of the planner are USM pointers (an array's third of five).
@@ -203,11 +213,10 @@ def plan_on(plan, queue):
         kernel, values = where.launch
         return where.table_args, launching.submit_planner(
             kernel, queue, values, _POINTERS, plan.num_blocks, not queue.is_in_order)
-    kernel, values, zero_copy, views = _packed(plan, queue, where)
-    if not zero_copy:  # copies of the metadata: freed when this returns, so wait
+    kernel, values, zero_copy = _packed(plan, queue, where)
+    if not zero_copy:  # copies of the metadata: freed with ``values``, so wait
         launching.submit_planner(kernel, queue, values, _POINTERS, plan.num_blocks, False,
                                  wait=True)
-        del views
         return where.table_args, None
     if launching.can_resubmit():
         where.launch = (kernel, launching.addresses(values, _POINTERS))

@@ -26,7 +26,7 @@ import weakref
 import torch
 
 from jitconv.memory import bridge
-from jitconv.backends.sycl import launching
+from jitconv.backends.sycl import launching, planner
 from jitconv.backends.sycl import tables
 from jitconv.kernels.abi import ACTIVATIONS, MATHS
 
@@ -52,8 +52,9 @@ def _tensor_key(t):
             iface["typestr"], iface.get("offset"))
 
 
-def key(x, weight, bias, conv_state, out, activation, math, queue, split=0):
-    """The key of a run (``split``: its kernels.abi split mode), or None when it must be
+def key(x, weight, bias, conv_state, out, activation, math, queue, split=0, metadata=None):
+    """The key of a run (``split``: its kernels.abi split mode; ``metadata``: a device
+    plan's element types, whose runs take their own kernel), or None when it must be
     checked and packed from scratch."""
     if activation not in ACTIVATIONS or math not in MATHS or not launching.can_resubmit():
         return None
@@ -62,7 +63,7 @@ def key(x, weight, bias, conv_state, out, activation, math, queue, split=0):
     if False in parts:
         return None
     return (parts, activation, math, torch.is_grad_enabled(), torch.is_inference_mode_enabled(),
-            queue, split)
+            queue, split, metadata)
 
 
 def find(key, plan):
@@ -142,12 +143,18 @@ class _Entry:
             address = bridge.address_of(target)
             if address % self.align:
                 return None
-        table_args, after = tables.for_run(plan, self.queue)
-        values = launching.with_tables(self.values, table_args)
+        wait = self.wait
+        if len(self.values) > launching.CONV_PARAMS:  # a fused kernel: the plan's record
+            table_args, record, copies = planner.record_on(plan, self.queue)
+            values, after, wait = launching.with_record(self.values, table_args, record), \
+                None, wait or copies
+        else:
+            table_args, after = tables.for_run(plan, self.queue)
+            values = launching.with_tables(self.values, table_args)
         if out is None:
             launching.set_out(values, address, self.out_shape)
-        if not self.wait:
+        if not wait:
             tables.mark_unwaited(plan)
         launching.submit_packed(self.kernel, self.queue, values,
-                                (plan.num_blocks, self.groups), self.wait, after)
+                                (plan.num_blocks, self.groups), wait, after)
         return target

@@ -7,7 +7,8 @@ anywhere; ``kernels`` compiles it."""
 import numpy as np
 
 from jitconv.kernels.abi import STORAGE, SUPPORTED_WIDTHS, WIDE_CHANNELS, fast_silu
-from jitconv.kernels.template import Backend, kernel_source as _template_source
+from jitconv.kernels.planner import RECORD_ARGS
+from jitconv.kernels.template import Backend, kernel_source as _template_source, with_fused_plan
 
 SYCL = Backend(
     name="sycl", index_arg="item, ", extra_args="", unit_stride_reads=True,
@@ -33,14 +34,18 @@ def kernel_source(width, name, dtype_name, wide=False, **backend_options):
         word_taps=backend.unit_stride_reads and width == 4 and STORAGE[dtype_name] == np.int16)
 
 
-def name_and_source(width, dtype_name, fast=None, wide=False, **backend_options):
+def name_and_source(width, dtype_name, fast=None, wide=False, fused=False,
+                    **backend_options):
     """(kernel name, Python source) of one specialization. ``fast``: the fast silu (None:
     the dtype's default, ``abi.fast_silu``); ``wide``, ``backend_options``: as in
-    ``kernel_source``."""
+    ``kernel_source``; ``fused``: the kernel that computes its block's record from a
+    device plan's metadata (``template.with_fused_plan``: it also takes
+    ``planner.RECORD_ARGS``) instead of reading it from the tables."""
     if width not in SUPPORTED_WIDTHS:
         raise ValueError(f"width must be one of {SUPPORTED_WIDTHS}, got {width}")
     if fast is None:
         fast = fast_silu(dtype_name)
     name = (f"jitconv_conv_w{width}_{dtype_name}" + ("_fast" if fast else "")
-            + ("_wide" if wide else ""))
-    return name, kernel_source(width, name, dtype_name, wide, **backend_options)
+            + ("_wide" if wide else "") + ("_fused" if fused else ""))
+    source = kernel_source(width, name, dtype_name, wide, **backend_options)
+    return name, with_fused_plan(source, RECORD_ARGS) if fused else source
