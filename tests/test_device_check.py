@@ -96,6 +96,7 @@ def fresh_checks(monkeypatch, tmp_path):
     monkeypatch.setattr(device_check, "_refused", {})
     monkeypatch.setattr(device_check, "verdict_dir", lambda: tmp_path / "checks")
     monkeypatch.setattr(launching, "_built", {})
+    monkeypatch.setattr(launching, "_unavailable", set())  # a planted miss ends here too
     monkeypatch.setattr(run_cache, "_entries", type(run_cache._entries)())
     return tmp_path / "checks"
 
@@ -185,6 +186,10 @@ def test_a_wrong_kernel_is_caught(sycl_device, fresh_checks, monkeypatch, call):
     """A real wrong kernel (width 3's code asked to compute width 4) fails the check: the
     kernel of a mixed call, and a device plan's fused kernel (checked on the device
     plan's layout of the known-answer step)."""
+    if call == "device plan" and not launching.have_compiler():
+        pytest.skip("width 3's fused kernel is neither shipped nor compilable without "
+                    "numba-dpex (a device plan then runs the planner and width 3's plain "
+                    "kernel, which is what the mixed case checks)")
     build = launching._build
     monkeypatch.setattr(launching, "_build",
                         lambda width, dtype_name, queue, wide, fast=None, record_types=None:

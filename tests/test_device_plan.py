@@ -266,7 +266,7 @@ def test_sycl_submits(device, metadata, monkeypatch):
     tensors again) and for metadata in plain CPU memory ("plain": copied at every run,
     the run waits for the kernel), each run following the rewritten values."""
     if device.type != "cpu" or SIM:
-        pytest.skip("SYCL submits")
+        pytest.skip("SYCL device plans: their submits (the device under test is CUDA)")
     fused = sycl_launching.fused_kernel.__name__ == "fused_kernel"  # not the fixture's
     gen = torch.Generator().manual_seed(21)
     width, num_tokens, num_lines, state_len = 4, 30, 16, 7
