@@ -77,20 +77,22 @@ def _types_name(record_types):
     return f"metadata {record_types[1]}/{record_types[2]}"
 
 
+def _where(entry, compiler, missing):
+    """Where a kernel's SPIR-V comes from: its cache entry, a compile, or ``missing``."""
+    from jitconv.backends.sycl import kernel_cache
+    if entry is not None:
+        return f"{kernel_cache.origin(entry[2])} ({entry[2]})"
+    return "compiled on first use (numba-dpex)" if compiler else missing
+
+
 def kernel_origins(compiler):
     """(width, dtype, wide, fast, where its SPIR-V comes from) for every supported
     specialization (``kernel_cache.specializations``)."""
     from jitconv.backends.sycl import kernel_cache
-    rows = []
-    for width, dtype, wide, fast in kernel_cache.specializations():
-        entry = kernel_cache.load(width, dtype, wide, fast)
-        if entry is not None:
-            where = f"{kernel_cache.origin(entry[2])} ({entry[2]})"
-        else:
-            where = ("compiled on first use (numba-dpex)" if compiler
-                     else "MISSING: no SPIR-V and no numba-dpex to compile it")
-        rows.append((width, dtype, wide, fast, where))
-    return rows
+    return [(width, dtype, wide, fast,
+             _where(kernel_cache.load(width, dtype, wide, fast), compiler,
+                    "MISSING: no SPIR-V and no numba-dpex to compile it"))
+            for width, dtype, wide, fast in kernel_cache.specializations()]
 
 
 def fused_origins(compiler):
@@ -98,20 +100,10 @@ def fused_origins(compiler):
     (``kernel_cache.fused_specializations``); a missing one is not an error: device plans
     then run their planner first."""
     from jitconv.backends.sycl import kernel_cache
-    from jitconv.kernels.abi import fast_silu
-    rows = []
-    for width, dtype, wide, fast, types in kernel_cache.fused_specializations():
-        fast = fast_silu(dtype) if fast is None else fast
-        entry = kernel_cache.load(width, dtype, wide, fast, types)
-        if entry is not None:
-            where = f"{kernel_cache.origin(entry[2])} ({entry[2]})"
-        else:
-            where = ("compiled on first use (numba-dpex)" if compiler
-                     else "not available: device plans run their planner first")
-        rows.append((width, dtype, wide, fast, types, where))
-    return rows
-
-
+    return [(width, dtype, wide, fast, types,
+             _where(kernel_cache.load(width, dtype, wide, fast, types), compiler,
+                    "not available: device plans run their planner first"))
+            for width, dtype, wide, fast, types in kernel_cache.fused_specializations()]
 
 
 def _demo_step(gen, dim, width, dtype, mtp_k=3):
@@ -226,10 +218,8 @@ def device_checks(queue):
           f"{device_check.verdict_dir()}"
           + ("" if device_check.ENABLED else "; the automatic check is OFF "
              "(JITCONV_DEVICE_CHECK=0)"))
-    from jitconv.kernels.abi import fast_silu
     kernels = [spec + (None,) for spec in kernel_cache.specializations()]
-    kernels += [(w, d, wide, fast_silu(d) if fast is None else fast, types)
-                for w, d, wide, fast, types in kernel_cache.fused_specializations()]
+    kernels += kernel_cache.fused_specializations()
     for width, dtype, wide, fast, types in kernels:
         t0 = time.perf_counter()
         try:

@@ -38,6 +38,14 @@ def strided_rows(gen, num_tokens, dim, dtype, usm=False):
     return wide[:, 8:8 + dim]
 
 
+def usm_copy(t):
+    """A contiguous copy of CPU tensor ``t`` in USM memory (``jitconv.empty``): zero-copy
+    for the SYCL kernels."""
+    u = jitconv.empty(tuple(t.shape), t.dtype)
+    u.copy_(t)
+    return u
+
+
 def poisoned(shape, dtype, usm=False):
     t = jitconv.empty(shape, dtype) if usm else torch.empty(shape, dtype=dtype)
     t.fill_(POISON)

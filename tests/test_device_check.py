@@ -18,7 +18,7 @@ from jitconv.backends.sycl import device_check
 from jitconv.backends.sycl import launching
 from jitconv.backends.sycl import run_cache
 
-from helpers import bits, mixed_step, poisoned
+from helpers import bits, mixed_step, poisoned, usm_copy
 
 AVX512 = {"avx512f", "avx512cd", "avx512bw", "avx512dq", "avx512vl"}
 AVX2 = {"avx", "avx2", "fma", "bmi1", "bmi2", "sse4_2", "popcnt"}
@@ -174,9 +174,8 @@ def _device_plan_step(seed=0, dtype=torch.bfloat16):
     for name in ("non_spec_query_start_loc", "non_spec_state_indices", "has_initial_state",
                  "spec_query_start_loc", "spec_state_indices", "num_accepted_tokens"):
         value = torch.as_tensor(step[name])
-        metadata[name] = jitconv.empty(tuple(value.shape), value.dtype if value.dtype ==
-                                       torch.bool else torch.int32)
-        metadata[name].copy_(value)
+        metadata[name] = usm_copy(value if value.dtype == torch.bool else
+                                  value.to(torch.int32))
     plan = jitconv.device_plan(step["x"].shape[0], lines, state_len, 4, **metadata)
     return plan, {k: step[k] for k in ("x", "weight", "bias", "conv_state")}
 

@@ -193,7 +193,6 @@ def _known_answer_record(kwargs, num_tokens, num_lines, state_len, width, record
     """A fused kernel's record of the known-answer step (``consecutive``): (metadata
     views by ``planner.METADATA_ARRAYS`` name, and "errors": zeroed error words; their
     element strides; the planner's scalars)."""
-    import dpctl.memory as dpm
     from jitconv.kernels import planner
     values = dict(ns_qsl=kwargs["non_spec_query_start_loc"],
                   ns_lines=kwargs["non_spec_state_indices"],
@@ -202,26 +201,14 @@ def _known_answer_record(kwargs, num_tokens, num_lines, state_len, width, record
                   sp_qsl=kwargs["spec_query_start_loc"],
                   sp_lines=kwargs["spec_state_indices"],
                   sp_accepted=kwargs["num_accepted_tokens"])
-    views = {}
-    for name, element in zip(planner.METADATA_ARRAYS, record_types):
-        data = np.ascontiguousarray(np.asarray(values[name]).astype(element))
-        memory = dpm.MemoryUSMDevice(max(data.nbytes, 64), queue=queue)
-        memory.copy_from_host(data.view(np.uint8))
-        views[name] = bridge.DeviceView(memory, 0, data.shape, (1,), data.itemsize, memory)
-    errors = dpm.MemoryUSMDevice(4 * len(planner.ERRORS), queue=queue)
-    errors.memset()
-    views["errors"] = bridge.DeviceView(errors, 0, (len(planner.ERRORS),), (1,), 4, errors)
+    views = {name: _upload(torch.as_tensor(values[name]).to(getattr(torch, element)), queue)
+             for name, element in zip(planner.METADATA_ARRAYS, record_types)}
+    views["errors"] = _upload(torch.zeros(len(planner.ERRORS), dtype=torch.int32), queue)
     num_ns, num_sp = len(values["ns_lines"]), len(values["sp_lines"])
     scalars = planner.scalars(num_ns, num_sp, False, True, True, num_tokens, num_lines,
                               state_len, width, -1, None, False, None, False)
     strides = {name: 1 for name in planner.METADATA_ARRAYS}
     return views, strides, scalars
-
-
-def _error_words(view):
-    host = np.empty(view.memory.nbytes, np.uint8)
-    view.memory.copy_to_host(host)
-    return host.view(np.int32)[:view.shape[0]].tolist()
 
 
 def expected(tensors, kwargs, activation, with_bias):
@@ -317,9 +304,12 @@ def run_known_answer(queue, width, dtype_name, launch, record_types=None):
         state = _download(views["conv_state"], tensors["conv_state"])
         ref_out, ref_state = expected(tensors, kwargs, activation, with_bias)
         problem = _compare(dtype_name, out, state, ref_out, ref_state)
-        if fused and any(_error_words(record[0]["errors"])):
-            problem = "; ".join(p for p in (problem, f"error words set on valid metadata: "
-                                            f"{_error_words(record[0]['errors'])}") if p)
+        if fused:
+            words = _download(record[0]["errors"], torch.zeros(record[0]["errors"].shape,
+                                                                dtype=torch.int32)).tolist()
+            if any(words):
+                problem = "; ".join(p for p in (problem, f"error words set on valid "
+                                                f"metadata: {words}") if p)
         if problem:
             problems.append(f"{activation or 'no activation'}: {problem}")
     return "; ".join(problems)

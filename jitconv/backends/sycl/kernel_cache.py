@@ -193,7 +193,7 @@ def fused_specializations():
     """(width, dtype, wide, fast, record types) of the fused kernels the package ships:
     each width of FUSED_WIDTHS and dtype, one-channel and wide, silu's default math, for
     every set of metadata types a planner is shipped for."""
-    return [(w, d, wide, None, types) for w in FUSED_WIDTHS for d in STORAGE
+    return [(w, d, wide, fast_silu(d), types) for w in FUSED_WIDTHS for d in STORAGE
             for wide in ((False, True) if d in WIDE_CHANNELS else (False,))
             for types in planner_specializations()]
 

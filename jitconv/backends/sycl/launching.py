@@ -250,11 +250,9 @@ def _known_answer_launch(kernel, queue, dtype_name, wide, record_types=None):
     def launch(views, tables_view, offsets, num_blocks, dim, has_bias, silu, record=None):
         values = _pack(views, table_args(tables_view, offsets), has_bias, silu)
         grid = (num_blocks, dim // WIDE_CHANNELS[dtype_name] if wide else dim)
-        pointers = _POINTERS
         if record_types is not None:
             values += record_params(*record)
-            pointers = _POINTERS + RECORD_POINTERS
-        _submit(kernel, queue, values, grid, wait=True, pointers=pointers)
+        _submit(kernel, queue, values, grid, wait=True)
     return launch
 
 
@@ -306,11 +304,16 @@ _POINTERS = tuple(p for _name, ndim, _e, _l in CONV_ARGS
                   for p in ([i == _ARRAY_POINTER for i in range(5)] if ndim else (False,)))
 
 
+def pointer_layout(names, arrays):
+    """Which packed parameters of ``names`` are USM pointers, where those in ``arrays``
+    are arrays (five parameters each, ``metadata_params``) and the rest scalars."""
+    return tuple(p for name in names
+                 for p in ([i == _ARRAY_POINTER for i in range(5)] if name in arrays
+                           else [False]))
+
+
 # A fused kernel's record parameters (``planner.RECORD_ARGS``): which are USM pointers.
-_RECORD_ARRAYS = METADATA_ARRAYS + ("errors",)
-RECORD_POINTERS = tuple(p for name in RECORD_ARGS
-                        for p in ([i == _ARRAY_POINTER for i in range(5)]
-                                  if name in _RECORD_ARRAYS else [False]))
+RECORD_POINTERS = pointer_layout(RECORD_ARGS, METADATA_ARRAYS + ("errors",))
 
 
 CONV_PARAMS = len(_POINTERS)  # a conv kernel's packed parameters (a fused kernel's first)
@@ -434,7 +437,7 @@ def with_tables(values, tables):
 def with_record(values, tables, record):
     """A copy of a fused kernel's packed ``values`` with another device plan's table
     parameters and record parameters (``sycl.planner.record_on``)."""
-    return with_tables(values[:len(_POINTERS)], tables) + list(record)
+    return with_tables(values[:CONV_PARAMS], tables) + list(record)
 
 
 def set_out(values, address, shape):
@@ -475,9 +478,8 @@ def submit_planner(kernel, queue, values, pointers, slots, depend, wait=False):
     return event if depend else None
 
 
-def _submit(kernel, queue, values, grid, wait, keep_event=False, after=None,
-            pointers=None):
-    pointers = pointers or pointers_of(len(values))
+def _submit(kernel, queue, values, grid, wait, keep_event=False, after=None):
+    pointers = pointers_of(len(values))
     if _c_submit is not None:
         return _c_submit(kernel, queue, values, pointers, grid, wait, keep_event=keep_event,
                          after=after)

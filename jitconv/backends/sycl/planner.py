@@ -199,9 +199,7 @@ def record_on(plan, queue):
 
 
 # Which packed parameters of the planner are USM pointers (an array's third of five).
-_POINTERS = tuple(p for name in planner.PLAN_ARGS
-                  for p in ([i == launching._ARRAY_POINTER for i in range(5)]
-                            if name in _ARRAYS else [False]))
+_POINTERS = launching.pointer_layout(planner.PLAN_ARGS, _ARRAYS)
 
 
 def plan_on(plan, queue):
