@@ -16,6 +16,7 @@ import torch
 import jitconv
 from jitconv.backends.cuda import devices as cuda_devices
 from jitconv.backends.cuda import launching as cuda_launching
+from jitconv.backends.cuda import source as cuda_source
 from jitconv.backends.sycl import launching as sycl_launching
 from jitconv.backends.sycl import run_cache as sycl_run_cache
 from jitconv.kernels import planner, tuning
@@ -258,6 +259,51 @@ def test_spec_kernel_shares_its_record(device, dtype_name, monkeypatch):
         assert fused and all(spec.shared_record for spec in fused), used
 
 
+@pytest.mark.parametrize("kind", ["decode", "spec", "mixed"])
+@pytest.mark.parametrize("constant", [True, False])
+def test_kernel_compiles_in_the_plans_kind(device, kind, constant, monkeypatch):
+    """CUDA's fused kernel takes what the plan's kind fixes as constants (the tuning's
+    ``constant_plan``): offsets, strides, flags, and the count of an absent part, never
+    the other counts, so that steps of other sizes share it; with or without them, runs
+    follow rewritten metadata (pads among them)."""
+    if device.type == "cpu" and not SIM:
+        pytest.skip("the CUDA kernel's choice (SYCL's fused kernels take every argument)")
+    width, num_tokens, num_lines, nseq = 4, 40, 20, 5
+    max_len = 1 if kind == "decode" else 5
+    state_len = 3 + max_len
+    gen = torch.Generator().manual_seed(5 + len(kind))
+    md = random_metadata(gen, kind, nseq, num_tokens, num_lines, state_len, width, max_len)
+    live = {k: put(v, device) for k, v in md.items()}
+    plan = jitconv.device_plan(num_tokens, num_lines, state_len, width, max_query_len=max_len,
+                               **live)
+    data = layer(gen, torch.float32, num_tokens, num_lines, state_len, width, device)
+    used, real = [], cuda_launching.get_kernel
+    monkeypatch.setattr(cuda_launching, "get_kernel", lambda spec: used.append(spec) or
+                        real(spec))
+    with tuning.override(constant_plan=constant):
+        for step in range(3):
+            if step:
+                new = random_metadata(gen, kind, nseq, num_tokens, num_lines, state_len,
+                                      width, max_len, pads=step)
+                for k, v in new.items():
+                    live[k].copy_(v)
+            run_checked(plan, data, live, torch.float32)
+    fused = [spec for spec in used if spec.fused_plan]
+    if not tuning.cuda("simulator" if SIM else "sm_90", "float32", "general").fused_planner:
+        assert not fused, used  # "cuda-planner": the planner kernel, then the conv's
+        return
+    assert fused, used
+    for spec in fused:
+        if not constant:
+            assert spec.plan_kind is None
+            continue
+        bound = dict(spec.plan_kind)
+        assert set(cuda_source.PLAN_KIND_ARGS) <= set(bound)
+        counts = {a for a in cuda_source.PART_COUNTS if a in bound}
+        assert counts == {"decode": {"num_sp"}, "spec": {"num_ns"}, "mixed": set()}[kind]
+        assert not {"num_tokens", "tail_first", "max_len"} & set(bound)
+
+
 @pytest.mark.parametrize("metadata", ["usm", "plain"])
 def test_sycl_submits(device, metadata, monkeypatch):
     """A SYCL device plan's run is one submit: the fused kernel, which computes its
@@ -339,38 +385,45 @@ def test_split_outputs_refused(device):
             plan.run(x, w, b, state, **split)
     assert torch.equal(state, before)
 
-BAD = {  # name: (how the metadata is spoiled, the error word it sets)
-    "line out of range": (lambda md: md["spec_state_indices"].__setitem__(1, 99),
+BAD = {  # name: (the argument spoiled, how, the error word it sets)
+    "line out of range": ("spec_state_indices", lambda t: t.__setitem__(1, 99),
                           planner.E_LINE),
-    "negative line": (lambda md: md["non_spec_state_indices"].__setitem__(0, -5),
+    "negative line": ("non_spec_state_indices", lambda t: t.__setitem__(0, -5),
                       planner.E_LINE),
-    "accepted 0": (lambda md: md["num_accepted_tokens"].__setitem__(0, 0), planner.E_ACCEPTED),
-    "accepted too far": (lambda md: md["num_accepted_tokens"].__setitem__(2, 50),
+    "accepted 0": ("num_accepted_tokens", lambda t: t.__setitem__(0, 0), planner.E_ACCEPTED),
+    "accepted too far": ("num_accepted_tokens", lambda t: t.__setitem__(2, 50),
                          planner.E_ACCEPTED),
-    "qsl decreasing": (lambda md: md["spec_query_start_loc"].__setitem__(2, 0), planner.E_QSL),
-    "qsl past x": (lambda md: md["non_spec_query_start_loc"].__setitem__(-1, 10 ** 6),
+    "qsl decreasing": ("spec_query_start_loc", lambda t: t.__setitem__(2, 0), planner.E_QSL),
+    "qsl past x": ("non_spec_query_start_loc", lambda t: t.__setitem__(-1, 10 ** 6),
                    planner.E_QSL),
-    "qsl not from 0": (lambda md: md["spec_query_start_loc"].__setitem__(0, 1), planner.E_QSL),
-    "too long": (lambda md: md["spec_query_start_loc"][1:].add_(9), planner.E_LENGTH),
+    "qsl not from 0": ("spec_query_start_loc", lambda t: t.__setitem__(0, 1), planner.E_QSL),
+    "too long": ("spec_query_start_loc", lambda t: t[1:].add_(9), planner.E_LENGTH),
 }
+# The steps' arguments by kind: decode-only and spec-only plans run kernels with the
+# absent part compiled away (the CUDA backend's plan kind), mixed ones keep both.
+ARGUMENTS = {"decode": {"non_spec_state_indices"},
+             "spec": {"spec_query_start_loc", "spec_state_indices", "num_accepted_tokens"}}
+ARGUMENTS["mixed"] = ARGUMENTS["decode"] | ARGUMENTS["spec"] | {"non_spec_query_start_loc"}
 
 
-@pytest.mark.parametrize("bad", list(BAD))
+@pytest.mark.parametrize("kind,bad", [(kind, bad) for kind in ARGUMENTS for bad in BAD
+                                      if BAD[bad][0] in ARGUMENTS[kind]])
 @pytest.mark.parametrize("declared", [True, False])
-def test_bad_values_are_flagged_and_stay_inside(device, bad, declared):
+def test_bad_values_are_flagged_and_stay_inside(device, kind, bad, declared):
     """A bad value found on the device: its error word is set (check_errors raises it and
     clears it), and nothing outside x, out and conv_state is written: each lies inside a
     larger poisoned buffer whose margins must stay bit-identical, and every cache line
     no sequence owns is unchanged."""
-    spoil, word = BAD[bad]
+    argument, spoil, word = BAD[bad]
     gen = torch.Generator().manual_seed(11)
     width, num_tokens, num_lines, state_len = 4, 40, 12, 8
-    md = random_metadata(gen, "mixed", 4, num_tokens, num_lines, state_len, width,
-                         max_len=5 if declared else None, pads=0)
-    spoil(md)
+    max_len = (1 if kind == "decode" else 5) if declared else None
+    md = random_metadata(gen, kind, 4, num_tokens, num_lines, state_len, width,
+                         max_len=max_len, pads=0)
+    spoil(md[argument])
     live = {k: put(v, device) for k, v in md.items()}
     plan = jitconv.device_plan(num_tokens, num_lines, state_len, width,
-                               max_query_len=5 if declared else None, **live)
+                               max_query_len=max_len, **live)
 
     def inside(shape, dtype=torch.float32):
         """A view of ``shape`` in the middle of a poisoned buffer, and the buffer."""

@@ -19,6 +19,7 @@ TRIED = {
     "max_registers 0": {"max_registers": 0},
     "short_lookahead 2": {"short_lookahead": 2},
     "shared_record off": {"shared_record": False},
+    "constant_plan off": {"constant_plan": False},
 }
 
 if __name__ == "__main__":

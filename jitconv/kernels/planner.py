@@ -273,43 +273,50 @@ def _sequence(i, report, ns_qsl, ns_qsl_offset, ns_qsl_stride, ns_lines, ns_line
     if spec_first:
         spec = i < num_sp
         j = i if spec else i - num_sp
+    # Every value the sequence needs is loaded before any of them is tested, and the
+    # tests are combined without branches into one decision at the end: each loaded
+    # value is used on every path, so the compiler cannot sink a load behind the test
+    # before it, and the loads are in flight together (one memory latency, not one per
+    # test; on the H200 the conv kernel's threads wait for them). Each index is valid: j
+    # is inside its part's arrays (their shapes are checked on the host), and an absent
+    # array is a placeholder read at its first element (stride 0).
     t0 = _start_token(i, ns_qsl, ns_qsl_offset, ns_qsl_stride, sp_qsl, sp_qsl_offset,
                       sp_qsl_stride, num_ns, ns_implicit, num_sp, spec_first)
     t1 = _start_token(i + 1, ns_qsl, ns_qsl_offset, ns_qsl_stride, sp_qsl, sp_qsl_offset,
                       sp_qsl_stride, num_ns, ns_implicit, num_sp, spec_first)
-    length = t1 - t0
-    flags = FLAG_BLOCK_ROWS | FLAG_SEQ_ROWS
-    if length < 0 or t0 < 0 or t1 > num_tokens:
-        if report:
-            errors[E_QSL] = 1
-        return 0, 0, -1, 0, flags, 0
+    flags = FLAG_BLOCK_ROWS | FLAG_SEQ_ROWS | FLAG_INITIAL_STATE
     if spec:
         raw = sp_lines[sp_lines_offset + j * sp_lines_stride]
-        flags |= FLAG_SPEC | FLAG_INITIAL_STATE
+        accepted = sp_accepted[sp_accepted_offset + j * sp_accepted_stride]
+        flags |= FLAG_SPEC
     else:
         raw = ns_lines[ns_lines_offset + j * ns_lines_stride]
-        if not has_ns_init or ns_init[ns_init_offset + j * ns_init_stride] != 0:
-            flags |= FLAG_INITIAL_STATE
-    line = raw
-    if raw == pad_line or (has_null and raw == null_line) or (skip_empty and length == 0):
-        return t0, length, -1, 0, flags, 1
-    bad = -1
-    if raw < 0 or raw >= num_lines:
+        accepted = ns_accepted[ns_accepted_offset + j * ns_accepted_stride]
+        if has_ns_init and ns_init[ns_init_offset + j * ns_init_stride] == 0:
+            flags = FLAG_BLOCK_ROWS | FLAG_SEQ_ROWS
+    length = t1 - t0
+    outside = (length < 0) | (t0 < 0) | (t1 > num_tokens)  # rows not inside x
+    pad = (raw == pad_line) | ((has_null != 0) & (raw == null_line)) | (
+        (skip_empty != 0) & (length == 0))
+    bad = -1  # the error of a bad value, the last test's where several fail
+    if (raw < 0) | (raw >= num_lines):
         bad = E_LINE
-    off = 0
-    if spec or has_ns_accepted:
-        if spec:
-            accepted = sp_accepted[sp_accepted_offset + j * sp_accepted_stride]
-        else:
-            accepted = ns_accepted[ns_accepted_offset + j * ns_accepted_stride]
-        if accepted < 1 or accepted - 1 + width - 1 > state_len:
-            bad = E_ACCEPTED
-        else:
-            off = accepted - 1
-    if length > max_len or (spec and width - 2 + length > state_len):
+    counted = spec | (has_ns_accepted != 0)  # the window starts at accepted - 1
+    if counted & ((accepted < 1) | (accepted - 1 + width - 1 > state_len)):
+        bad = E_ACCEPTED
+    if (length > max_len) | (spec & (width - 2 + length > state_len)):
         bad = E_LENGTH
-    if bad >= 0:
-        if report:
-            errors[bad] = 1
-        return t0, length, -1, 0, flags, 1
+    if outside:
+        bad = E_QSL
+    elif pad:
+        bad = -1
+    if report and bad >= 0:
+        errors[bad] = 1
+    off = accepted - 1 if counted else 0
+    line = raw
+    if outside | pad | (bad >= 0):
+        line = -1
+        off = 0
+    if outside:
+        return 0, 0, -1, 0, FLAG_BLOCK_ROWS | FLAG_SEQ_ROWS, 0
     return t0, length, line, off, flags, 1

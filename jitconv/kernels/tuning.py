@@ -42,6 +42,9 @@ class CudaTuning:
     # memory (a barrier), not by every warp (H200, 2026-12-04: spec 0.92-0.97x kernel
     # time, decode 1.03x: the table turns it on for spec kernels only)
     shared_record: bool = False
+    # ... with the plan's kind compiled in (``source.plan_kind``: offsets, strides, flags,
+    # an absent part's count), so that the record's tests of them fold away
+    constant_plan: bool = True
 
 
 # (backend, architecture, dtype, kind) -> values; "*" matches anything. Entries apply in

@@ -38,7 +38,8 @@ from jitconv.kernels.abi import CONV_ARGS, SPLIT_NONE, SPLIT_PARTS, rows_aligned
 from jitconv.backends.cuda import driver
 from jitconv.backends.cuda.devices import architecture, have_numba_cuda, native_bf16, simulating
 from jitconv.backends.cuda.source import (ARG_NAMES, CALL_ARGS, EXTRA_ARGS, LAYOUT_ARGS,
-                                          STATE_CHUNK_EXTRA, KernelSpec, short_tokens_for)
+                                          STATE_CHUNK_EXTRA, KernelSpec, plan_kind,
+                                          short_tokens_for)
 
 _SIXTEEN_BIT = (torch.float16, torch.bfloat16)
 
@@ -256,9 +257,11 @@ def launch(plan, x, weight, bias, conv_state, target, silu, dtype, math=None, ke
         """[(kernel, args, grid, block)]: the planner's launch (device plans, unless the
         conv kernel plans its own blocks: ``fused``), then the conv kernel's; and the
         index of out's address among the conv's arguments."""
-        record_types = record_values = None
+        record_types = record_values = kind = None
         if fused:  # no table: any valid memory, never read (rows are consecutive)
             record_types, record_values = _planner_values(plan, sim)
+            if tune.constant_plan:
+                kind = plan_kind(record_values)
             tables, offsets = record_values["errors"], (0, 0)
         else:
             tables, offsets = _tables(plan, x.device, sim, stream)
@@ -273,12 +276,13 @@ def launch(plan, x, weight, bias, conv_state, target, silu, dtype, math=None, ke
                           row_group, layout, tune.early_weights, group_state,
                           vector_taps_for(weight, tune), fixed, compact, tune.exact_grid,
                           _uniform_decode(plan, short_tokens, tune), record_types,
-                          tune.shared_record)
+                          tune.shared_record, kind)
         names = CALL_ARGS if compact else ARG_NAMES
         if compact:  # the layout's values are in the kernel: pass the per-call ones
             args = tuple(args[i] for i in _call_at())
         if fused:
-            args += tuple(record_values[a] for a in planner.RECORD_ARGS)
+            bound = dict(kind or ())
+            args += tuple(record_values[a] for a in planner.RECORD_ARGS if a not in bound)
         launches = [(get_kernel(spec), args, grid, block)]
         if plan.on_device and not fused:
             launches.insert(0, _planner_launch(plan, tables, sim))

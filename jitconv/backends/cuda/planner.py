@@ -2,6 +2,7 @@
 per block slot, 128 threads a block. Compiled once per combination of the metadata's
 element types (int32 / int64, and bool / uint8 for the initial-state flags)."""
 
+import inspect
 import threading
 import types
 
@@ -24,15 +25,19 @@ def _simulating():
 def device_functions():
     """``planner``'s functions as numba-cuda device functions (``plan_slot`` for the
     planner, ``slot_record`` for a conv kernel that plans its own block): copies of the
-    module's functions whose globals name the device versions."""
+    module's functions whose globals name the device versions. Inlined into their
+    callers (NVVM's forceinline, where numba-cuda has it): a fused kernel's constants
+    (``source.plan_kind``) then fold into them."""
     if not _device:
         with _lock:
             if not _device:
                 namespace = dict(vars(planner))
+                inline = {} if _simulating() or "forceinline" not in inspect.signature(
+                    cuda.jit).parameters else {"forceinline": True}
                 for name in ("_start_token", "_sequence", "slot_record", "plan_slot"):
                     fn = getattr(planner, name)
                     copy = types.FunctionType(fn.__code__, namespace, name, fn.__defaults__)
-                    namespace[name] = cuda.jit(device=True)(copy)
+                    namespace[name] = cuda.jit(device=True, **inline)(copy)
                 _device.update(namespace)
     return _device
 

@@ -55,23 +55,50 @@ ARG_NAMES = tuple(a[0] for a in CONV_ARGS + EXTRA_ARGS)
 CALL_ARGS = tuple(name for name in ARG_NAMES if name not in LAYOUT_ARGS)
 
 
-def with_layout(source, layout, compact=True):
-    """``source`` with the LAYOUT_ARGS parameters bound to the values of ``layout`` (ints,
-    in LAYOUT_ARGS order) at the body's top and dropped from the parameter list (the
-    kernel then takes CALL_ARGS; ``compact`` False: kept, renamed, unused)."""
+def with_constants(source, constants, compact=True):
+    """``source`` with the parameters named in ``constants`` (name -> int) bound to those
+    values at the body's top and dropped from the parameter list (``compact`` False:
+    kept, renamed, unused)."""
     head, body = source.split("):\n", 1)  # the def's parameter list ends here
     start, params = head.split("(", 1)
     names = [p.strip() for p in params.split(",")]
-    for param in LAYOUT_ARGS:
+    for param in constants:
         if names.count(param) != 1:  # the template's parameter list changed: bind nothing
             raise ValueError(f"kernel source: parameter {param!r} found "
                              f"{names.count(param)} times")
     if compact:
-        names = [p for p in names if p not in LAYOUT_ARGS]
+        names = [p for p in names if p not in constants]
     else:
-        names = [f"_{p}" if p in LAYOUT_ARGS else p for p in names]
-    values = "".join(f"    {param} = {int(value)}\n" for param, value in zip(LAYOUT_ARGS, layout))
+        names = [f"_{p}" if p in constants else p for p in names]
+    values = "".join(f"    {param} = {int(value)}\n" for param, value in constants.items())
     return f"{start}({', '.join(names)}):\n" + values + body
+
+
+def with_layout(source, layout, compact=True):
+    """``source`` with the LAYOUT_ARGS parameters bound to the values of ``layout`` (ints,
+    in LAYOUT_ARGS order): the kernel then takes CALL_ARGS (``with_constants``)."""
+    return with_constants(source, dict(zip(LAYOUT_ARGS, layout)), compact)
+
+
+# The arguments of ``planner.RECORD_ARGS`` that a device plan's fused kernel takes as
+# compile-time constants (``KernelSpec.plan_kind``): what the plan's kind and the
+# metadata tensors' layout fix (offsets, strides, which parts and arrays exist, pad
+# lines, one slot per sequence), never counts that change with the batch, so that an
+# engine's capture sizes share a kernel. The planner's tests of them then fold away:
+# decode-only and spec-only kernels keep only their part's code.
+PLAN_KIND_ARGS = tuple(a for a in RECORD_ARGS if a.endswith(("_offset", "_stride"))) + (
+    "ns_implicit", "has_ns_init", "has_ns_accepted", "width", "pad_line", "null_line",
+    "has_null", "skip_empty", "one_slot", "spec_first")
+# ... and the parts' sequence counts where a part is absent (0: its code folds away too)
+PART_COUNTS = ("num_ns", "num_sp")
+
+
+def plan_kind(values):
+    """The ``KernelSpec.plan_kind`` of a device plan whose ``planner.RECORD_ARGS`` have
+    these ``values`` (name -> value; the arrays' any): ((name, int), ...)."""
+    kind = [(a, int(values[a])) for a in PLAN_KIND_ARGS]
+    kind += [(a, 0) for a in PART_COUNTS if values[a] == 0]
+    return tuple(kind)
 
 
 def short_tokens_for(width, longest_sequences):
@@ -105,8 +132,11 @@ class KernelSpec:
     signature; ``exact_grid``: no bounds guard where the grid rounds nothing up;
     ``fused_plan``: the element types of a device plan's metadata (``planner``'s
     METADATA_ARRAYS order) when the kernel plans its own block (``template``'s
-    ``with_fused_plan``: it then also takes ``planner.RECORD_ARGS``), else None. Values
-    without effect are normalized, so that one kernel has one spec."""
+    ``with_fused_plan``: it then also takes ``planner.RECORD_ARGS``), else None;
+    ``shared_record``: its record computed once per thread block (``with_shared_record``);
+    ``plan_kind``: those of its RECORD_ARGS compiled in as constants (``plan_kind()``), the
+    kernel then taking the others. Values without effect are normalized, so that one
+    kernel has one spec."""
     width: int
     dtype_name: str
     channels: int = 1
@@ -127,6 +157,7 @@ class KernelSpec:
     uniform_decode: bool = False
     fused_plan: Optional[tuple] = None
     shared_record: bool = False
+    plan_kind: Optional[tuple] = None
 
     def __post_init__(self):
         normal = {"native_bf16": self.native_bf16 and self.dtype_name == "bfloat16",
@@ -135,6 +166,7 @@ class KernelSpec:
         # every thread must reach the barrier: no bounds guard returns before it
         normal["shared_record"] = self.shared_record and self.fused_plan is not None and \
             _exact(self.layout, self.block, self.channels, normal["exact_grid"])
+        normal["plan_kind"] = self.plan_kind if self.fused_plan is not None else None
         for name, value in normal.items():
             object.__setattr__(self, name, value)
 
@@ -174,8 +206,8 @@ def name_and_source(spec):
     """(kernel name, Python source, argument names) of a KernelSpec."""
     (width, dtype_name, channels, fastmath, lookahead, fast_exp, max_registers, native_bf16,
      short_tokens, row_group, layout, early_weights, group_state, vector_taps, block,
-     compact_args, exact_grid, uniform_decode, fused_plan,
-     shared_record) = dataclasses.astuple(spec)
+     compact_args, exact_grid, uniform_decode, fused_plan, shared_record,
+     plan_kind) = dataclasses.astuple(spec)
     if width not in SUPPORTED_WIDTHS:
         raise ValueError(f"width must be one of {SUPPORTED_WIDTHS}, got {width}")
     if block and layout is None:
@@ -194,7 +226,8 @@ def name_and_source(spec):
             f"{'_ca' if layout is not None and compact_args else ''}"
             f"{'_ng' if exact else ''}{'_ud' if uniform_decode else ''}"
             f"{f'_fp{hash(fused_plan) % 10 ** 6}' if fused_plan else ''}"
-            f"{'_sr' if shared_record else ''}")
+            f"{'_sr' if shared_record else ''}"
+            f"{f'_pk{hash(plan_kind) % 10 ** 6}' if plan_kind else ''}")
     backend = CUDA._replace(index=cuda_index(block, exact)) if block else CUDA
     source = kernel_source(width, name, backend, channels, lookahead,
                            state_chunk=width - 1 + STATE_CHUNK_EXTRA, short_tokens=short_tokens,
@@ -205,7 +238,11 @@ def name_and_source(spec):
         source = with_fused_plan(source, RECORD_ARGS)
         if shared_record:
             source = with_shared_record(source)
+        if plan_kind:
+            source = with_constants(source, dict(plan_kind))
     if layout is not None:
         source = with_layout(source, layout, compact_args)
     names = CALL_ARGS if layout is not None and compact_args else ARG_NAMES
-    return name, source, names + (RECORD_ARGS if fused_plan else ())
+    bound = dict(plan_kind or ())
+    return name, source, names + (tuple(a for a in RECORD_ARGS if a not in bound)
+                                  if fused_plan else ())
