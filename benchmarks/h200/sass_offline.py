@@ -6,8 +6,9 @@ spending device time.
         "short_tokens": 1, "row_group": 2, "layout": [...], "block": [128, 1], ...}'
     python sass_offline.py OUT_DIR --triton VLLM_CAUSAL_CONV1D_PY [bf16|fp32] [DIM]
 
-The JSON holds keyword arguments of ``kernels_cuda.make_conv_kernel`` (cuda_backend's
-choice for a launch; ``layout`` in ``kernels_cuda.LAYOUT_ARGS`` order). Writes NAME.ptx,
+The JSON holds the fields of a ``source.KernelSpec`` (what ``launching`` chooses for a
+launch; ``layout`` in ``source.LAYOUT_ARGS`` order, ``fused_plan`` the metadata's element
+types, ``plan_kind`` as [[name, value], ...]). Writes NAME.ptx,
 NAME.cubin, NAME.sass in OUT_DIR and prints ptxas's register / spill report.
 
 Needs, in its own virtual environment (not the project's: numba-dpex pins numba 0.59):
@@ -87,11 +88,14 @@ def jitconv_kernel(out, options):
 
     kernels_cuda.cuda.jit = to_ptx
     try:
+        from jitconv.backends.cuda.source import KernelSpec
         options = dict(options)
-        for key in ("layout", "block"):
+        for key in ("layout", "block", "fused_plan"):
             if options.get(key) is not None:
                 options[key] = tuple(options[key])
-        kernels_cuda.make_conv_kernel(**options)
+        if options.get("plan_kind") is not None:  # [[name, value], ...]
+            options["plan_kind"] = tuple((n, v) for n, v in options["plan_kind"])
+        kernels_cuda.make_conv_kernel(KernelSpec(**options))
     finally:
         kernels_cuda.cuda.jit = real_jit
     return assemble(out, compiled["ptx"], compiled["max_registers"])
