@@ -288,7 +288,15 @@ def test_kernel_compiles_in_the_plans_kind(device, kind, constant, monkeypatch):
                 for k, v in new.items():
                     live[k].copy_(v)
             run_checked(plan, data, live, torch.float32)
+        # a step of another batch size (an engine's next capture size): the same kernel
+        md = random_metadata(gen, kind, nseq + 2, num_tokens, num_lines, state_len, width,
+                             max_len)
+        other = {k: put(v, device) for k, v in md.items()}
+        run_checked(jitconv.device_plan(num_tokens, num_lines, state_len, width,
+                                        max_query_len=max_len, **other), data, other,
+                    torch.float32)
     fused = [spec for spec in used if spec.fused_plan]
+    assert len(set(fused)) <= 1, used
     if not tuning.cuda("simulator" if SIM else "sm_90", "float32", "general").fused_planner:
         assert not fused, used  # "cuda-planner": the planner kernel, then the conv's
         return
