@@ -277,7 +277,7 @@ def _sequence(i, report, ns_qsl, ns_qsl_offset, ns_qsl_stride, ns_lines, ns_line
     # tests are combined without branches into one decision at the end: each loaded
     # value is used on every path, so the compiler cannot sink a load behind the test
     # before it, and the loads are in flight together (one memory latency, not one per
-    # test; on the H200 the conv kernel's threads wait for them). Each index is valid: j
+    # test; on a GPU the conv kernel's threads wait for them). Each index is valid: j
     # is inside its part's arrays (their shapes are checked on the host), and an absent
     # array is a placeholder read at its first element (stride 0).
     t0 = _start_token(i, ns_qsl, ns_qsl_offset, ns_qsl_stride, sp_qsl, sp_qsl_offset,
