@@ -39,7 +39,7 @@ from jitconv.backends.cuda import driver
 from jitconv.backends.cuda.devices import architecture, have_numba_cuda, native_bf16, simulating
 from jitconv.backends.cuda.source import (ARG_NAMES, CALL_ARGS, EXTRA_ARGS, LAYOUT_ARGS,
                                           STATE_CHUNK_EXTRA, KernelSpec, plan_kind,
-                                          short_tokens_for)
+                                          record_args_taken, short_tokens_for)
 
 _SIXTEEN_BIT = (torch.float16, torch.bfloat16)
 
@@ -281,8 +281,7 @@ def launch(plan, x, weight, bias, conv_state, target, silu, dtype, math=None, ke
         if compact:  # the layout's values are in the kernel: pass the per-call ones
             args = tuple(args[i] for i in _call_at())
         if fused:
-            bound = dict(kind or ())
-            args += tuple(record_values[a] for a in planner.RECORD_ARGS if a not in bound)
+            args += tuple(record_values[a] for a in record_args_taken(kind))
         launches = [(get_kernel(spec), args, grid, block)]
         if plan.on_device and not fused:
             launches.insert(0, _planner_launch(plan, tables, sim))

@@ -101,6 +101,13 @@ def plan_kind(values):
     return tuple(kind)
 
 
+def record_args_taken(plan_kind):
+    """The RECORD_ARGS a fused kernel with this ``plan_kind`` (None: none bound) takes,
+    in order: those it does not have as constants."""
+    bound = dict(plan_kind or ())
+    return tuple(a for a in RECORD_ARGS if a not in bound)
+
+
 def short_tokens_for(width, longest_sequences):
     """The ``short_tokens`` of the kernel for a launch whose longest non-spec and spec
     sequences (with a cache line) hold ``longest_sequences`` tokens: 1 for decode steps,
@@ -243,6 +250,4 @@ def name_and_source(spec):
     if layout is not None:
         source = with_layout(source, layout, compact_args)
     names = CALL_ARGS if layout is not None and compact_args else ARG_NAMES
-    bound = dict(plan_kind or ())
-    return name, source, names + (tuple(a for a in RECORD_ARGS if a not in bound)
-                                  if fused_plan else ())
+    return name, source, names + (record_args_taken(plan_kind) if fused_plan else ())
