@@ -19,6 +19,7 @@ from jitconv.api.ops import (causal_conv1d_fn, causal_conv1d_mixed, causal_conv1
                   plan)
 from jitconv.api.plan import SplitOutputs, StepPlan  # noqa: E402
 from jitconv.api.device_plan import DevicePlan, device_plan  # noqa: E402
+from jitconv.api.device_errors import check_errors  # noqa: E402
 from jitconv.api import torch_ops  # noqa: E402,F401  (registers torch.ops.jitconv.*)
 from jitconv.backends.sycl.device_check import DeviceCheckError  # noqa: E402
 # Submodules as attributes: `jitconv.vllm.gdn_conv_step` works after `import jitconv`.
@@ -28,7 +29,7 @@ from jitconv import vllm  # noqa: E402
 
 __all__ = [
     "causal_conv1d_fn", "causal_conv1d_update", "causal_conv1d_mixed", "plan", "StepPlan",
-    "SplitOutputs", "device_plan", "DevicePlan", "devices",
+    "SplitOutputs", "device_plan", "DevicePlan", "check_errors", "devices",
     "get_device", "set_device", "get_queue", "empty", "zeros", "copy_counts",
     "reset_copy_counts", "set_allow_copies", "set_pool_limit", "pool_bytes", "CopyRequiredError",
     "DeviceNotFoundError", "DeviceCheckError", "SUPPORTED_WIDTHS", "reference", "steps", "vllm",

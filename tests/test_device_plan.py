@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import jitconv
+from jitconv.api import device_calls, plan_cache, validation
 from jitconv.backends.cuda import devices as cuda_devices
 from jitconv.backends.cuda import launching as cuda_launching
 from jitconv.backends.cuda import source as cuda_source
@@ -497,6 +498,184 @@ def test_host_checks(device):
     assert torch.equal(bits(state), before)
 
 
+@pytest.fixture
+def one_shot_on_device(device, monkeypatch):
+    """The one-shot ops' device-metadata path for this backend's tensors: on a GPU as
+    they are (metadata in CUDA tensors); for the SYCL device under test and the
+    simulator, whose tensors are CPU tensors (which the ops read on the host), by routing
+    CPU metadata tensors there too. Reading metadata on the host fails the test: the path
+    must never read values back. Kept plans and the device's error words start empty."""
+    if device.type == "cpu":
+        def on_device(x, *metadata):
+            given = [m for m in metadata if m is not None]
+            return isinstance(x, torch.Tensor) and x.dim() == 2 and bool(given) and \
+                all(isinstance(m, torch.Tensor) for m in given)
+        monkeypatch.setattr(device_calls, "on_device", on_device)
+
+    def host_ints(value, name, *args, **kwargs):
+        raise AssertionError(f"{name}: read on the host")
+    monkeypatch.setattr(validation, "host_ints", host_ints)
+    plan_cache.clear()
+    jitconv.check_errors()
+    yield device
+    plan_cache.clear()
+
+
+def kept_device_plans():
+    return [k for k in plan_cache._plans if k[0] == "device plan"]
+
+
+ONE_SHOT = ("update decode", "update spec", "update 1-token spec", "fn", "mixed")
+
+
+def one_shot_step(gen, call, num_lines, state_len, width, device, seqs=5):
+    """(device plan metadata as CPU tensors for ``reference_of``, a function of the live
+    tensors that calls the one-shot op, the rows of x) of one step of ``call``."""
+    kind = {"update decode": "decode", "update spec": "spec", "update 1-token spec": "spec",
+            "fn": "prefill", "mixed": "mixed"}[call]
+    md = random_metadata(gen, kind, seqs, 40, num_lines, state_len, width,
+                         max_len=5 if kind == "spec" else None)
+    md.pop("non_spec_num_accepted_tokens", None)
+    if call == "update 1-token spec":
+        md["spec_query_start_loc"] = torch.arange(seqs + 1, dtype=torch.int32)
+    rows = sum(int(md[k][-1]) for k in ("non_spec_query_start_loc", "spec_query_start_loc")
+               if k in md)
+    if call == "update decode":
+        rows = seqs
+
+    def op(live, x, w, b, state, out):
+        if call == "update decode":
+            return jitconv.causal_conv1d_update(x, w, b, state,
+                                                live["non_spec_state_indices"], out=out)
+        if call == "update 1-token spec":
+            return jitconv.causal_conv1d_update(
+                x, w, b, state, live["spec_state_indices"],
+                num_accepted_tokens=live["num_accepted_tokens"], out=out)
+        if call == "update spec":
+            return jitconv.causal_conv1d_update(
+                x, w, b, state, live["spec_state_indices"],
+                query_start_loc=live["spec_query_start_loc"],
+                num_accepted_tokens=live["num_accepted_tokens"], out=out, max_query_len=5)
+        if call == "fn":
+            return jitconv.causal_conv1d_fn(x, w, b, state,
+                                            live["non_spec_query_start_loc"],
+                                            live["non_spec_state_indices"],
+                                            live["has_initial_state"], out=out)
+        return jitconv.causal_conv1d_mixed(x, w, b, state, out=out, **live)
+    return md, op, rows
+
+
+@pytest.mark.parametrize("call", ONE_SHOT)
+def test_one_shot_ops_keep_metadata_on_the_device(one_shot_on_device, call):
+    """The one-shot ops with metadata tensors on x's device run a device plan kept for
+    those tensors (never reading their values on the host): results equal the reference,
+    and after the tensors are rewritten in place the next call, with the same kept plan,
+    follows the new values (rows after the step's tokens come out zero)."""
+    device = one_shot_on_device
+    width, num_lines, state_len = 4, 24, 8
+    gen = torch.Generator().manual_seed(60 + len(call))
+    md, op, rows = one_shot_step(gen, call, num_lines, state_len, width, device)
+    live = {k: put(v, device) for k, v in md.items()}
+    data = layer(gen, torch.float32, rows, num_lines, state_len, width, device)
+    for step in range(2):
+        if step:  # same shapes, new values (fewer tokens: the rows after come out zero)
+            new, _, more = one_shot_step(gen, call, num_lines, state_len, width, device)
+            while more > rows:
+                new, _, more = one_shot_step(gen, call, num_lines, state_len, width, device)
+            for k, v in new.items():
+                live[k].copy_(v)
+        want_out, want_state = reference_of(live, data)
+        out = full((rows, DIM), POISON, torch.float32, device)
+        assert op(live, *data, out) is out
+        assert_outputs_close(out, want_out, torch.float32)
+        assert_state_exact(data[3], want_state)
+        assert len(kept_device_plans()) == 1
+    jitconv.check_errors()  # nothing bad was met
+
+
+def test_one_shot_bad_values_are_recorded(one_shot_on_device):
+    """A bad value in a one-shot call's device metadata: the call returns, the sequence
+    is skipped (its rows zero, its line untouched) and ``jitconv.check_errors`` raises
+    its kind once, also after the call's kept plan is gone; the vLLM drop-in records
+    into the same words."""
+    device = one_shot_on_device
+    gen = torch.Generator().manual_seed(70)
+    width, num_lines, state_len = 4, 24, 8
+    md, op, rows = one_shot_step(gen, "update spec", num_lines, state_len, width, device)
+    md["spec_state_indices"][1] = 99  # no such cache line
+    live = {k: put(v, device) for k, v in md.items()}
+    data = layer(gen, torch.float32, rows, num_lines, state_len, width, device)
+    before = bits(data[3])
+    out = full((rows, DIM), POISON, torch.float32, device)
+    op(live, *data, out)
+    plan_cache.clear()  # the kept plan goes: the words are the device's
+    with pytest.raises(ValueError, match="bad metadata values") as raised:
+        jitconv.check_errors()
+    assert planner.ERRORS[planner.E_LINE] in str(raised.value)
+    jitconv.check_errors()  # reported once
+    qsl = md["spec_query_start_loc"]
+    skipped = slice(int(qsl[1]), int(qsl[2]))
+    assert torch.equal(out[skipped].cpu(), torch.zeros_like(out[skipped]).cpu())
+    others = [int(v) for i, v in enumerate(md["spec_state_indices"]) if i != 1 and v >= 0]
+    unwritten = sorted(set(range(num_lines)) - set(others))
+    assert torch.equal(bits(data[3])[unwritten], before[unwritten])
+    lines = put(torch.tensor([3, 99], dtype=torch.int32), device)
+    jitconv.vllm.causal_conv1d_update(data[0][:2], data[3], data[1], data[2], "silu",
+                                      conv_state_indices=lines)
+    with pytest.raises(ValueError, match=f"on {device}"):
+        jitconv.check_errors(device)
+    jitconv.check_errors()
+
+
+def test_one_shot_host_checks(one_shot_on_device):
+    """With device metadata the host checks what it sees (tensors, dtypes, lengths,
+    declared bounds), naming the op's arguments, before anything runs."""
+    device = one_shot_on_device
+    gen = torch.Generator().manual_seed(80)
+    x, w, b, state = layer(gen, torch.float32, 3, 8, 5, 4, device)
+    before = bits(state)
+    lines = put(torch.tensor([1, 2, 4], dtype=torch.int32), device)
+    qsl = put(torch.tensor([0, 1, 2, 3], dtype=torch.int32), device)
+    update, fn, mixed = (jitconv.causal_conv1d_update, jitconv.causal_conv1d_fn,
+                         jitconv.causal_conv1d_mixed)
+    cases = [
+        (lambda: update(x, w, b, state, lines.float()), TypeError,
+         "conv_state_indices: expected dtype"),
+        (lambda: update(x, w, b, state, lines[:2]), ValueError,
+         "conv_state_indices: expected 3 entries"),
+        (lambda: update(x, w, b, state, lines, query_start_loc=qsl,
+                        num_accepted_tokens=lines[:2]), ValueError,
+         "num_accepted_tokens: expected 3 entries"),
+        (lambda: update(x, w, b, state, lines, max_query_len=0), ValueError,
+         "max_query_len"),
+        (lambda: update(x, w[:2], b, state, lines), ValueError, "weight"),
+        (lambda: update(x, w, b, state, lines, pad_slot_id=[1]), TypeError, "pad_slot_id"),
+        (lambda: fn(x, w, b, state, qsl, lines, lines[:2] > 0), ValueError,
+         "has_initial_state: expected 3 entries"),
+        (lambda: fn(x, w, b, state, qsl, None), ValueError, "cache_indices: required"),
+        (lambda: mixed(x, w, b, state, spec_query_start_loc=qsl, spec_state_indices=lines),
+         ValueError, "num_accepted_tokens: required"),
+    ]
+    for call, error, message in cases:
+        with pytest.raises(error, match=message):
+            call()
+        assert torch.equal(bits(state), before)
+    assert not kept_device_plans()
+
+
+def test_update_max_query_len_on_the_host(device):
+    """A declared max_query_len holds for host metadata too: a longer sequence raises."""
+    gen = torch.Generator().manual_seed(81)
+    x, w, b, state = layer(gen, torch.float32, 5, 8, 6, 4, device)
+    before = bits(state)
+    with pytest.raises(ValueError, match="max_query_len: declared 2, but sequence 1"):
+        jitconv.causal_conv1d_update(x, w, b, state, [1, 2], query_start_loc=[0, 2, 5],
+                                     num_accepted_tokens=[1, 1], max_query_len=2)
+    assert torch.equal(bits(state), before)
+    jitconv.causal_conv1d_update(x, w, b, state, [1, 2], query_start_loc=[0, 2, 5],
+                                 num_accepted_tokens=[1, 1], max_query_len=3)
+
+
 @GPU_ONLY
 def test_graph_replays_follow_rewritten_metadata(cuda_device):
     """A CUDA graph that captured runs of a device plan (three layers) replays them with
@@ -554,12 +733,46 @@ def test_host_plans_refuse_capture(cuda_device):
     with pytest.raises(RuntimeError, match="check_errors"):
         with torch.cuda.graph(torch.cuda.CUDAGraph()):
             dplan.check_errors()
-    # a one-shot op reads its device metadata on the host: refused by name (the tensor
-    # is made before the capture: its own copy to the device could not be captured)
+    # a one-shot op whose device metadata must be read on the host (a token map: device
+    # plans have none) is refused by name (the tensors are made before the capture:
+    # their own copies to the device could not be captured)
     lines = torch.tensor([0, 1, 2], dtype=torch.int32, device=device)
+    rows = torch.tensor([2, 0, 1], dtype=torch.int32, device=device)
     with pytest.raises(RuntimeError, match="conv_state_indices: read on the host"):
         with torch.cuda.graph(torch.cuda.CUDAGraph()):
-            jitconv.causal_conv1d_update(x, w, b, state, lines)
+            jitconv.causal_conv1d_update(x, w, b, state, lines, token_indx=rows)
+
+
+@GPU_ONLY
+@pytest.mark.parametrize("call", ONE_SHOT)
+def test_one_shot_graph_replays_follow_rewritten_metadata(cuda_device, call):
+    """A one-shot op with CUDA metadata, captured after one eager call, replays with the
+    values the metadata tensors hold at each replay."""
+    device = cuda_device
+    width, num_lines, state_len = 4, 24, 8
+    gen = torch.Generator().manual_seed(90 + len(call))
+    md, op, rows = one_shot_step(gen, call, num_lines, state_len, width, device)
+    live = {k: v.to(device) for k, v in md.items()}
+    data = layer(gen, torch.bfloat16, rows, num_lines, state_len, width, device)
+    out = torch.empty((rows, DIM), dtype=torch.bfloat16, device=device)
+    op(live, *data, out)  # eager first: the kept plan, the device's error words
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        op(live, *data, out)
+    for _ in range(2):
+        new, _, more = one_shot_step(gen, call, num_lines, state_len, width, device)
+        while more > rows:
+            new, _, more = one_shot_step(gen, call, num_lines, state_len, width, device)
+        for k, v in new.items():
+            live[k].copy_(v)
+        data[0].copy_(randn(gen, (rows, DIM), torch.bfloat16))
+        want_out, want_state = reference_of(live, data)
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert_outputs_close(out, want_out, torch.bfloat16)
+        assert_state_exact(data[3], want_state)
+    jitconv.check_errors()
 
 
 @GPU_ONLY

@@ -14,7 +14,8 @@ What the host checks (at ``device_plan`` and at every run): shapes, dtypes and d
 the metadata and the layer's tensors, and the capacity the shapes give. What the device
 checks (values): every sequence, by SEMANTICS.md's rules; a bad one is skipped (rows
 zeros, state untouched), its error is recorded in the plan's error table and
-``check_errors()`` raises it. Cache lines named twice are not detected (the runs of both
+``check_errors()`` raises it (plans that the one-shot ops keep record into their device's
+table instead, which ``jitconv.check_errors`` reads: ``device_errors``). Cache lines named twice are not detected (the runs of both
 sequences write that line). No token maps: each part's tokens are consecutive rows of x,
 non-spec then spec (or spec first: ``spec_rows_first``), and the rows after them come out
 zero.
@@ -24,7 +25,7 @@ from typing import Any, Optional
 
 import torch
 
-from jitconv.api import validation
+from jitconv.api import device_errors, validation
 from jitconv.api.plan import StepPlan
 from jitconv.backends import registry
 from jitconv.kernels import planner
@@ -60,7 +61,7 @@ class DevicePlan(StepPlan):
     on_device = True
 
     def __init__(self, geometry, arrays, names, counts, max_len, null_line, skip_empty,
-                 device, backend, spec_first=False):
+                 device, backend, spec_first=False, error_words=None):
         self.geometry = geometry
         self.arrays = arrays  # planner.METADATA_ARRAYS name -> (tensor, element stride)
         # every METADATA_ARRAYS name -> (tensor, stride), and the argument name it came as
@@ -75,6 +76,9 @@ class DevicePlan(StepPlan):
         self.max_len = max_len  # None: no bound
         self.null_line, self.skip_empty = null_line, skip_empty
         self.device = device
+        # None: the plan's own error words (``check_errors``); else the words of the
+        # device that ``jitconv.check_errors`` reads (plans the one-shot ops keep)
+        self.error_words = error_words
         self.planner_scalars = planner.scalars(  # the planner's (planner.PLAN_ARGS)
             self.num_ns, self.num_sp, self.ns_implicit, "ns_init" in arrays,
             "ns_accepted" in arrays, geometry.num_tokens, geometry.num_lines,
@@ -164,6 +168,30 @@ def device_plan(num_tokens: int, num_cache_lines: int, state_len: int, width: in
     """
     geo = validation.check_geometry(num_tokens, num_cache_lines, state_len, width,
                                     pad_slot_id)
+    given = dict(ns_qsl=non_spec_query_start_loc, ns_lines=non_spec_state_indices,
+                 ns_init=has_initial_state, ns_accepted=non_spec_num_accepted_tokens,
+                 sp_qsl=spec_query_start_loc, sp_lines=spec_state_indices,
+                 sp_accepted=num_accepted_tokens)
+    return build(geo, given, ARGUMENT_NAMES, max_query_len=max_query_len,
+                 null_block_id=null_block_id, skip_empty=skip_empty,
+                 spec_rows_first=spec_rows_first)
+
+
+# The argument names of ``device_plan`` by ``planner.METADATA_ARRAYS`` name.
+ARGUMENT_NAMES = dict(ns_qsl="non_spec_query_start_loc", ns_lines="non_spec_state_indices",
+                      ns_init="has_initial_state",
+                      ns_accepted="non_spec_num_accepted_tokens",
+                      sp_qsl="spec_query_start_loc", sp_lines="spec_state_indices",
+                      sp_accepted="num_accepted_tokens")
+
+
+def build(geo, given, names, *, max_query_len=None, null_block_id=None, skip_empty=False,
+          spec_rows_first=False, shared_errors=False):
+    """The DevicePlan of checked geometry ``geo`` and metadata ``given`` (tensor or None
+    by ``planner.METADATA_ARRAYS`` name), checked on the host as ``device_plan`` says;
+    errors name each array as ``names`` does (the caller's argument names).
+    ``shared_errors``: runs record bad values in the device's words that
+    ``jitconv.check_errors`` reads (``device_errors``), not in words of the plan's own."""
     if null_block_id is not None:
         if isinstance(null_block_id, bool) or not isinstance(null_block_id, int):
             raise TypeError(f"null_block_id: expected an int or None, got {null_block_id!r}")
@@ -173,69 +201,60 @@ def device_plan(num_tokens: int, num_cache_lines: int, state_len: int, width: in
     for flag, name in ((skip_empty, "skip_empty"), (spec_rows_first, "spec_rows_first")):
         if not isinstance(flag, bool):
             raise TypeError(f"{name}: expected a bool, got {flag!r}")
-    arrays, tensors, names = {}, [], {}
+    arrays, tensors = {}, []
 
-    def take(key, value, name, **kw):
-        t = _tensor(value, name, **kw)
-        tensors.append((name, t))
+    def take(key, **kw):
+        t = _tensor(given[key], names[key], **kw)
+        tensors.append((names[key], t))
         arrays[key] = (t, int(t.stride(0)))
-        names[key] = name
         return t
 
     num_ns, implicit = 0, True
-    if non_spec_query_start_loc is not None:
-        qsl = take("ns_qsl", non_spec_query_start_loc, "non_spec_query_start_loc")
+    if given["ns_qsl"] is not None:
+        qsl = take("ns_qsl")
         if qsl.shape[0] < 1:
-            raise ValueError("non_spec_query_start_loc: expected at least 1 entry")
+            raise ValueError(f"{names['ns_qsl']}: expected at least 1 entry")
         num_ns, implicit = qsl.shape[0] - 1, False
-        if non_spec_state_indices is None:
-            raise ValueError("non_spec_state_indices: required with "
-                             "non_spec_query_start_loc (one cache line per sequence)")
-    if non_spec_state_indices is not None:
-        lines = take("ns_lines", non_spec_state_indices, "non_spec_state_indices")
+        if given["ns_lines"] is None:
+            raise ValueError(f"{names['ns_lines']}: required with {names['ns_qsl']} (one "
+                             f"cache line per sequence)")
+    if given["ns_lines"] is not None:
+        lines = take("ns_lines")
         if implicit:
             num_ns = lines.shape[0]
             if num_ns > geo.num_tokens:
-                raise ValueError(f"non_spec_state_indices: {num_ns} decode sequences (one "
+                raise ValueError(f"{names['ns_lines']}: {num_ns} decode sequences (one "
                                  f"row each), but x has {geo.num_tokens} rows")
-        _count(lines, "non_spec_state_indices", num_ns, "one per sequence")
-        for key, value, name, dtypes in (
-                ("ns_init", has_initial_state, "has_initial_state", _FLAG_DTYPES),
-                ("ns_accepted", non_spec_num_accepted_tokens, "non_spec_num_accepted_tokens",
-                 _INDEX_DTYPES)):
-            if value is not None:
-                _count(take(key, value, name, dtypes=dtypes), name, num_ns,
-                       "one per sequence")
+        _count(lines, names["ns_lines"], num_ns, "one per sequence")
+        for key, dtypes in (("ns_init", _FLAG_DTYPES), ("ns_accepted", _INDEX_DTYPES)):
+            if given[key] is not None:
+                _count(take(key, dtypes=dtypes), names[key], num_ns, "one per sequence")
     else:
-        for value, name in ((has_initial_state, "has_initial_state"),
-                            (non_spec_num_accepted_tokens, "non_spec_num_accepted_tokens")):
-            if value is not None:
-                raise ValueError(f"{name}: given without non_spec_state_indices")
+        for key in ("ns_init", "ns_accepted"):
+            if given[key] is not None:
+                raise ValueError(f"{names[key]}: given without {names['ns_lines']}")
     num_sp = 0
-    if spec_query_start_loc is not None:
-        qsl = take("sp_qsl", spec_query_start_loc, "spec_query_start_loc")
+    if given["sp_qsl"] is not None:
+        qsl = take("sp_qsl")
         if qsl.shape[0] < 1:
-            raise ValueError("spec_query_start_loc: expected at least 1 entry")
+            raise ValueError(f"{names['sp_qsl']}: expected at least 1 entry")
         num_sp = qsl.shape[0] - 1
-        if spec_state_indices is None or num_accepted_tokens is None:
-            missing = "spec_state_indices" if spec_state_indices is None \
-                else "num_accepted_tokens"
-            raise ValueError(f"{missing}: required with spec_query_start_loc")
-        lines = take("sp_lines", spec_state_indices, "spec_state_indices", ndim=(1, 2))
+        for key in ("sp_lines", "sp_accepted"):
+            if given[key] is None:
+                raise ValueError(f"{names[key]}: required with {names['sp_qsl']}")
+        lines = take("sp_lines", ndim=(1, 2))
         if lines.dim() == 2 and lines.shape[1] == 0:
-            raise ValueError(f"spec_state_indices: expected shape (Q,) or (Q, K) with K >= "
-                             f"1, got {tuple(lines.shape)}")
-        _count(lines, "spec_state_indices", num_sp, "one per sequence")
-        _count(take("sp_accepted", num_accepted_tokens, "num_accepted_tokens"),
-               "num_accepted_tokens", num_sp, "one per sequence")
+            raise ValueError(f"{names['sp_lines']}: expected shape (Q,) or (Q, K) with K "
+                             f">= 1, got {tuple(lines.shape)}")
+        _count(lines, names["sp_lines"], num_sp, "one per sequence")
+        _count(take("sp_accepted"), names["sp_accepted"], num_sp, "one per sequence")
     else:
-        for value, name in ((spec_state_indices, "spec_state_indices"),
-                            (num_accepted_tokens, "num_accepted_tokens")):
-            if value is not None:
-                raise ValueError(f"{name}: given without spec_query_start_loc")
+        for key in ("sp_lines", "sp_accepted"):
+            if given[key] is not None:
+                raise ValueError(f"{names[key]}: given without {names['sp_qsl']}")
     if not tensors:
-        raise ValueError("device_plan: no metadata given (pass non_spec_state_indices, "
-                         "or spec_query_start_loc with its arrays)")
+        raise ValueError(f"device_plan: no metadata given (pass {names['ns_lines']}, or "
+                         f"{names['sp_qsl']} with its arrays)")
     device = tensors[0][1].device
     for name, t in tensors[1:]:
         if t.device != device:
@@ -244,8 +263,10 @@ def device_plan(num_tokens: int, num_cache_lines: int, state_len: int, width: in
     backend = registry.for_call(tensors[0][1])
     if implicit and num_ns and max_query_len is None:
         max_query_len = 1 if not num_sp else None
-    return DevicePlan(geo, arrays, names, (num_ns, num_sp, implicit), max_query_len,
-                      null_block_id, skip_empty, device, backend, spec_rows_first)
+    words = device_errors.words_for(backend, device) if shared_errors else None
+    return DevicePlan(geo, arrays, {k: names[k] for k in arrays},
+                      (num_ns, num_sp, implicit), max_query_len, null_block_id, skip_empty,
+                      device, backend, spec_rows_first, words)
 
 
 def _with_placeholders(arrays, names):

@@ -5,6 +5,11 @@ All ops share one path: metadata -> ``batch.Part``s (one per kind of sequence) -
 decodes, spec verify sequences and pads the step holds. ``jitconv.plan`` builds the plan
 once for many layers; ``causal_conv1d_fn``, ``causal_conv1d_update`` and
 ``causal_conv1d_mixed`` are a plan plus one run.
+
+Metadata in tensors on x's CUDA or XPU device (and no token maps or split outputs) is
+never read on the host: such a call runs a device plan kept for those tensors
+(``device_calls``), which checks the values on the device and records bad ones for
+``jitconv.check_errors``.
 The contract is docs/SEMANTICS.md; ``jitconv.reference`` implements it in float64.
 """
 
@@ -14,7 +19,7 @@ import numpy as np
 import torch
 
 from jitconv.memory import bridge
-from jitconv.api import plan_cache
+from jitconv.api import device_calls, device_plan, plan_cache
 from jitconv.api import validation
 from jitconv.api.batch import Part
 from jitconv.api.plan import StepPlan, split_request
@@ -128,8 +133,7 @@ def _prepare(x, weight, bias, conv_state, out, activation, math, pad_slot_id):
     ``StepPlan.run_checked`` takes as checked tensors."""
     validation.check_activation(activation)
     validation.check_math(math)
-    if isinstance(pad_slot_id, bool) or not isinstance(pad_slot_id, (int, np.integer)):
-        raise TypeError(f"pad_slot_id: expected an int, got {pad_slot_id!r}")
+    validation.check_pad_slot_id(pad_slot_id)
     tensors = bridge.normalize_all(x, weight, bias, conv_state, out)
     _dim, width, dtype = validation.check_tensors(*tensors)
     num_lines, _, state_len = validation.shape_of(tensors[3])
@@ -140,6 +144,13 @@ def _prepare(x, weight, bias, conv_state, out, activation, math, pad_slot_id):
 
 _FN_NAMES = {"qsl": "query_start_loc", "lines": "cache_indices",
              "init": "has_initial_state", "rows": "token_indx"}
+# The argument names by device plan array (``planner.METADATA_ARRAYS``), for errors;
+# jitconv.vllm's drop-ins have the same.
+FN_DEVICE_NAMES = dict(ns_qsl="query_start_loc", ns_lines="cache_indices",
+                       ns_init="has_initial_state")
+UPDATE_DEVICE_NAMES = dict(ns_qsl="query_start_loc", ns_lines="conv_state_indices",
+                           sp_qsl="query_start_loc", sp_lines="conv_state_indices",
+                           sp_accepted="num_accepted_tokens")
 
 
 def causal_conv1d_fn(x: Array, weight: Array, bias: Optional[Array], conv_state: Array,
@@ -184,6 +195,9 @@ def causal_conv1d_fn(x: Array, weight: Array, bias: Optional[Array], conv_state:
     -----
     The exact rule is docs/SEMANTICS.md. Every argument is checked before anything is
     launched; a bad one raises an error naming it, and conv_state is left as it was.
+    Metadata in tensors on x's GPU is the exception: its values are checked on the
+    device, a bad sequence skipped and reported by ``jitconv.check_errors`` (README,
+    "Metadata on the device").
     """
     if torch.compiler.is_compiling():  # one custom op in the traced graph
         from jitconv.api import torch_ops as t
@@ -191,6 +205,20 @@ def causal_conv1d_fn(x: Array, weight: Array, bias: Optional[Array], conv_state:
             x, weight, bias, conv_state, t.as_tensor(query_start_loc),
             t.as_tensor(cache_indices), t.as_tensor(has_initial_state), activation,
             int(pad_slot_id), t.as_tensor(token_indx), math))
+    if token_indx is None and device_calls.on_device(x, query_start_loc, cache_indices,
+                                                     has_initial_state):
+        plan = device_calls.kept_plan(
+            ("fn", device_calls.shapes(x, weight, conv_state),
+             validation.check_pad_slot_id(pad_slot_id),
+             device_calls.describe(query_start_loc), device_calls.describe(cache_indices),
+             device_calls.describe(has_initial_state)),
+            lambda: device_calls.build(
+                _prepare(x, weight, bias, conv_state, out, activation, math,
+                         pad_slot_id)[0],
+                dict(device_calls.NO_ARRAYS, ns_qsl=query_start_loc,
+                     ns_lines=cache_indices, ns_init=has_initial_state), FN_DEVICE_NAMES))
+        return plan.run(x, weight, bias, conv_state, out=out, activation=activation,
+                        math=math)
     geo, checked = _prepare(x, weight, bias, conv_state, out, activation, math,
                            pad_slot_id)
 
@@ -209,7 +237,8 @@ def causal_conv1d_update(x: Array, weight: Array, bias: Optional[Array], conv_st
                          num_accepted_tokens: Optional[Ints] = None,
                          activation: Optional[str] = "silu", pad_slot_id: int = -1,
                          token_indx: Optional[Ints] = None,
-                         out: Optional[Array] = None, math: Optional[str] = None) -> Array:
+                         out: Optional[Array] = None, math: Optional[str] = None,
+                         max_query_len: Optional[int] = None) -> Array:
     """Decode step: plain decodes, or spec verify when ``num_accepted_tokens`` is given.
 
     Parameters
@@ -228,6 +257,10 @@ def causal_conv1d_update(x: Array, weight: Array, bias: Optional[Array], conv_st
         non-spec rule).
     token_indx : ints, optional
         Row of x of each token in sequence order; None: rows in order.
+    max_query_len : int, optional
+        The most tokens any sequence holds (1 + k for spec verify), declared: a longer
+        sequence is an error. With metadata on the device it picks the short kernels
+        (as ``jitconv.device_plan``'s); None: no bound.
 
     Returns
     -------
@@ -239,9 +272,25 @@ def causal_conv1d_update(x: Array, weight: Array, bias: Optional[Array], conv_st
         return t.into(out, torch.ops.jitconv.causal_conv1d_update(
             x, weight, bias, conv_state, t.as_tensor(conv_state_indices),
             t.as_tensor(query_start_loc), t.as_tensor(num_accepted_tokens), activation,
-            int(pad_slot_id), t.as_tensor(token_indx), math))
+            int(pad_slot_id), t.as_tensor(token_indx), math,
+            validation.check_max_query_len(max_query_len)))
+    if token_indx is None and device_calls.on_device(x, conv_state_indices, query_start_loc,
+                                                     num_accepted_tokens):
+        plan = device_calls.kept_plan(
+            ("update", device_calls.shapes(x, weight, conv_state),
+             validation.check_pad_slot_id(pad_slot_id),
+             validation.check_max_query_len(max_query_len),
+             device_calls.describe(conv_state_indices),
+             device_calls.describe(query_start_loc),
+             device_calls.describe(num_accepted_tokens)),
+            lambda: _update_device_plan(x, weight, bias, conv_state, out, activation, math,
+                                        pad_slot_id, conv_state_indices, query_start_loc,
+                                        num_accepted_tokens, max_query_len))
+        return plan.run(x, weight, bias, conv_state, out=out, activation=activation,
+                        math=math)
     geo, checked = _prepare(x, weight, bias, conv_state, out, activation, math,
                            pad_slot_id)
+    longest = validation.check_max_query_len(max_query_len)
 
     def build():
         qsl = query_start_loc
@@ -261,11 +310,39 @@ def causal_conv1d_update(x: Array, weight: Array, bias: Optional[Array], conv_st
         else:
             part = spec_part(qsl, conv_state_indices, token_indx,
                              num_accepted_tokens, names, geo, whole_x=True)
+        validation.check_lengths_within(part.query_start_loc, longest, "query_start_loc")
         return StepPlan([part], geo, line_names="conv_state_indices")
 
-    metadata = (conv_state_indices, query_start_loc, num_accepted_tokens, token_indx)
+    metadata = (conv_state_indices, query_start_loc, num_accepted_tokens, token_indx,
+                longest)
     plan = plan_cache.plan_for(plan_cache.key("update", geo, metadata), build)
     return plan.run_checked((x, weight, bias, conv_state, out), activation, checked, math)
+
+
+def _update_device_plan(x, weight, bias, conv_state, out, activation, math, pad_slot_id,
+                        lines, query_start_loc, num_accepted_tokens, max_query_len):
+    """The device plan of ``causal_conv1d_update`` with metadata on the device: the
+    checks the host can make (tensors, shapes, dtypes), then ``device_calls.build``."""
+    geo, _ = _prepare(x, weight, bias, conv_state, out, activation, math, pad_slot_id)
+    if lines.dim() == 2 and lines.shape[1] == 0:
+        raise ValueError(f"conv_state_indices: expected shape (num_seqs,) or (num_seqs, K) "
+                         f"with K >= 1, got {tuple(lines.shape)}")
+    qsl, declared = query_start_loc, max_query_len
+    if qsl is None:  # one token per sequence, rows 0..Q-1
+        if lines.shape[0] != geo.num_tokens:
+            raise ValueError(f"conv_state_indices: expected {geo.num_tokens} entries (one "
+                             f"per row of x when query_start_loc is None), got "
+                             f"{lines.shape[0]}")
+        if num_accepted_tokens is not None:  # a spec part of 1-token sequences
+            qsl = torch.arange(lines.shape[0] + 1, dtype=lines.dtype, device=lines.device)
+            declared = 1
+    if num_accepted_tokens is None:
+        given = dict(device_calls.NO_ARRAYS, ns_qsl=qsl,
+                     ns_lines=lines[:, 0] if lines.dim() == 2 else lines)
+    else:
+        given = dict(device_calls.NO_ARRAYS, sp_qsl=qsl, sp_lines=lines,
+                     sp_accepted=num_accepted_tokens)
+    return device_calls.build(geo, given, UPDATE_DEVICE_NAMES, max_query_len=declared)
 
 
 def causal_conv1d_mixed(x: Array, weight: Array, bias: Optional[Array], conv_state: Array, *,
@@ -347,6 +424,21 @@ def causal_conv1d_mixed(x: Array, weight: Array, bias: Optional[Array], conv_sta
                 non_spec_token_indx, spec_query_start_loc, spec_state_indices,
                 spec_token_indx, num_accepted_tokens, non_spec_num_accepted_tokens)),
             activation, int(pad_slot_id), math))
+    arrays = dict(ns_qsl=non_spec_query_start_loc, ns_lines=non_spec_state_indices,
+                  ns_init=has_initial_state, ns_accepted=non_spec_num_accepted_tokens,
+                  sp_qsl=spec_query_start_loc, sp_lines=spec_state_indices,
+                  sp_accepted=num_accepted_tokens)
+    if split is None and non_spec_token_indx is None and spec_token_indx is None and \
+            device_calls.on_device(x, *arrays.values()):
+        plan = device_calls.kept_plan(
+            ("mixed", device_calls.shapes(x, weight, conv_state),
+             validation.check_pad_slot_id(pad_slot_id))
+            + tuple(device_calls.describe(a) for a in arrays.values()),
+            lambda: device_calls.build(
+                _prepare(x, weight, bias, conv_state, out, activation, math,
+                         pad_slot_id)[0], arrays, device_plan.ARGUMENT_NAMES))
+        return plan.run(x, weight, bias, conv_state, out=out, activation=activation,
+                        math=math)
     geo, checked = _prepare(x, weight, bias, conv_state, out, activation, math,
                            pad_slot_id)
     metadata = (non_spec_query_start_loc, non_spec_state_indices, has_initial_state,

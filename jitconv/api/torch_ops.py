@@ -143,11 +143,13 @@ def causal_conv1d_update(x: Tensor, weight: Tensor, bias: Optional[Tensor],
                          query_start_loc: Optional[Tensor],
                          num_accepted_tokens: Optional[Tensor], activation: Optional[str],
                          pad_slot_id: int, token_indx: Optional[Tensor],
-                         math: Optional[str]) -> Tensor:
+                         math: Optional[str],
+                         max_query_len: Optional[int] = None) -> Tensor:
     return ops.causal_conv1d_update(x, weight, bias, conv_state, conv_state_indices,
                                     query_start_loc, num_accepted_tokens,
                                     activation=activation, pad_slot_id=pad_slot_id,
-                                    token_indx=token_indx, math=math)
+                                    token_indx=token_indx, math=math,
+                                    max_query_len=max_query_len)
 
 
 @causal_conv1d_update.register_fake

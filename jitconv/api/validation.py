@@ -220,6 +220,35 @@ def check_geometry(num_tokens, num_cache_lines, state_len, width, pad_slot_id):
                     values["width"], values["pad_slot_id"])
 
 
+def check_pad_slot_id(pad_slot_id):
+    if isinstance(pad_slot_id, bool) or not isinstance(pad_slot_id, (int, np.integer)):
+        raise TypeError(f"pad_slot_id: expected an int, got {pad_slot_id!r}")
+    return int(pad_slot_id)
+
+
+def check_max_query_len(max_query_len):
+    """A declared bound on tokens per sequence: None, or an int >= 1."""
+    if max_query_len is None:
+        return None
+    if isinstance(max_query_len, bool) or not isinstance(max_query_len, (int, np.integer)) \
+            or max_query_len < 1:
+        raise ValueError(f"max_query_len: expected an int >= 1 or None, got "
+                         f"{max_query_len!r}")
+    return int(max_query_len)
+
+
+def check_lengths_within(query_start_loc, longest, name):
+    """No sequence of ``query_start_loc`` (checked) holds more than ``longest`` tokens
+    (None: no bound)."""
+    if longest is None or len(query_start_loc) < 2:
+        return
+    lengths = np.diff(query_start_loc)
+    if lengths.max() > longest:
+        i = int(np.argmax(lengths))
+        raise ValueError(f"max_query_len: declared {longest}, but sequence {i} of {name} "
+                         f"holds {int(lengths[i])} tokens")
+
+
 def check_fits_plan(geometry, x, conv_state, width):
     """x, conv_state and the width of one run have the plan's geometry (errors name the
     tensor and the plan's expectation)."""

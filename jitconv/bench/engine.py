@@ -13,7 +13,9 @@ tokens, ragged accepted counts), width 4, conv dim 8192 and 2048, bfloat16, 36 l
 
 Sides: "vllm triton" (that call); "jitconv drop-in" (``jitconv.vllm.causal_conv1d_update``,
 the same call: a device plan kept per set of metadata tensors, result copied into x as
-vLLM's is written there); "jitconv device plan" (``jitconv.device_plan`` built once,
+vLLM's is written there); "jitconv one-shot" (``jitconv.causal_conv1d_update`` with the
+same metadata tensors and max_query_len, into an out buffer per layer: a device plan
+kept likewise); "jitconv device plan" (``jitconv.device_plan`` built once,
 ``run`` into an out buffer per layer); "jitconv host plan" (``jitconv.plan`` from the
 metadata's values, built once per step; eager only, it cannot be captured).
 
@@ -47,7 +49,8 @@ from jitconv.reference import TOLERANCE, causal_conv1d_reference
 
 LAYERS = 36
 WORKLOADS = {"decode 64": (64, 1), "spec 64 x (1+3)": (64, 4)}
-SIDES = ("vllm triton", "jitconv drop-in", "jitconv device plan", "jitconv host plan")
+SIDES = ("vllm triton", "jitconv drop-in", "jitconv one-shot", "jitconv device plan",
+         "jitconv host plan")
 # Sides that run with other tuning values (variants, measured beside the defaults).
 VARIANTS = {"jitconv device plan (planner)": ("jitconv device plan",
                                               {"fused_planner": False})}
@@ -114,6 +117,14 @@ def side_calls(name, step, vt):
                 for x, w, b, s in step.layers], [layer[0] for layer in step.layers]
     if name in VARIANTS:
         return side_calls(VARIANTS[name][0], step, vt)
+    if name == "jitconv one-shot":  # the core op, the same metadata tensors
+        outs = [torch.empty_like(layer[0]) for layer in step.layers]
+        declared = dict(max_query_len=step.tokens_each) if step.spec else {}
+        lines = meta.pop("conv_state_indices")
+        meta.pop("max_query_len", None)
+        return [(lambda layer=layer, out=out: jitconv.causal_conv1d_update(
+            *layer, lines, out=out, **meta, **declared))
+            for layer, out in zip(step.layers, outs)], outs
     if name == "jitconv device plan":
         plan = jitconv.device_plan(step.num_tokens, step.num_lines, step.state_len, 4,
                                    max_query_len=step.tokens_each, **step.plan_arguments())

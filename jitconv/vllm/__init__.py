@@ -13,9 +13,9 @@ and spec verify sequences) straight from vLLM's ``GDNAttentionMetadata``, in one
 
 ``causal_conv1d_update`` and ``causal_conv1d_fn`` with CUDA (or XPU) tensors and their
 metadata on x's device (vLLM's calls) leave the metadata there: each runs a
-``jitconv.device_plan`` kept per set of metadata buffers, so they never wait for the
-device and a CUDA graph may capture them; bad values there are skipped and recorded
-(``DevicePlan.check_errors``), not raised. Every other call reads the metadata on the
+``jitconv.device_plan`` kept per set of metadata buffers (``jitconv.api.device_calls``),
+so they never wait for the device and a CUDA graph may capture them; bad values there are
+skipped and recorded (``jitconv.check_errors`` raises them), not raised by the call. Every other call reads the metadata on the
 host. Inside torch.compile both drop-ins are custom ops (``jitconv.api.torch_ops``).
 
 Output rows that no sequence computes (rows of skipped sequences, rows of x beyond the
@@ -26,8 +26,7 @@ them as they were. jitconv writes them so that no stale or uninitialised value f
 import numpy as np
 import torch
 
-from jitconv.api import ops, plan_cache
-from jitconv.api.device_plan import device_plan
+from jitconv.api import device_calls, ops, validation
 from jitconv.api.plan import SplitOutputs
 from jitconv.api.validation import host_ints
 from jitconv.vllm import conventions
@@ -195,32 +194,11 @@ def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None,
     return target
 
 
-def _on_device(x, *metadata):
-    """Whether a drop-in call takes the device-metadata path: x a 2-D CUDA or XPU tensor
-    and every metadata argument given a tensor on its device."""
-    # is_cuda / is_xpu / get_device, not .device: a torch.device is built per access
-    if not isinstance(x, torch.Tensor) or x.dim() != 2 or metadata[0] is None:
-        return False
-    cuda, xpu = x.is_cuda, x.is_xpu
-    if not (cuda or xpu):
-        return False
-    index = x.get_device()
-    return all(m is None or (isinstance(m, torch.Tensor) and m.is_cuda == cuda
-                             and m.is_xpu == xpu and m.get_device() == index)
-               for m in metadata)
-
-
-
-
-def _describe(t):
-    return None if t is None else (t.data_ptr(), t.shape, t.stride(), t.dtype, t.is_cuda,
-                                   t.get_device())
-
-
-def _kept_plan(key, build):
-    """The device plan kept for these metadata tensors (``key``: what they are), or
-    ``build()``'s, kept in the one-shot ops' plan cache (``plan_cache``)."""
-    return plan_cache.plan_for(("vllm device plan",) + key, build)
+def _on_device(x, first, *metadata):
+    """Whether a drop-in call takes the device-metadata path
+    (``device_calls.on_device``); ``first`` (the cache lines) must be given: without it
+    sequence i uses line i, which needs the batch on the host."""
+    return first is not None and device_calls.on_device(x, first, *metadata)
 
 
 def _device_update(x, conv_state, weight, bias, activation, conv_state_indices,
@@ -237,10 +215,11 @@ def _device_update(x, conv_state, weight, bias, activation, conv_state_indices,
     width = int(weight.shape[-1])
     declared = int(max_query_len) if max_query_len is not None and max_query_len > 0 else None
     # Keyed by the arguments as given (slices of them are new objects at every call).
-    key = (_describe(conv_state_indices), _describe(query_start_loc),
-           _describe(num_accepted_tokens), int(x.shape[0]), num_lines, state_len, width,
-           null_block_id, pad_slot_id, declared)
-    plan = _kept_plan(key, lambda: _device_update_plan(
+    key = ("vllm update", device_calls.describe(conv_state_indices),
+           device_calls.describe(query_start_loc), device_calls.describe(num_accepted_tokens),
+           x.get_device(), int(x.shape[0]), num_lines, state_len, width, null_block_id,
+           pad_slot_id, declared)
+    plan = device_calls.kept_plan(key, lambda: _device_update_plan(
         x, conv_state_indices, num_accepted_tokens, query_start_loc, declared,
         null_block_id, pad_slot_id, (num_lines, state_len, width)))
     if weight.dtype != conv_state.dtype or (bias is not None and bias.dtype != weight.dtype):
@@ -263,15 +242,15 @@ def _device_fn(x, weight, bias, conv_states, query_start_loc, cache_indices,
     tokens = x.transpose(0, 1)  # (cu_seqlen, dim)
     num_lines, _dim, state_len = (int(s) for s in conv_states.shape)
     width = int(weight.shape[-1])
-    key = ("fn", _describe(query_start_loc), _describe(cache_indices),
-           _describe(has_initial_state), int(tokens.shape[0]), num_lines, state_len, width,
-           null_block_id, pad_slot_id)
-    plan = _kept_plan(key, lambda: device_plan(
-        int(tokens.shape[0]), num_lines, state_len, width,
-        non_spec_query_start_loc=query_start_loc, non_spec_state_indices=cache_indices,
-        has_initial_state=has_initial_state,
-        pad_slot_id=_NO_LINE if pad_slot_id is None else pad_slot_id,
-        null_block_id=null_block_id, skip_empty=True))
+    key = ("vllm fn", device_calls.describe(query_start_loc),
+           device_calls.describe(cache_indices), device_calls.describe(has_initial_state),
+           x.get_device(), int(tokens.shape[0]), num_lines, state_len, width, null_block_id,
+           pad_slot_id)
+    plan = device_calls.kept_plan(key, lambda: device_calls.build(
+        _geometry(int(tokens.shape[0]), num_lines, state_len, width, pad_slot_id),
+        dict(device_calls.NO_ARRAYS, ns_qsl=query_start_loc, ns_lines=cache_indices,
+             ns_init=has_initial_state), ops.FN_DEVICE_NAMES, null_block_id=null_block_id,
+        skip_empty=True))
     if weight.dtype != conv_states.dtype or (bias is not None and bias.dtype != weight.dtype):
         weight, bias = _to_state_dtype(conv_states, weight, bias)
     return plan.run(tokens, weight, bias, conv_states,
@@ -296,16 +275,20 @@ def _device_update_plan(x, conv_state_indices, num_accepted_tokens, query_start_
     qsl = None if qsl is None else qsl[:batch + 1]
     accepted = None if accepted is None else accepted[:batch]
     if accepted is not None and qsl is None:  # one token per sequence
-        qsl = torch.arange(batch + 1, dtype=torch.int32, device=x.device)
-    parts = (dict(spec_query_start_loc=qsl, spec_state_indices=lines,
-                  num_accepted_tokens=accepted) if accepted is not None else
-             dict(non_spec_query_start_loc=qsl, non_spec_state_indices=lines))
-    num_lines, state_len, width = geometry
+        qsl = torch.arange(batch + 1, dtype=lines.dtype, device=x.device)
+    given = (dict(device_calls.NO_ARRAYS, sp_qsl=qsl, sp_lines=lines, sp_accepted=accepted)
+             if accepted is not None
+             else dict(device_calls.NO_ARRAYS, ns_qsl=qsl, ns_lines=lines))
+    return device_calls.build(_geometry(int(x.shape[0]), *geometry, pad_slot_id), given,
+                              ops.UPDATE_DEVICE_NAMES, max_query_len=declared,
+                              null_block_id=null_block_id, skip_empty=True)
+
+
+def _geometry(num_tokens, num_lines, state_len, width, pad_slot_id):
     # Lines that are neither the null block nor vLLM <= 0.32's pad must be real cache
     # lines (_NO_LINE: a value no int32 line can equal).
-    return device_plan(int(x.shape[0]), num_lines, state_len, width, max_query_len=declared,
-                       pad_slot_id=_NO_LINE if pad_slot_id is None else pad_slot_id,
-                       null_block_id=null_block_id, skip_empty=True, **parts)
+    return validation.check_geometry(num_tokens, num_lines, state_len, width,
+                                     _NO_LINE if pad_slot_id is None else pad_slot_id)
 
 
 _NO_LINE = -(2 ** 40)

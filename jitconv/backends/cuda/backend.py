@@ -68,6 +68,12 @@ class CudaBackend:
     def read_errors(self, plan):
         return launching.read_errors(plan)
 
+    def new_error_words(self, device):
+        return launching.new_error_words(device)
+
+    def read_error_words(self, words):
+        return launching.read_error_words(words)
+
 
 try:  # torch's own test, without making a Stream object
     _capturing = torch._C._cuda_isCurrentStreamCapturing

@@ -394,21 +394,42 @@ def remembered(plan, key):
 
 
 def errors_of(plan, sim=False):
-    """A device plan's error words (``planner.ERRORS``): an int32 tensor on its device."""
+    """A device plan's error words (``planner.ERRORS``): an int32 tensor on its device,
+    the plan's own or those it was given (``DevicePlan.error_words``)."""
+    if plan.error_words is not None:
+        return plan.error_words
+
     def make():
-        return torch.zeros(len(planner.ERRORS), dtype=torch.int32,
-                           device="cpu" if sim else plan.device)
+        return new_error_words(plan.device)
     return _once_per_plan(plan, "errors", make)
+
+
+def new_error_words(device):
+    """Zeroed error words for device plans whose metadata is on ``device``."""
+    return torch.zeros(len(planner.ERRORS), dtype=torch.int32,
+                       device="cpu" if simulating() else device)
 
 
 def read_errors(plan):
     """The error words the planner set (waits for the device), cleared."""
-    state = _plan_state(plan).get("errors")
-    if state is None:
+    words = plan.error_words
+    if words is None:
+        words = _plan_state(plan).get("errors")
+    if words is None:
         return [0] * len(planner.ERRORS)
-    found = state.cpu().tolist()
+    return read_error_words(words)
+
+
+def read_error_words(words):
+    """Error words (waits for every stream of their device), cleared when any is set."""
+    sim = simulating()
+    if not sim:
+        torch.cuda.synchronize(words.device)
+    found = words.tolist()
     if any(found):
-        state.zero_()
+        words.zero_()
+        if not sim:  # cleared before any later launch, whichever stream it uses
+            torch.cuda.synchronize(words.device)
     return found
 
 

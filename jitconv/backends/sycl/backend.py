@@ -110,5 +110,11 @@ class SyclBackend:
     def read_errors(self, plan):
         return planner.read_errors(plan)
 
+    def new_error_words(self, device):
+        return planner.new_error_words(device)
+
+    def read_error_words(self, words):
+        return planner.read_error_words(words)
+
 
 BACKEND = SyclBackend()

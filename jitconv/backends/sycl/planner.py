@@ -12,7 +12,8 @@ writes the records into the plan's table first (``plan_on``); both give the same
 What a device plan keeps per SYCL queue (``_Tables``): the block-record table the
 planner writes and the conv kernel reads (USM device memory; one per queue, since runs
 on one in-order queue are ordered and on two they would race for one table) and the
-error words (``planner.ERRORS``) that ``read_errors`` reports. The metadata reach the
+error words (``planner.ERRORS``) that ``read_errors`` reports (or, for plans the one-shot
+ops keep, the device's words: ``new_error_words``, ``read_error_words``). The metadata reach the
 kernels as USM views (``bridge.to_device``): torch XPU tensors and USM CPU tensors
 (``jitconv.empty``) zero-copy, so the packed parameters are kept; other CPU tensors are
 copied at every run (that copy is the read of their current values), and the run waits
@@ -27,7 +28,7 @@ import torch
 
 from jitconv.backends.sycl import devices, kernel_cache, launching
 from jitconv.kernels import planner
-from jitconv.memory import bridge
+from jitconv.memory import bridge, usm
 
 _lock = threading.Lock()
 _built = {}  # (device filter, context, element types) -> dpctl SyclKernel
@@ -124,12 +125,20 @@ class _Tables:
         import dpctl.memory as dpm
         words = planner.ROWS_WORDS + plan.num_blocks * planner.NF
         self.memory = dpm.MemoryUSMDevice(4 * words, queue=queue)
-        self.errors = dpm.MemoryUSMDevice(4 * len(planner.ERRORS), queue=queue)
-        self.errors.memset()
         self.views = {
-            "tables": bridge.DeviceView(self.memory, 0, (words,), (1,), 4, self.memory),
-            "errors": bridge.DeviceView(self.errors, 0, (len(planner.ERRORS),), (1,), 4,
-                                        self.errors)}
+            "tables": bridge.DeviceView(self.memory, 0, (words,), (1,), 4, self.memory)}
+        if plan.error_words is None:  # the plan's own words
+            self.errors = dpm.MemoryUSMDevice(4 * len(planner.ERRORS), queue=queue)
+            self.errors.memset()
+            self.views["errors"] = bridge.DeviceView(self.errors, 0, (len(planner.ERRORS),),
+                                                     (1,), 4, self.errors)
+        else:  # the device's words (``new_error_words``: USM memory, never a copy)
+            self.errors = None
+            self.views["errors"], _ = bridge.to_device(plan.error_words, "errors", True,
+                                                       queue)
+            if bridge.is_copy(self.views["errors"]):
+                raise RuntimeError("device plan: its error words are not device memory "
+                                   "of this queue")
         self.table_args = launching.table_args(
             self.views["tables"], dict(zip(("rows", "blocks"), (0, planner.ROWS_WORDS))))
         self.queue = queue
@@ -225,6 +234,8 @@ def plan_on(plan, queue):
 def read_errors(plan):
     """The error words the planner set on every queue ``plan`` ran on (each word: how
     many queues set it), cleared; waits for those queues."""
+    if plan.error_words is not None:
+        return read_error_words(plan.error_words)
     found = [0] * len(planner.ERRORS)
     for where in list(_state.get(plan, {}).values()):
         where.queue.wait()
@@ -233,4 +244,30 @@ def read_errors(plan):
             where.errors.memset()
         for i, v in enumerate(words):
             found[i] += int(v != 0)
+    return found
+
+
+def new_error_words(device):
+    """Zeroed error words for device plans whose metadata is on ``device``: a torch XPU
+    tensor there, or for CPU tensors USM memory of the current SYCL device."""
+    if device.type == "cpu":
+        return usm.zeros((len(planner.ERRORS),), torch.int32)
+    return torch.zeros(len(planner.ERRORS), dtype=torch.int32, device=device)
+
+
+def read_error_words(words):
+    """Error words shared by device plans (``new_error_words``), cleared when any is set;
+    waits for the queues of every plan that writes them (XPU: the whole device)."""
+    if words.device.type == "xpu":
+        torch.xpu.synchronize(words.device)
+    with _lock:
+        queues = {where.queue for plan, per_queue in list(_state.items())
+                  if plan.error_words is words for where in per_queue.values()}
+    for queue in queues:
+        queue.wait()
+    found = words.tolist()
+    if any(found):
+        words.zero_()
+        if words.device.type == "xpu":
+            torch.xpu.synchronize(words.device)
     return found
