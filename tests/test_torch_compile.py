@@ -186,16 +186,24 @@ def test_vllm_drop_ins_compile(device):
 
 
 def test_bad_input_raises_when_compiled(device):
-    """Validation still runs (inside the op, when the compiled function runs) and names
-    the argument; conv_state stays as it was."""
+    """Validation still runs (inside the op, when the compiled function runs): a bad
+    value of host metadata raises naming the argument, conv_state as it was; metadata on
+    a GPU is checked there, and ``jitconv.check_errors`` raises it after the call."""
     x, w, b, state, lines = on(device, decode_args(lines=(3, 99, -1, 5)))
-    before = bits(state)
 
     def fn(x, w, b, state, lines):
         return jitconv.causal_conv1d_update(x, w, b, state, lines)
 
+    compiled = torch.compile(fn, fullgraph=True, backend="aot_eager")
+    if lines.is_cuda:
+        jitconv.check_errors()
+        compiled(x, w, b, state, lines)
+        with pytest.raises(ValueError, match="a cache line out of range"):
+            jitconv.check_errors()
+        lines = lines.cpu()  # host metadata, x on the GPU
+    before = bits(state)
     with pytest.raises(Exception, match="conv_state_indices"):
-        torch.compile(fn, fullgraph=True, backend="aot_eager")(x, w, b, state, lines)
+        compiled(x, w, b, state, lines)
     assert torch.equal(bits(state), before)
 
 

@@ -324,7 +324,7 @@ def _update_device_plan(x, weight, bias, conv_state, out, activation, math, pad_
     """The device plan of ``causal_conv1d_update`` with metadata on the device: the
     checks the host can make (tensors, shapes, dtypes), then ``device_calls.build``."""
     geo, _ = _prepare(x, weight, bias, conv_state, out, activation, math, pad_slot_id)
-    if lines.dim() == 2 and lines.shape[1] == 0:
+    if lines.dim() not in (1, 2) or (lines.dim() == 2 and lines.shape[1] == 0):
         raise ValueError(f"conv_state_indices: expected shape (num_seqs,) or (num_seqs, K) "
                          f"with K >= 1, got {tuple(lines.shape)}")
     qsl, declared = query_start_loc, max_query_len
