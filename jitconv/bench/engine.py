@@ -25,7 +25,8 @@ Figures per side (microseconds per layer):
   drop-in), L2 flushed before each call, median of ``--reps``;
 - eager: a step's 36 calls issued back to back, one synchronization at the end: wall time
   of the step / 36 ("wall"), and the time until the last call returned / 36 ("host");
-  median over ``--steps`` steps;
+  median over ``--steps`` steps, the sides taking turns step by step (host-bound figures:
+  a drift of the host's speed falls on every side alike);
 - graph: the step's 36 calls captured in one CUDA graph, replayed; replay time (CUDA
   events) / 36, median over ``--steps`` replays. Before timing, the metadata tensors are
   rewritten (new cache lines, new accepted counts) and one replay is checked against the
@@ -138,19 +139,25 @@ def side_calls(name, step, vt):
             for layer, out in zip(step.layers, outs)], outs
 
 
-def eager(calls, steps):
-    walls, hosts = [], []
-    for _ in range(steps + 3):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for call in calls:
-            call()
-        t1 = time.perf_counter()
-        torch.cuda.synchronize()
-        t2 = time.perf_counter()
-        walls.append((t2 - t0) * 1e6 / len(calls))
-        hosts.append((t1 - t0) * 1e6 / len(calls))
-    return statistics.median(walls[3:]), statistics.median(hosts[3:])
+def eager(sides, steps):
+    """(median wall, median host) per layer of each side's step (``sides``: [(calls,
+    tuning overrides)]). The sides take turns step by step, so that a drift of the host's
+    speed (these are host-bound figures) falls on every side alike."""
+    walls, hosts = [[] for _ in sides], [[] for _ in sides]
+    for i in range(steps + 3):
+        for k, (calls, overrides) in enumerate(sides):
+            with tuning.override(**overrides):
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                for call in calls:
+                    call()
+                t1 = time.perf_counter()
+                torch.cuda.synchronize()
+                t2 = time.perf_counter()
+            if i >= 3:
+                walls[k].append((t2 - t0) * 1e6 / len(calls))
+                hosts[k].append((t1 - t0) * 1e6 / len(calls))
+    return [(statistics.median(w), statistics.median(h)) for w, h in zip(walls, hosts)]
 
 
 def graph(step, calls, outs, gen, steps, check):
@@ -204,16 +211,23 @@ def run(vllm_file, out_dir=None, dims=(8192, 2048), reps=60, steps=50, sides=SID
     with torch.inference_mode():
         for dim in dims:
             for workload, (seqs, tokens_each) in WORKLOADS.items():
+                built = []
                 for name in sides:
                     gen = torch.Generator().manual_seed(dim + seqs + tokens_each)
                     step = Step(gen, seqs, tokens_each, dim, torch.bfloat16, device)
                     calls, outs = side_calls(name, step, vt)
-                    with tuning.override(**VARIANTS.get(name, (None, {}))[1]):
+                    overrides = VARIANTS.get(name, (None, {}))[1]
+                    with tuning.override(**overrides):
                         kernel, kernels = device_time_us(calls[0], flush, reps)
-                        wall, host = eager(calls, steps)
-                        row = dict(workload=workload, dim=dim, side=name, kernel_us=kernel,
-                                   eager_wall_us=wall, eager_host_us=host, kernels=kernels)
-                        if name != "jitconv host plan":
+                    built.append((name, step, calls, outs, overrides, gen, dict(
+                        workload=workload, dim=dim, side=name, kernel_us=kernel,
+                        kernels=kernels)))
+                timed = eager([(b[2], b[4]) for b in built], steps)
+                for (name, step, calls, outs, overrides, gen, row), (wall, host) in zip(
+                        built, timed):
+                    row.update(eager_wall_us=wall, eager_host_us=host)
+                    if name != "jitconv host plan":
+                        with tuning.override(**overrides):
                             row["graph_us"], row["graph_follows_metadata"] = graph(
                                 step, calls, outs, gen, steps, check=True)
                     rows.append(row)
