@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import jitconv
-from jitconv.api import device_calls, plan_cache, validation
+from jitconv.api import device_calls, device_errors, plan_cache, validation
 from jitconv.backends.cuda import devices as cuda_devices
 from jitconv.backends.cuda import launching as cuda_launching
 from jitconv.backends.cuda import source as cuda_source
@@ -775,6 +775,35 @@ def test_one_shot_graph_replays_follow_rewritten_metadata(cuda_device, call):
         assert_outputs_close(out, want_out, torch.bfloat16)
         assert_state_exact(data[3], want_state)
     jitconv.check_errors()
+
+
+@GPU_ONLY
+def test_first_device_call_in_a_capture_is_refused(cuda_device, monkeypatch):
+    """The first one-shot call with metadata on a device makes that device's error words;
+    inside a CUDA graph capture it is refused by name (made there, the words would be
+    zeroed by every replay). After one eager call the same capture works."""
+    device = cuda_device
+    monkeypatch.setattr(device_errors, "_words", {})
+    plan_cache.clear()
+    gen = torch.Generator().manual_seed(12)
+    x, w, b, state = layer(gen, torch.float32, 3, 8, 3, 4, device)
+    lines = torch.tensor([1, 4, 6], dtype=torch.int32, device=device)
+    with pytest.raises(RuntimeError, match="the first call with metadata on"):
+        with torch.cuda.graph(torch.cuda.CUDAGraph()):
+            jitconv.causal_conv1d_update(x, w, b, state, lines)
+    out = torch.empty_like(x)
+    jitconv.causal_conv1d_update(x, w, b, state, lines, out=out)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        jitconv.causal_conv1d_update(x, w, b, state, lines, out=out)
+    lines.copy_(torch.tensor([2, 3, 7], dtype=torch.int32))
+    want_out, want_state = reference_of(dict(non_spec_state_indices=lines), (x, w, b, state))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert_outputs_close(out, want_out, torch.float32)
+    assert_state_exact(state, want_state)
+    jitconv.check_errors()
+    plan_cache.clear()  # its plans write the words this test made
 
 
 @GPU_ONLY

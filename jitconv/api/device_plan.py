@@ -15,8 +15,8 @@ the metadata and the layer's tensors, and the capacity the shapes give. What the
 checks (values): every sequence, by SEMANTICS.md's rules; a bad one is skipped (rows
 zeros, state untouched), its error is recorded in the plan's error table and
 ``check_errors()`` raises it (plans that the one-shot ops keep record into their device's
-table instead, which ``jitconv.check_errors`` reads: ``device_errors``). Cache lines named twice are not detected (the runs of both
-sequences write that line). No token maps: each part's tokens are consecutive rows of x,
+table instead, which ``jitconv.check_errors`` reads: ``device_errors``). Cache lines named
+twice are not detected (the runs of both sequences write that line). No token maps: each part's tokens are consecutive rows of x,
 non-spec then spec (or spec first: ``spec_rows_first``), and the rows after them come out
 zero.
 """
