@@ -11,7 +11,8 @@ persistent metadata buffers in place between steps, and inference tensors carry 
 version counter that would show it. Metadata in device memory that is not a torch tensor
 (dpctl / dpnp arrays) is not keyed: such calls build their plan as before. Plans are
 never changed after they are built, so any thread may use a cached one; the table is
-bounded and starts over when full.
+bounded and starts over when full. The device plans of calls whose metadata stays on the
+device are kept here too, under keys of what their tensors are (``device_calls``).
 """
 
 import numpy as np
