@@ -44,9 +44,9 @@ def check_errors(device=None) -> None:
 
     ``device``: a torch device (or its name) to check; None: every device such calls ran
     on. Waits for the device's work so far (call it where the engine synchronizes anyway,
-    e.g. after sampling); not allowed while a CUDA graph is being captured. Bad values
-    met by work that is still being queued by other threads while this runs are reported
-    by this check or the next one.
+    e.g. after sampling); not allowed while a CUDA graph is being captured. A kind of bad
+    value met by work that other threads queue while this runs is reported by this check
+    or the next one.
     """
     if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
         raise RuntimeError("check_errors: waits for the device, which a CUDA graph capture "

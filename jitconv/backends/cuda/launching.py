@@ -427,7 +427,9 @@ def read_error_words(words):
         torch.cuda.synchronize(words.device)
     found = words.tolist()
     if any(found):
-        words.zero_()
+        for i, value in enumerate(found):
+            if value:  # only the words reported: a word set meanwhile is not lost
+                words[i] = 0
         if not sim:  # cleared before any later launch, whichever stream it uses
             torch.cuda.synchronize(words.device)
     return found

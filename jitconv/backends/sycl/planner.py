@@ -267,7 +267,9 @@ def read_error_words(words):
         queue.wait()
     found = words.tolist()
     if any(found):
-        words.zero_()
+        for i, value in enumerate(found):
+            if value:  # only the words reported: a word set meanwhile is not lost
+                words[i] = 0
         if words.device.type == "xpu":
             torch.xpu.synchronize(words.device)
     return found
