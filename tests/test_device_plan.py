@@ -643,6 +643,8 @@ def test_one_shot_host_checks(one_shot_on_device):
          "conv_state_indices: expected dtype"),
         (lambda: update(x, w, b, state, lines[:2]), ValueError,
          "conv_state_indices: expected 3 entries"),
+        (lambda: update(x, w, b, state, None, query_start_loc=qsl), ValueError,
+         "conv_state_indices: required"),
         (lambda: update(x, w, b, state, lines[0]), ValueError,
          r"conv_state_indices: expected shape \(num_seqs,\)"),
         (lambda: update(x, w, b, state, lines, query_start_loc=qsl,

@@ -16,9 +16,9 @@ checks (values): every sequence, by SEMANTICS.md's rules; a bad one is skipped (
 zeros, state untouched), its error is recorded in the plan's error table and
 ``check_errors()`` raises it (plans that the one-shot ops keep record into their device's
 table instead, which ``jitconv.check_errors`` reads: ``device_errors``). Cache lines named
-twice are not detected (the runs of both sequences write that line). No token maps: each part's tokens are consecutive rows of x,
-non-spec then spec (or spec first: ``spec_rows_first``), and the rows after them come out
-zero.
+twice are not detected (the runs of both sequences write that line). No token maps: each
+part's tokens are consecutive rows of x, non-spec then spec (or spec first:
+``spec_rows_first``), and the rows after them come out zero.
 """
 
 from typing import Any, Optional
@@ -195,9 +195,7 @@ def build(geo, given, names, *, max_query_len=None, null_block_id=None, skip_emp
     if null_block_id is not None:
         if isinstance(null_block_id, bool) or not isinstance(null_block_id, int):
             raise TypeError(f"null_block_id: expected an int or None, got {null_block_id!r}")
-    if max_query_len is not None and (isinstance(max_query_len, bool) or not isinstance(
-            max_query_len, int) or max_query_len < 1):
-        raise ValueError(f"max_query_len: expected an int >= 1 or None, got {max_query_len!r}")
+    max_query_len = validation.check_max_query_len(max_query_len)
     for flag, name in ((skip_empty, "skip_empty"), (spec_rows_first, "spec_rows_first")):
         if not isinstance(flag, bool):
             raise TypeError(f"{name}: expected a bool, got {flag!r}")

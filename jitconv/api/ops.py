@@ -205,20 +205,13 @@ def causal_conv1d_fn(x: Array, weight: Array, bias: Optional[Array], conv_state:
             x, weight, bias, conv_state, t.as_tensor(query_start_loc),
             t.as_tensor(cache_indices), t.as_tensor(has_initial_state), activation,
             int(pad_slot_id), t.as_tensor(token_indx), math))
-    if token_indx is None and device_calls.on_device(x, query_start_loc, cache_indices,
-                                                     has_initial_state):
-        plan = device_calls.kept_plan(
-            ("fn", device_calls.shapes(x, weight, conv_state),
-             validation.check_pad_slot_id(pad_slot_id),
-             device_calls.describe(query_start_loc), device_calls.describe(cache_indices),
-             device_calls.describe(has_initial_state)),
-            lambda: device_calls.build(
-                _prepare(x, weight, bias, conv_state, out, activation, math,
-                         pad_slot_id)[0],
-                dict(device_calls.NO_ARRAYS, ns_qsl=query_start_loc,
-                     ns_lines=cache_indices, ns_init=has_initial_state), FN_DEVICE_NAMES))
-        return plan.run(x, weight, bias, conv_state, out=out, activation=activation,
-                        math=math)
+    metadata = (query_start_loc, cache_indices, has_initial_state)
+    if token_indx is None and device_calls.on_device(x, *metadata):
+        return _run_on_device("fn", (x, weight, bias, conv_state, out), activation, math,
+                              pad_slot_id, metadata, lambda geo: device_calls.build(
+                                  geo, dict(device_calls.NO_ARRAYS, ns_qsl=query_start_loc,
+                                            ns_lines=cache_indices,
+                                            ns_init=has_initial_state), FN_DEVICE_NAMES))
     geo, checked = _prepare(x, weight, bias, conv_state, out, activation, math,
                            pad_slot_id)
 
@@ -274,20 +267,12 @@ def causal_conv1d_update(x: Array, weight: Array, bias: Optional[Array], conv_st
             t.as_tensor(query_start_loc), t.as_tensor(num_accepted_tokens), activation,
             int(pad_slot_id), t.as_tensor(token_indx), math,
             validation.check_max_query_len(max_query_len)))
-    if token_indx is None and device_calls.on_device(x, conv_state_indices, query_start_loc,
-                                                     num_accepted_tokens):
-        plan = device_calls.kept_plan(
-            ("update", device_calls.shapes(x, weight, conv_state),
-             validation.check_pad_slot_id(pad_slot_id),
-             validation.check_max_query_len(max_query_len),
-             device_calls.describe(conv_state_indices),
-             device_calls.describe(query_start_loc),
-             device_calls.describe(num_accepted_tokens)),
-            lambda: _update_device_plan(x, weight, bias, conv_state, out, activation, math,
-                                        pad_slot_id, conv_state_indices, query_start_loc,
-                                        num_accepted_tokens, max_query_len))
-        return plan.run(x, weight, bias, conv_state, out=out, activation=activation,
-                        math=math)
+    metadata = (conv_state_indices, query_start_loc, num_accepted_tokens)
+    if token_indx is None and device_calls.on_device(x, *metadata):
+        longest = validation.check_max_query_len(max_query_len)
+        return _run_on_device(("update", longest), (x, weight, bias, conv_state, out),
+                              activation, math, pad_slot_id, metadata,
+                              lambda geo: _update_device_plan(geo, *metadata, longest))
     geo, checked = _prepare(x, weight, bias, conv_state, out, activation, math,
                            pad_slot_id)
     longest = validation.check_max_query_len(max_query_len)
@@ -319,11 +304,25 @@ def causal_conv1d_update(x: Array, weight: Array, bias: Optional[Array], conv_st
     return plan.run_checked((x, weight, bias, conv_state, out), activation, checked, math)
 
 
-def _update_device_plan(x, weight, bias, conv_state, out, activation, math, pad_slot_id,
-                        lines, query_start_loc, num_accepted_tokens, max_query_len):
-    """The device plan of ``causal_conv1d_update`` with metadata on the device: the
-    checks the host can make (tensors, shapes, dtypes), then ``device_calls.build``."""
-    geo, _ = _prepare(x, weight, bias, conv_state, out, activation, math, pad_slot_id)
+def _run_on_device(op, args, activation, math, pad_slot_id, metadata, build):
+    """A one-shot call whose metadata stays on the device: the device plan kept for
+    ``op`` (a name, with what else fixes the plan), these tensors' shapes and the
+    ``metadata`` tensors, else ``build(geometry)``'s after the host's checks (``_prepare``),
+    run on ``args`` (x, weight, bias, conv_state, out)."""
+    x, weight, bias, conv_state, out = args
+    key = (op, device_calls.shapes(x, weight, conv_state),
+           validation.check_pad_slot_id(pad_slot_id)) + tuple(
+               device_calls.describe(m) for m in metadata)
+    plan = device_calls.kept_plan(key, lambda: build(
+        _prepare(*args, activation, math, pad_slot_id)[0]))
+    return plan.run(x, weight, bias, conv_state, out=out, activation=activation, math=math)
+
+
+def _update_device_plan(geo, lines, query_start_loc, num_accepted_tokens, max_query_len):
+    """The device plan of ``causal_conv1d_update`` with metadata on the device, after the
+    host's checks of what it can see (shapes), naming the op's arguments."""
+    if lines is None:
+        raise ValueError("conv_state_indices: required (one cache line per sequence)")
     if lines.dim() not in (1, 2) or (lines.dim() == 2 and lines.shape[1] == 0):
         raise ValueError(f"conv_state_indices: expected shape (num_seqs,) or (num_seqs, K) "
                          f"with K >= 1, got {tuple(lines.shape)}")
@@ -430,15 +429,9 @@ def causal_conv1d_mixed(x: Array, weight: Array, bias: Optional[Array], conv_sta
                   sp_accepted=num_accepted_tokens)
     if split is None and non_spec_token_indx is None and spec_token_indx is None and \
             device_calls.on_device(x, *arrays.values()):
-        plan = device_calls.kept_plan(
-            ("mixed", device_calls.shapes(x, weight, conv_state),
-             validation.check_pad_slot_id(pad_slot_id))
-            + tuple(device_calls.describe(a) for a in arrays.values()),
-            lambda: device_calls.build(
-                _prepare(x, weight, bias, conv_state, out, activation, math,
-                         pad_slot_id)[0], arrays, device_plan.ARGUMENT_NAMES))
-        return plan.run(x, weight, bias, conv_state, out=out, activation=activation,
-                        math=math)
+        return _run_on_device("mixed", (x, weight, bias, conv_state, out), activation, math,
+                              pad_slot_id, tuple(arrays.values()), lambda geo: device_calls.build(
+                                  geo, arrays, device_plan.ARGUMENT_NAMES))
     geo, checked = _prepare(x, weight, bias, conv_state, out, activation, math,
                            pad_slot_id)
     metadata = (non_spec_query_start_loc, non_spec_state_indices, has_initial_state,

@@ -16,7 +16,8 @@ metadata on x's device (vLLM's calls) leave the metadata there: each runs a
 ``jitconv.device_plan`` kept per set of metadata buffers (``jitconv.api.device_calls``),
 so they never wait for the device and a CUDA graph may capture them; bad values there are
 skipped and recorded (``jitconv.check_errors`` raises them), not raised by the call.
-Every other call reads the metadata on the host. Inside torch.compile both drop-ins are custom ops (``jitconv.api.torch_ops``).
+Every other call reads the metadata on the host. Inside torch.compile both drop-ins are
+custom ops (``jitconv.api.torch_ops``).
 
 Output rows that no sequence computes (rows of skipped sequences, rows of x beyond the
 batch) hold zeros here, also when the result is written into x; vLLM's kernels leave
