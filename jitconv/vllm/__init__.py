@@ -110,9 +110,10 @@ def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None,
     zero-length sequences are skipped; ``conv_state_indices`` None: sequence i uses line
     i, none skipped for its line. With ``num_accepted_tokens`` the spec-decode
     sliding-window rule applies. The result goes into ``out``, or into x when ``out`` is
-    None, and that tensor is returned. ``max_query_len`` only sizes vLLM's Triton launch
-    (jitconv takes lengths from ``query_start_loc``) and ``validate_data`` is accepted;
-    both are ignored.
+    None, and that tensor is returned. ``max_query_len`` (> 0), with metadata on the
+    device, declares the longest sequence (the short kernels; a longer one is a bad
+    value); host metadata gives lengths from ``query_start_loc``. ``validate_data`` is
+    accepted and ignored.
 
     vLLM up to 0.32 passes ``pad_slot_id`` (PAD_SLOT_ID = -1) instead: sequences on that
     line are skipped, and with no ``null_block_id`` given line 0 is then a cache line
