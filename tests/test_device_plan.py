@@ -851,6 +851,51 @@ def test_runs_are_remembered(cuda_device, monkeypatch):
 
 
 @GPU_ONLY
+@pytest.mark.parametrize("inference", [False, True])
+def test_remembered_runs_need_the_same_tensors(cuda_device, monkeypatch, inference):
+    """A run is remembered for its tensors exactly (``launching.run_key``): the same
+    memory seen with another shape, strides or dtype, a tensor off the GPU or one that
+    needs grad goes through the checks (refused, or launched anew and right), never
+    through the remembered launch."""
+    device = cuda_device
+    gen = torch.Generator().manual_seed(12)
+    lines = torch.tensor([0, 3, 5], dtype=torch.int32, device=device)
+    md = dict(non_spec_state_indices=lines)
+    plan = jitconv.device_plan(3, 8, 3, 4, **md)
+    x, w, b, state = layer(gen, torch.bfloat16, 3, 8, 3, 4, device)
+    out = torch.empty_like(x)
+    replays = []
+    real = cuda_launching.Run.__call__
+    monkeypatch.setattr(cuda_launching.Run, "__call__",
+                        lambda self, *a: replays.append(1) or real(self, *a))
+    # the state's bytes read as (lines, dim, state_len) with state_len contiguous
+    state_ds = state.as_strided(state.shape, (state.shape[1] * 3, 3, 1))
+    with torch.inference_mode(inference):
+        for _ in range(2):
+            plan.run(x, w, b, state, out=out)
+        assert len(replays) == 1
+        others = {"x, fewer rows": (x[:2], w, b, state, out),
+                  "weight as float16": (x, w.view(torch.float16), b, state, out),
+                  "bias on the CPU": (x, w, b.cpu(), state, out),
+                  "out as float16": (x, w, b, state, out.view(torch.float16)),
+                  "weight as (dim, 1, width)": (x, w[:, None, :], b, state, out),
+                  "conv_state, other strides": (x, w, b, state_ds, out)}
+        if not inference:
+            others["weight needing grad"] = (x, w.detach().requires_grad_(), b, state, out)
+        for name, args in others.items():
+            try:
+                plan.run(*args[:4], out=args[4])
+            except (TypeError, ValueError, RuntimeError):
+                pass
+            assert len(replays) == 1, f"{name}: the remembered launch was replayed"
+        want_out, want_state = reference_of(md, (x, w, b, state_ds))
+        out.fill_(POISON)
+        plan.run(x, w, b, state_ds, out=out)
+    assert_outputs_close(out, want_out, torch.bfloat16)
+    assert_state_exact(state_ds, want_state)
+
+
+@GPU_ONLY
 @pytest.mark.parametrize("spec", [False, True])
 def test_vllm_update_keeps_metadata_on_the_device(cuda_device, monkeypatch, spec):
     """jitconv.vllm.causal_conv1d_update with CUDA metadata takes the device path (one

@@ -61,11 +61,11 @@ with torch.inference_mode():
     args, host, dplan = steps["decode"]
     x, out = args[0], args[4]
     key = launching.run_key(args, "silu", None)
-    run = launching.remembered(host, key)
+    run = host.derived["cuda"]["runs"][key]
     print("torch add_", us(lambda: x.add_(0)))
     print("current_stream", us(lambda: driver.current_stream(0)))
     print("run_key", us(lambda: launching.run_key(args, "silu", None)))
-    print("Run(out) (prepared launch only)", us(lambda: run(out)))
+    print("Run(out) (prepared launch only)", us(lambda: run(out, driver.current_stream(0))))
     print("Run.launch (driver calls only)", us(lambda: run.launch(driver.current_stream(0), out)))
     for name, (args, host, dplan) in steps.items():
         for kind, p in (("host plan", host), ("device plan", dplan)):

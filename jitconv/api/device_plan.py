@@ -62,6 +62,7 @@ class DevicePlan(StepPlan):
 
     def __init__(self, geometry, arrays, names, counts, max_len, null_line, skip_empty,
                  device, backend, spec_first=False, error_words=None):
+        self.derived = {}  # (StepPlan's)
         self.geometry = geometry
         self.arrays = arrays  # planner.METADATA_ARRAYS name -> (tensor, element stride)
         # every METADATA_ARRAYS name -> (tensor, stride), and the argument name it came as

@@ -10,8 +10,10 @@ only what can differ per layer (shapes, dtypes, strides, devices against the pla
 submits one kernel. The one-shot ops (``causal_conv1d_fn`` / ``_update`` / ``_mixed``) are
 a plan and one run.
 
-A plan is never written after it is built, so any number of threads may run it (or run
-different plans) at once: there is no lock and no shared mutable buffer.
+A plan's fields are never written after it is built, so any number of threads may run it
+(or run different plans) at once: there is no lock and no shared mutable buffer. Only
+``derived`` grows: what backends work out from the plan and keep with it (see
+``jitconv.backends``).
 """
 
 from typing import Any, NamedTuple, Optional
@@ -42,6 +44,7 @@ class StepPlan:
 
     def __init__(self, parts, geometry, *, queue=None, row_names="token_indx",
                  line_names="state_indices"):
+        self.derived = {}  # (see the module docstring)
         geo = self.geometry = geometry
         all_rows = np.concatenate([p.rows for p in parts] + [np.zeros(0, np.int64)])
         validation.check_unique(all_rows, row_names, "row", geo.num_tokens)
@@ -117,6 +120,9 @@ class StepPlan:
         overlaps) before anything is launched; a bad one raises and leaves conv_state as
         it was.
         """
+        if split is False and out_spec is None and out_non_spec is None:  # (most runs)
+            return self.run_checked((x, weight, bias, conv_state, out), activation, None,
+                                    math)
         return self.run_checked((x, weight, bias, conv_state, out), activation, None, math,
                                 split_request(split, out_spec, out_non_spec))
 

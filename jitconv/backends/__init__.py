@@ -6,8 +6,9 @@
 
 A plan knows no backend by name: ``registry.for_call(x)`` picks the backend that runs a
 call with this x, the plan checks the tensors (``jitconv.api``) and hands the backend a
-``Launch``. What a backend derives per plan (tables copied to a device, kernel choices)
-it keeps itself, keyed by the plan: plans are never written after they are built.
+``Launch``. What a backend derives per plan (tables copied to a device, kernel choices,
+prepared launches) it keeps in the plan's ``derived`` dict under names of its own, or
+itself keyed by the plan; the plan's other fields are never written after it is built.
 """
 
 from typing import NamedTuple, Protocol

@@ -1,14 +1,17 @@
-"""Kernel launches straight through the CUDA driver (``cuLaunchKernel`` of libcuda, via
-ctypes), with everything but the stream prepared once.
+"""Kernel launches straight through the CUDA driver (``cuLaunchKernelEx`` of libcuda, via
+ctypes), with everything prepared once.
 
 numba-cuda's own launch types and packs every argument on each call (tens of
 microseconds of Python per launch). A ``Prepared`` launch holds the kernel's handle, its
 grid and its arguments packed once into one buffer of 64-bit words (every argument of
 jitconv's kernels is a pointer or an int64, ``source.pointer_signature``), handed to the
-driver as ``CU_LAUNCH_PARAM_BUFFER_POINTER``; a run is then one driver call on torch's
-current stream. The driver copies the arguments when the call returns, so a prepared
-buffer is never written after it is built (threads share it); a launch whose output
-tensor is new at every run gets a copy with that one word replaced.
+driver as ``CU_LAUNCH_PARAM_BUFFER_POINTER``, and a launch configuration (grid, block,
+stream) per stream it has run on; a run is then one driver call of four arguments on
+torch's current stream (``cuLaunchKernelEx``: about 0.8 us less host time than
+``cuLaunchKernel``'s twelve, docs/performance.md). The driver copies the arguments when
+the call returns, so a prepared buffer or configuration is never written after it is
+built (threads share them); a launch whose output tensor is new at every run gets a copy
+of the buffer with that one word replaced.
 
 A launch issued while torch captures a CUDA graph is recorded by the graph like any
 other kernel, with these arguments.
@@ -30,12 +33,13 @@ def _driver():
         with _lock:
             if _lib is None:
                 lib = ctypes.CDLL("libcuda.so.1")
-                vp, u = ctypes.c_void_p, ctypes.c_uint
-                # cuLaunchKernel has no argtypes: ctypes' conversions through them cost
-                # about 1 us per launch; Prepared passes each argument as its C type
-                # (void* as c_void_p; grid and block extents, unsigned int, as Python ints:
-                # C ints, the same registers, far below 2**31)
-                lib.cuCtxGetCurrent.argtypes = [ctypes.POINTER(vp)]
+                if not hasattr(lib, "cuLaunchKernelEx"):
+                    raise RuntimeError("the CUDA driver has no cuLaunchKernelEx: jitconv "
+                                       "needs a CUDA 12 or later driver")
+                vp = ctypes.c_void_p
+                # cuLaunchKernelEx and cuCtxGetCurrent have no argtypes: ctypes' conversions
+                # through them cost about 1 us per launch; their callers pass each
+                # argument as its C type (pointers as c_void_p or byref objects)
                 lib.cuCtxPushCurrent_v2.argtypes = [vp]
                 lib.cuCtxPopCurrent_v2.argtypes = [ctypes.POINTER(vp)]
                 lib.cuGetErrorName.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
@@ -71,14 +75,25 @@ def current_stream(device_index):
     return _raw_stream(device_index)
 
 
+class LaunchConfig(ctypes.Structure):
+    """``CUlaunchConfig`` of cuda.h (no launch attributes)."""
+    _fields_ = [("grid", ctypes.c_uint * 3), ("block", ctypes.c_uint * 3),
+                ("shared_bytes", ctypes.c_uint), ("stream", ctypes.c_void_p),
+                ("attrs", ctypes.c_void_p), ("num_attrs", ctypes.c_uint)]
+
+
+MAX_STREAMS = 64  # configurations a prepared launch keeps (then it starts again)
+
+
 class Prepared:
     """One kernel launch with its grid and arguments fixed. ``patch``: the index of the
     argument word that ``launch(stream, value)`` replaces (a new output's address), or
     None."""
 
-    __slots__ = ("function", "grid", "block", "words", "size", "extra", "patch", "head")
+    __slots__ = ("function", "grid", "block", "words", "size", "extra", "patch", "configs")
 
     def __init__(self, kernel, args, grid, block, patch=None):
+        _driver()
         self.function = ctypes.c_void_p(_address(kernel))
         self.grid = tuple(int(g) for g in grid) + (1,) * (3 - len(grid))
         self.block = tuple(int(b) for b in block) + (1,) * (3 - len(block))
@@ -86,24 +101,34 @@ class Prepared:
         self.size = ctypes.c_size_t(ctypes.sizeof(self.words))
         self.extra = self._extra(self.words)
         self.patch = patch
-        # cuLaunchKernel's arguments before the stream: function, grid, block, shared bytes
-        self.head = (self.function,) + self.grid + self.block + (0,)
+        self.configs = {}  # raw stream handle -> a reference to its LaunchConfig
 
     def _extra(self, words):
         return (ctypes.c_void_p * 5)(_BUFFER_POINTER, ctypes.addressof(words),
                                      _BUFFER_SIZE, ctypes.addressof(self.size), _END)
 
+    def _config(self, stream):
+        config = LaunchConfig((ctypes.c_uint * 3)(*self.grid),
+                              (ctypes.c_uint * 3)(*self.block), 0, stream, None, 0)
+        if len(self.configs) >= MAX_STREAMS:
+            self.configs.clear()
+        found = self.configs[stream] = ctypes.byref(config)  # (which keeps config)
+        return found
+
     def launch(self, stream, value=None):
         """Launch on ``stream`` (a raw handle) in the calling thread's current context
         (``in_context``); ``value``: the patched word's value."""
+        config = self.configs.get(stream)
+        if config is None:
+            config = self._config(stream)
         extra = self.extra
         if self.patch is not None:
             words = type(self.words).from_buffer_copy(self.words)
             words[self.patch] = value
             extra = self._extra(words)
-        code = _lib.cuLaunchKernel(*self.head, ctypes.c_void_p(stream), None, extra)
+        code = _lib.cuLaunchKernelEx(config, self.function, None, extra)
         if code:
-            _check(code, "cuLaunchKernel")
+            _check(code, "cuLaunchKernelEx")
 
 
 _current = threading.local()
@@ -113,14 +138,14 @@ def in_context(context):
     """Whether ``context`` (an int handle: the device's primary context, which torch and
     numba-cuda share) is the calling thread's current context; if not, it is pushed and
     ``leave_context`` must follow the launches."""
-    lib = _driver()
-    out = getattr(_current, "out", None)
-    if out is None:
-        out = _current.out = ctypes.c_void_p()
-    lib.cuCtxGetCurrent(ctypes.byref(out))
-    if out.value == context:
+    found = getattr(_current, "found", None)
+    if found is None:  # the thread's (handle, reference to it), made once
+        handle = ctypes.c_void_p()
+        found = _current.found = (handle, ctypes.byref(handle))
+    _driver().cuCtxGetCurrent(found[1])
+    if found[0].value == context:
         return True
-    _check(lib.cuCtxPushCurrent_v2(ctypes.c_void_p(context)), "cuCtxPushCurrent")
+    _check(_lib.cuCtxPushCurrent_v2(ctypes.c_void_p(context)), "cuCtxPushCurrent")
     return False
 
 

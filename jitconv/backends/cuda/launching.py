@@ -11,8 +11,8 @@ plan's int32 tables are copied to the device once per plan and device; a device 
 
 Launches: the first run of a plan on a set of tensors works out the kernel and packs its
 arguments (``driver.Prepared``) and keeps them under the run's key (``run_key``); a later
-run with the same key is the driver launch(es) alone (``remembered``). Runs of host plans
-refuse to be captured in a CUDA graph (``backend``).
+run with the same key is the driver launch(es) alone (``run_remembered``). Runs of host
+plans refuse to be captured in a CUDA graph (``backend``).
 
 Order: the kernels go on torch's current stream of x's device, so they are ordered with
 torch's work before and after them; ``run`` does not wait for them.
@@ -188,15 +188,16 @@ def _tables(plan, device, sim, stream=None):
     return found[0], found[1]
 
 
-_per_plan = weakref.WeakKeyDictionary()  # plan -> what this backend derived from it
-
-
 def _plan_state(plan):
-    found = _per_plan.get(plan)
+    """What this backend derived from ``plan`` (a dict in ``plan.derived``)."""
+    found = plan.derived.get("cuda")
     if found is None:
         with _lock:
-            found = _per_plan.setdefault(plan, {})
+            found = plan.derived.setdefault("cuda", {})
     return found
+
+
+_with_runs = weakref.WeakSet()  # plans with remembered runs (``forget_runs``)
 
 
 def _once_per_plan(plan, name, compute):
@@ -227,7 +228,7 @@ def launch(plan, x, weight, bias, conv_state, target, silu, dtype, math=None, ke
     """One run of ``plan`` on checked tensors into ``target`` (StepPlan._launch checked
     them and chose target: channels of x and target contiguous, target apart from x):
     for a device plan its planner, then the conv kernel, on torch's current stream. With
-    a ``key`` (``run_key``) the prepared launches are kept for ``remembered`` runs;
+    a ``key`` (``run_key``) the prepared launches are kept for ``run_remembered``;
     ``new_output``: target is a new tensor at every such run. ``split``, ``out2``,
     ``spec_slot0``: split outputs (``backends.Launch``)."""
     sim = simulating()
@@ -306,13 +307,14 @@ def launch(plan, x, weight, bias, conv_state, target, silu, dtype, math=None, ke
             prepared.append(driver.Prepared(compiled._codelibrary.get_cufunc().handle, args,
                                             grid_, block_, patch))
     output = (tuple(target.shape), target.dtype, target.device) if new_output else None
-    run = Run(tuple(prepared), x.device.index, context, output)
+    run = Run(tuple(prepared), context, output)
     run.launch(stream, target)
     if key is not None:
         runs = _plan_state(plan).setdefault("runs", {})
         if len(runs) >= MAX_RUNS:
             runs.clear()
         runs[key] = run
+        _with_runs.add(plan)
 
 
 MAX_RUNS = 64  # remembered launches per plan (a plan serves a step's layers)
@@ -323,10 +325,10 @@ class Run:
     same tensors (``run_key``). ``output``: (shape, dtype, device) of the new tensor each
     run writes (out was None), or None (the caller's out)."""
 
-    __slots__ = ("launches", "device_index", "context", "output")
+    __slots__ = ("launches", "context", "output")
 
-    def __init__(self, launches, device_index, context, output):
-        self.launches, self.device_index, self.output = launches, device_index, output
+    def __init__(self, launches, context, output):
+        self.launches, self.output = launches, output
         self.context = context  # the device's primary context (int handle)
 
     def launch(self, stream, target):
@@ -339,58 +341,83 @@ class Run:
             if not current:
                 driver.leave_context()
 
-    def __call__(self, out):
-        """The run on the current stream; returns its output."""
+    def __call__(self, out, stream):
+        """The run on ``stream`` (torch's current one, a raw handle); returns its output."""
         if self.output:
             shape, dtype, device = self.output
             out = torch.empty(shape, dtype=dtype, device=device)
-        self.launch(driver.current_stream(self.device_index), out)
+        self.launch(stream, out)
         return out
 
 
-def _describe(t):
-    return None if t is None else (t.data_ptr(), t.shape, t.stride(), t.dtype, t.get_device(),
-                                   t.requires_grad, t.is_inference())
+def _flags(t):
+    """What the checks read of a tensor outside inference mode besides its layout."""
+    return None if t is None else (t.requires_grad, t.is_inference())
 
 
-def _describe_inference(t):
-    """``_describe`` in inference mode, where the checks read neither flag (no autograd;
-    every tensor may be written)."""
+def _optional(t):
+    """The layout of bias or out (None when not given)."""
     return None if t is None else (t.data_ptr(), t.shape, t.stride(), t.dtype, t.get_device())
+
+
+STREAM_AT = 1  # where a run key holds the stream
 
 
 def run_key(args, activation, math, split=SPLIT_NONE):
     """What a remembered run must match: what the checks and the launch's arguments read
-    (each tensor's address, shape, strides, dtype, device and autograd / inference flags,
-    torch's grad and inference modes), the call's activation and math, the tuning's
-    overrides, torch's current stream and the split mode. None: not a run to remember (not
-    all CUDA tensors)."""
+    (each tensor's address, shape, strides, dtype, device and, outside inference mode,
+    autograd and inference flags; torch's grad and inference modes), the call's
+    activation and math, the tuning's overrides, torch's current stream (at
+    ``STREAM_AT``) and the split mode. None: not a run to remember (x is not a CUDA
+    tensor, or an argument has no tensor's fields).
+
+    This is the per-run cost of every remembered run, so it reads each field once, with
+    no call per tensor where it can. Only x is tested for being a CUDA tensor: a run is
+    remembered only for tensors that passed the checks (CUDA tensors on x's device),
+    and a tensor elsewhere has another device index (a CPU tensor's is -1), so its key
+    never matches a remembered one."""
     x, weight, bias, conv_state, out = args
-    for t in args:
-        if t is not None and (not isinstance(t, torch.Tensor) or not t.is_cuda):
-            return None
+    if not isinstance(x, torch.Tensor) or not x.is_cuda:
+        return None
     index = x.get_device()
-    inference = torch.is_inference_mode_enabled()
-    describe = _describe_inference if inference else _describe
     # tuning overrides (tests, benchmarks) choose other kernels: part of the key
     overrides = tuple(sorted(tuning._overrides.items())) if tuning._overrides else ()
-    return (index, driver.current_stream(index), activation, math, split, inference,
-            torch.is_grad_enabled(), overrides, describe(x), describe(weight),
-            describe(bias), describe(conv_state), describe(out))
+    try:
+        key = (index, driver.current_stream(index), activation, math, split,
+               torch.is_inference_mode_enabled(), torch.is_grad_enabled(), overrides,
+               x.data_ptr(), x.shape, x.stride(), x.dtype,
+               weight.data_ptr(), weight.shape, weight.stride(), weight.dtype,
+               weight.get_device(),
+               conv_state.data_ptr(), conv_state.shape, conv_state.stride(),
+               conv_state.dtype, conv_state.get_device(), _optional(bias), _optional(out))
+        if key[5]:  # inference mode: no autograd, every tensor may be written
+            return key
+        return key + (_flags(x), _flags(weight), _flags(bias), _flags(conv_state),
+                      _flags(out))
+    except AttributeError:  # not a tensor: the checks will say so
+        return None
 
 
 def forget_runs():
     """Drop every remembered run (tests that watch which kernel a launch chooses: a
     remembered run chooses none)."""
     with _lock:
-        for state in list(_per_plan.values()):
-            state.pop("runs", None)
+        for plan in list(_with_runs):
+            _plan_state(plan).pop("runs", None)
+        _with_runs.clear()
 
 
-def remembered(plan, key):
-    """The run kept for ``key``, or None."""
-    runs = _plan_state(plan).get("runs")
-    return None if runs is None else runs.get(key)
+def run_remembered(plan, args, activation, math, split=SPLIT_NONE):
+    """(output, key) of the run kept for these arguments (launched now), or (None, key)
+    when none is kept (key None: never to be kept): ``backend.remembered``'s work."""
+    key = run_key(args, activation, math, split)
+    if key is None:
+        return None, None
+    runs = plan.derived.get("cuda", {}).get("runs")
+    run = None if runs is None else runs.get(key)
+    if run is None:
+        return None, key
+    return run(args[4], key[STREAM_AT]), key  # these tensors passed this geometry's checks
 
 
 def errors_of(plan, sim=False):
