@@ -74,6 +74,16 @@ def cpu_tensor_device(sycl_device):
     return sycl_device
 
 
+@pytest.fixture
+def spirv_device(sycl_device):
+    """The device under test, for tests of the SPIR-V kernels themselves (shipped or
+    cached): a SYCL device. Skip where it is a CUDA device (a GPU, or the simulator)."""
+    from jitconv.backends.cuda import devices
+    if devices.is_cuda_name(sycl_device):
+        pytest.skip(f"these tests run SPIR-V kernels; the device under test is {sycl_device}")
+    return sycl_device
+
+
 def pytest_collection_modifyitems(config, items):
     device, _ = _select(config)
     if device is not None and ":gpu" in device:

@@ -69,7 +69,7 @@ def test_each_math_is_its_own_kernel_with_its_own_key():
     assert {s[3] for s in kernel_cache.specializations()} == {False, True}
 
 
-def test_the_maths_against_each_other_and_the_reference(sycl_device):
+def test_the_maths_against_each_other_and_the_reference(cpu_tensor_device):
     runs = {name: _run_every_math(_step(dtype), dtype) for name, dtype in DTYPES.items()}
     # The float32 kernel on the 16-bit steps' values (exact in float32), rounded once.
     rounded = {}
@@ -95,7 +95,7 @@ def test_the_maths_against_each_other_and_the_reference(sycl_device):
     assert torch.equal(f32[None], f32["exact"])  # float32's default is exact
     # native_exp differs from exp in some outputs on opencl:cpu; another device's may
     # round exactly, so the difference is only required there.
-    if sycl_device.startswith("opencl:cpu"):
+    if cpu_tensor_device.startswith("opencl:cpu"):
         assert not torch.equal(f32["fast"], f32["exact"])
 
 
@@ -131,7 +131,7 @@ NANS = {"bfloat16": [0x7F81, 0x7FBF, 0x7FC0, 0x7FC1, 0x7FFF, 0xFF81, 0xFFC0, 0xF
 
 
 @pytest.mark.parametrize("math", MATHS)
-def test_nan_of_any_payload_and_inf_come_out_as_the_reference(sycl_device, math):
+def test_nan_of_any_payload_and_inf_come_out_as_the_reference(cpu_tensor_device, math):
     """Every math of the 16-bit kernels gives NaN for every NaN input payload and
     infinities their float result."""
     gen = torch.Generator().manual_seed(21)

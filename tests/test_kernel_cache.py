@@ -1,6 +1,7 @@
 """The persistent SPIR-V cache: warm processes compile nothing and never import
 numba-dpex; corrupt or stale entries are detected and rebuilt, never trusted."""
 
+import ast
 import hashlib
 import json
 import shutil
@@ -140,6 +141,22 @@ def _fresh_fingerprint():
     kernel_cache._code_fingerprint.cache_clear()
     yield
     kernel_cache._code_fingerprint.cache_clear()
+
+
+def test_code_text_is_the_same_under_every_python():
+    """The code's text in the key (``kernel_cache._tree_text``) leaves out empty fields,
+    so a field that a later Python adds to every node of a kind, empty (3.12's
+    ``type_params`` on functions), changes no key: the shipped kernels are found under
+    every Python, not only the one that built them. Changed code changes the text."""
+    source = "def f(a, *, b=1):\n    return [a, b]\n"
+    tree = ast.parse(source)
+    before = kernel_cache._tree_text(tree)
+    fields = tuple(f for f in ast.FunctionDef._fields if f != "type_params")
+    newer = type("FunctionDef", (ast.FunctionDef,), {"_fields": fields + ("type_params",)})
+    old = tree.body[0]
+    tree.body[0] = newer(**{f: getattr(old, f, None) for f in fields}, type_params=[])
+    assert kernel_cache._tree_text(tree) == before
+    assert kernel_cache._tree_text(ast.parse(source.replace("b=1", "b=2"))) != before
 
 
 @pytest.mark.parametrize("change", ["kernel source", "codegen code", "ABI", "jitconv version"])

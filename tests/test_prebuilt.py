@@ -62,8 +62,8 @@ def _child_env(tmp_path, device):
     return env
 
 
-def test_shipped_kernels_run_without_compiling(sycl_device, tmp_path):
-    env = _child_env(tmp_path, sycl_device)
+def test_shipped_kernels_run_without_compiling(spirv_device, tmp_path):
+    env = _child_env(tmp_path, spirv_device)
     done = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True,
                           text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -80,11 +80,11 @@ def test_shipped_kernels_run_without_compiling(sycl_device, tmp_path):
 
 
 def test_a_kernel_the_device_rejects_is_ignored_with_a_warning_and_rebuilt(
-        sycl_device, tmp_path):
+        spirv_device, tmp_path):
     """A user-cache entry with a valid checksum whose SPIR-V the device cannot build."""
     garbage = b"\x03\x02\x23\x07 but not a module" * 4
     kernel_cache.store(4, "float32", garbage, "no_such_kernel", directory=tmp_path)
-    env = _child_env(tmp_path, sycl_device)
+    env = _child_env(tmp_path, spirv_device)
     env["JITCONV_NO_SHIPPED_KERNELS"] = "1"
     done = subprocess.run([sys.executable, "-W", "always", "-c", CHILD], env=env,
                           capture_output=True, text=True, timeout=300)

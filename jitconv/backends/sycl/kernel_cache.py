@@ -123,7 +123,8 @@ def _abi(record_types=None):
 @functools.lru_cache(maxsize=None)
 def _code_fingerprint(files=CODEGEN_FILES):
     """SHA-256 of the code of ``files`` (paths under jitconv/): their syntax trees without
-    docstrings (and so without comments), immune to edits of either."""
+    docstrings (and so without comments), immune to edits of either, written out by
+    ``_tree_text``, which every Python version writes alike."""
     h = hashlib.sha256()
     for name in files:
         tree = ast.parse((_PACKAGE_DIR / name).read_text())
@@ -133,8 +134,25 @@ def _code_fingerprint(files=CODEGEN_FILES):
                     isinstance(getattr(body[0], "value", None), ast.Constant) and \
                     isinstance(body[0].value.value, str):
                 node.body = body[1:] or [ast.Pass()]
-        h.update(ast.dump(tree).encode())
+        h.update(_tree_text(tree).encode())
     return h.hexdigest()
+
+
+def _tree_text(node):
+    """A syntax tree as text: each node's type and its fields that hold something. Not
+    ``ast.dump``, whose text depends on the Python version for the same code (3.12 added
+    an empty ``type_params`` to every function, 3.13 leaves empty fields out), which
+    would give shipped kernels keys that only the Python that built them finds."""
+    if isinstance(node, ast.AST):
+        fields = []
+        for name in node._fields:
+            value = getattr(node, name, None)
+            if value is not None and not (isinstance(value, list) and not value):
+                fields.append(f"{name}={_tree_text(value)}")
+        return f"{type(node).__name__}({', '.join(fields)})"
+    if isinstance(node, list):
+        return f"[{', '.join(_tree_text(v) for v in node)}]"
+    return repr(node)
 
 
 def key(width, dtype_name, wide=False, fast=None, record_types=None):
