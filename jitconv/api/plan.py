@@ -120,9 +120,6 @@ class StepPlan:
         overlaps) before anything is launched; a bad one raises and leaves conv_state as
         it was.
         """
-        if split is False and out_spec is None and out_non_spec is None:  # (most runs)
-            return self.run_checked((x, weight, bias, conv_state, out), activation, None,
-                                    math)
         return self.run_checked((x, weight, bias, conv_state, out), activation, None, math,
                                 split_request(split, out_spec, out_non_spec))
 

@@ -318,6 +318,7 @@ def launch(plan, x, weight, bias, conv_state, target, silu, dtype, math=None, ke
 
 
 MAX_RUNS = 64  # remembered launches per plan (a plan serves a step's layers)
+_NO_RUNS = {}  # (never written)
 
 
 class Run:
@@ -380,17 +381,18 @@ def run_key(args, activation, math, split=SPLIT_NONE):
     if not isinstance(x, torch.Tensor) or not x.is_cuda:
         return None
     index = x.get_device()
+    inference = torch.is_inference_mode_enabled()
     # tuning overrides (tests, benchmarks) choose other kernels: part of the key
     overrides = tuple(sorted(tuning._overrides.items())) if tuning._overrides else ()
     try:
-        key = (index, driver.current_stream(index), activation, math, split,
-               torch.is_inference_mode_enabled(), torch.is_grad_enabled(), overrides,
+        key = (index, driver.current_stream(index), activation, math, split, inference,
+               torch.is_grad_enabled(), overrides,
                x.data_ptr(), x.shape, x.stride(), x.dtype,
                weight.data_ptr(), weight.shape, weight.stride(), weight.dtype,
                weight.get_device(),
                conv_state.data_ptr(), conv_state.shape, conv_state.stride(),
                conv_state.dtype, conv_state.get_device(), _optional(bias), _optional(out))
-        if key[5]:  # inference mode: no autograd, every tensor may be written
+        if inference:  # no autograd, every tensor may be written: the flags are not read
             return key
         return key + (_flags(x), _flags(weight), _flags(bias), _flags(conv_state),
                       _flags(out))
@@ -413,8 +415,7 @@ def run_remembered(plan, args, activation, math, split=SPLIT_NONE):
     key = run_key(args, activation, math, split)
     if key is None:
         return None, None
-    runs = plan.derived.get("cuda", {}).get("runs")
-    run = None if runs is None else runs.get(key)
+    run = _plan_state(plan).get("runs", _NO_RUNS).get(key)
     if run is None:
         return None, key
     return run(args[4], key[STREAM_AT]), key  # these tensors passed this geometry's checks
