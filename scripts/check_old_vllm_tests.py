@@ -1,5 +1,5 @@
 """By hand, not collected by pytest: vLLM's own conv-op test file of the pad_slot_id
-convention (vLLM up to 0.32) against jitconv, through the plugin's replacements.
+convention (vLLM up to 0.19) against jitconv, through the plugin's replacements.
 
 vLLM's file (``tests/kernels/mamba/test_causal_conv1d.py`` before the null-block change,
 e.g. at vLLM commit 05fe798) is not part of jitconv: save it somewhere outside the
@@ -10,11 +10,11 @@ needs a CUDA GPU with numba-cuda, torch and pytest (einops if present; else the 
 
     PYTHONPATH=$PWD python3 scripts/check_old_vllm_tests.py .vllm/old/test_causal_conv1d.py
 
-What it does: writes a minimal ``vllm`` package that says it is 0.32.0 (ops that raise if
-they are ever called, ``PAD_SLOT_ID`` = -1, a CUDA ``current_platform``), runs
-``jitconv.vllm.plugin.install()`` on it (which picks the 0.32 conventions from the version)
-from a conftest before the test file is imported, then pytest on a copy of the file. The
-exit status is pytest's.
+What it does: writes a minimal ``vllm`` package (ops with the signatures of that
+convention, vLLM 0.19's, that raise if they are ever called, ``PAD_SLOT_ID`` = -1, a CUDA
+``current_platform``), runs ``jitconv.vllm.plugin.install()`` on it (which reads the
+pad_slot_id convention from those signatures) from a conftest before the test file is
+imported, then pytest on a copy of the file. The exit status is pytest's.
 """
 
 import shutil
@@ -24,7 +24,7 @@ import textwrap
 from pathlib import Path
 
 STANDIN = {
-    "vllm/__init__.py": '__version__ = "0.32.0"\n',
+    "vllm/__init__.py": "",
     "vllm/attention/__init__.py": "",
     "vllm/attention/backends/__init__.py": "",
     "vllm/attention/backends/utils.py": "PAD_SLOT_ID = -1\n",
@@ -55,11 +55,23 @@ STANDIN = {
     "vllm/model_executor/layers/mamba/__init__.py": "",
     "vllm/model_executor/layers/mamba/ops/__init__.py": "",
     "vllm/model_executor/layers/mamba/ops/causal_conv1d.py": """
-        def causal_conv1d_fn(*args, **kwargs):
+        from vllm.attention.backends.utils import PAD_SLOT_ID
+
+
+        def causal_conv1d_fn(x, weight, bias, conv_states, query_start_loc,
+                             cache_indices=None, has_initial_state=None, activation="silu",
+                             pad_slot_id=PAD_SLOT_ID, block_idx_first_scheduled_token=None,
+                             block_idx_last_scheduled_token=None, initial_state_idx=None,
+                             num_computed_tokens=None, block_size_to_align=0,
+                             metadata=None, validate_data=False):
             raise AssertionError("the stand-in's op ran: the plugin did not replace it")
 
 
-        def causal_conv1d_update(*args, **kwargs):
+        def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None,
+                                 conv_state_indices=None, num_accepted_tokens=None,
+                                 query_start_loc=None, max_query_len=-1,
+                                 pad_slot_id=PAD_SLOT_ID, block_idx_last_scheduled_token=None,
+                                 initial_state_idx=None, validate_data=False):
             raise AssertionError("the stand-in's op ran: the plugin did not replace it")
         """,
     "conftest.py": """

@@ -9,8 +9,11 @@ not look green.
 """
 
 import os
+import shutil
+import subprocess
 import sys
 import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -82,6 +85,27 @@ def spirv_device(sycl_device):
     if devices.is_cuda_name(sycl_device):
         pytest.skip(f"these tests run SPIR-V kernels; the device under test is {sycl_device}")
     return sycl_device
+
+
+@pytest.fixture(scope="session")
+def jitconv_wheel(tmp_path_factory):
+    """jitconv's wheel, built from this tree (with the shipped kernels as package data),
+    for the tests that install it into environments of their own."""
+    out = tmp_path_factory.mktemp("wheel")
+    root = Path(__file__).resolve().parents[1]
+    # From a clean copy: an in-tree build/ left from an earlier build would put its stale
+    # files (e.g. kernels of an older source) into the wheel.
+    source = out / "source"
+    shutil.copytree(root, source, ignore=shutil.ignore_patterns(
+        ".git", ".venv*", ".vllm*", "build", "dist", "*.egg-info", "__pycache__",
+        ".pytest_cache"))
+    done = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps",
+                           "--no-build-isolation", "--disable-pip-version-check", "-q", "-w",
+                           str(out), str(source)], capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    (path,) = out.glob("jitconv-*.whl")
+    return path
 
 
 def pytest_collection_modifyitems(config, items):

@@ -3,7 +3,11 @@ demo and the benchmark use too), state layouts, and the comparisons every kernel
 makes (outputs against the float64 reference within the dtype's tolerance, states
 bit-exact)."""
 
+import hashlib
 import itertools
+import os
+import subprocess
+import sys
 
 import numpy as np
 import torch
@@ -271,3 +275,41 @@ class TransposedView:
         iface.update(shape=(lines, dim, state_len), strides=(state_len * dim, 1, dim))
         self.__sycl_usm_array_interface__ = iface
         self.sycl_queue, self.usm_data = arr.sycl_queue, arr.usm_data
+
+
+# ------------------------------------------------------- other environments (venvs)
+
+# Variables that point a child Python at this environment's runtime or kernels.
+RUNTIME_VARS = ("LD_LIBRARY_PATH", "OCL_ICD_FILENAMES", "PYTHONPATH", "JITCONV_CACHE_DIR",
+                "JITCONV_NO_SHIPPED_KERNELS", "JITCONV_NO_BOOTSTRAP", "JITCONV_RUN_REPORT")
+
+
+def run_checked(cmd, **kwargs):
+    """Run a command; its output when it succeeds, else an assertion with its tail."""
+    done = subprocess.run(cmd, capture_output=True, text=True, **kwargs)
+    assert done.returncode == 0, f"{cmd}\n{done.stdout[-6000:]}\n{done.stderr[-6000:]}"
+    return done.stdout
+
+
+def clean_env(**extra):
+    """This process's environment without RUNTIME_VARS, plus ``extra``."""
+    env = {k: v for k, v in os.environ.items() if k not in RUNTIME_VARS}
+    env.update(extra)
+    return env
+
+
+def ensure_venv(venv, steps, key="", timeout=1800):
+    """A virtual environment at ``venv`` made by ``steps`` (pip argument lists, run in
+    order), made again only when the steps or ``key`` (e.g. a requirements file's text)
+    change: a stamp file keeps their hash. Returns its python."""
+    py = venv / "bin" / "python"
+    stamp = venv / ".steps-sha256"
+    want = hashlib.sha256((repr(steps) + key).encode()).hexdigest()
+    if py.exists() and stamp.exists() and stamp.read_text() == want:
+        return py
+    run_checked([sys.executable, "-m", "venv", "--clear", str(venv)])
+    for step in steps:
+        run_checked([str(py), "-m", "pip", "--disable-pip-version-check", "-q", *step],
+                    timeout=timeout)
+    stamp.write_text(want)
+    return py

@@ -19,17 +19,17 @@ Environments are created once at .venv-dpctl-* and reused while their requiremen
 is unchanged. JITCONV_SKIP_DPCTL_ONLY=1 skips (reported as a skip, never as a pass).
 """
 
-import hashlib
 import json
 import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 from jitconv.backends.sycl import kernel_cache
+
+from helpers import RUNTIME_VARS, ensure_venv, run_checked as _run
 
 ROOT = Path(__file__).resolve().parents[1]
 ENVIRONMENTS = {  # name: (requirements file, venv, dpctl version, kernels)
@@ -45,44 +45,8 @@ TEST_FILES = ("test_mixed.py", "test_validation.py", "test_vllm.py",
 SUPPORT_FILES = ("conftest.py", "helpers.py")
 # Needs dpctl.tensor to make an array on another queue: not available with dpctl 0.22.
 DESELECT = "test_validation.py::test_bad_input_raises_and_leaves_state[different devices]"
-_RUNTIME_VARS = ("LD_LIBRARY_PATH", "OCL_ICD_FILENAMES", "PYTHONPATH", "JITCONV_CACHE_DIR",
-                 "JITCONV_NO_SHIPPED_KERNELS", "JITCONV_NO_BOOTSTRAP", "JITCONV_RUN_REPORT")
 
 pytestmark = pytest.mark.slow
-
-
-def _run(cmd, **kwargs):
-    done = subprocess.run(cmd, capture_output=True, text=True, **kwargs)
-    assert done.returncode == 0, f"{cmd}\n{done.stdout[-6000:]}\n{done.stderr[-4000:]}"
-    return done.stdout
-
-
-def _ensure_venv(requirements, venv):
-    py = venv / "bin" / "python"
-    stamp = venv / ".requirements-sha256"
-    want = hashlib.sha256(requirements.read_bytes() + b"pytest").hexdigest()
-    if py.exists() and stamp.exists() and stamp.read_text() == want:
-        return py
-    _run([sys.executable, "-m", "venv", "--clear", str(venv)])
-    _run([str(py), "-m", "pip", "install", "--disable-pip-version-check", "-q", "-r",
-          str(requirements), "pytest"], timeout=1800)
-    stamp.write_text(want)
-    return py
-
-
-@pytest.fixture(scope="module")
-def wheel(tmp_path_factory):
-    """jitconv's wheel, built from this tree (with the shipped kernels as package data)."""
-    out = tmp_path_factory.mktemp("wheel")
-    # From a clean copy: an in-tree build/ left from an earlier build would put its stale
-    # files (e.g. kernels of an older source) into the wheel.
-    source = out / "source"
-    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(
-        ".git", ".venv*", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache"))
-    _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-          "--disable-pip-version-check", "-q", "-w", str(out), str(source)], timeout=600)
-    (path,) = out.glob("jitconv-*.whl")
-    return path
 
 
 @pytest.fixture(scope="module")
@@ -106,20 +70,21 @@ def kernels_built_now(sycl_device, tmp_path_factory):
 
 
 @pytest.fixture(params=sorted(ENVIRONMENTS))
-def environment(request, sycl_device, wheel, tmp_path):
+def environment(request, sycl_device, jitconv_wheel, tmp_path):
     if os.environ.get("JITCONV_SKIP_DPCTL_ONLY") == "1":
         pytest.skip("JITCONV_SKIP_DPCTL_ONLY=1")
     requirements, venv, dpctl_version, kernels = ENVIRONMENTS[request.param]
-    py = _ensure_venv(ROOT / requirements, ROOT / venv)
+    py = ensure_venv(ROOT / venv, [["install", "-r", str(ROOT / requirements), "pytest"]],
+                     key=(ROOT / requirements).read_text())
     # With its dependencies: dpctl, numpy and torch are there, so pip must keep them (it
     # would replace dpctl and the runtime if the wheel still required the compile stack).
     _run([str(py), "-m", "pip", "install", "--disable-pip-version-check", "-q",
-          "--force-reinstall", "--no-index", "--no-deps", str(wheel)], timeout=600)
-    _run([str(py), "-m", "pip", "install", "--disable-pip-version-check", "-q", str(wheel)],
-         timeout=600)
+          "--force-reinstall", "--no-index", "--no-deps", str(jitconv_wheel)], timeout=600)
+    _run([str(py), "-m", "pip", "install", "--disable-pip-version-check", "-q",
+          str(jitconv_wheel)], timeout=600)
     frozen = _run([str(py), "-m", "pip", "freeze"])
     assert f"dpctl=={dpctl_version}" in frozen and "numba" not in frozen, frozen
-    env = {k: v for k, v in os.environ.items() if k not in _RUNTIME_VARS}
+    env = {k: v for k, v in os.environ.items() if k not in RUNTIME_VARS}
     cache = tmp_path / "user-cache"
     cache.mkdir()
     if kernels == "built now":

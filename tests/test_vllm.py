@@ -334,8 +334,8 @@ def test_update_in_place_with_null_blocks(sycl_device, rand, dtype_name, width, 
 
 
 @pytest.mark.parametrize("spec", [False, True])
-def test_update_with_pad_slot_id_as_vllm_0_32_passes_it(sycl_device, rand, spec):
-    """vLLM <= 0.32: pads are PAD_SLOT_ID (-1), passed as pad_slot_id, and line 0 is a
+def test_update_with_pad_slot_id_as_vllm_0_19_passes_it(sycl_device, rand, spec):
+    """vLLM <= 0.19: pads are PAD_SLOT_ID (-1), passed as pad_slot_id, and line 0 is a
     cache line like any other (no null block): pads skipped, line 0 updated."""
     gen, rng = rand
     case = update_case(gen, rng, form="varlen", spec=spec, x_dtype=torch.float32,

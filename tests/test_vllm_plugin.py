@@ -11,20 +11,26 @@ imports the same ops, ``vllm.platforms.current_platform``, ``vllm.forward_contex
 it is (no torch XPU), without faking torch.
 """
 
+import ast
+import json
 import logging
 import sys
+import tempfile
 import textwrap
 import types
+import zipfile
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
 from jitconv.backends.sycl import launching
-from jitconv.vllm import plugin as vllm_plugin
+from jitconv.vllm import installed, plugin as vllm_plugin
 from jitconv.reference import causal_conv1d_reference
 
-from helpers import assert_outputs_close, assert_state_exact, bits, cumulative, randn
+from helpers import (assert_outputs_close, assert_state_exact, bits, cumulative, randn,
+                     run_checked)
 
 STANDIN = {
     "vllm/__init__.py": "",
@@ -56,11 +62,21 @@ STANDIN = {
             return DIM_FIRST
         """,
     "vllm/model_executor/layers/mamba/ops/__init__.py": "",
+    # The ops with vLLM 0.33's signatures (the plugin reads them from this source), never
+    # to be called.
     "vllm/model_executor/layers/mamba/ops/causal_conv1d.py": """
-        def causal_conv1d_fn(*args, **kwargs):
+        NULL_BLOCK_ID, PAD_SLOT_ID = 0, -1
+
+        def causal_conv1d_fn(x, weight, bias, conv_states, query_start_loc,
+                             cache_indices=None, has_initial_state=None, activation="silu",
+                             pad_slot_id=PAD_SLOT_ID, null_block_id=NULL_BLOCK_ID,
+                             metadata=None, validate_data=False):
             raise AssertionError("vLLM's Triton causal_conv1d_fn was called")
 
-        def causal_conv1d_update(*args, **kwargs):
+        def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None,
+                                 conv_state_indices=None, num_accepted_tokens=None,
+                                 query_start_loc=None, max_query_len=-1,
+                                 null_block_id=NULL_BLOCK_ID, validate_data=False, out=None):
             raise AssertionError("vLLM's Triton causal_conv1d_update was called")
         """,
     "vllm/model_executor/layers/mamba/mamba_mixer2.py": """
@@ -78,9 +94,12 @@ STANDIN = {
         class QwenGatedDeltaNetAttention:
             # The conv stage of vLLM 0.33's GDN layer; the recurrent stage is replaced by
             # storing the conv outputs of both parts in core_attn_out (a dict).
-            def __init__(self, prefix, conv1d, kv_cache, activation="silu"):
+            def __init__(self, prefix, conv1d, kv_cache, activation="silu",
+                         gdn_xpu_backend=None):
                 self.prefix, self.conv1d = prefix, conv1d
                 self.kv_cache, self.activation = kv_cache, activation
+                if gdn_xpu_backend is not None:  # vLLM sets it on XPU only
+                    self.gdn_xpu_backend = gdn_xpu_backend
 
             def _forward_core(self, mixed_qkv, b, a, core_attn_out):
                 m = get_forward_context().attn_metadata[self.prefix]
@@ -178,10 +197,16 @@ def test_install_replaces_the_ops_and_logs_them(standin, caplog):
     replaced = vllm_plugin.install()
     assert replaced == TARGET_NAMES
     import vllm.model_executor.layers.mamba.mamba_mixer2 as mixer
-    assert mixer.causal_conv1d_update is vllm_plugin.causal_conv1d_update
+    import vllm.model_executor.layers.mamba.ops.causal_conv1d as ops
+    for name in vllm_plugin.OP_NAMES:
+        assert getattr(mixer, name) is getattr(ops, name)
+        assert getattr(ops, name).jitconv_installed_ops.convention == "null block"
     lines = plugin_lines(caplog)
     assert len(lines) == 1 and all(name in lines[0] for name in TARGET_NAMES), lines
     assert "mamba_mixer (ModuleNotFoundError)" in lines[0]  # not in the stand-in
+    assert f"null block 0 (causal_conv1d_update takes null_block_id=0 in {ops.__file__})" \
+        in lines[0], lines
+    assert "refused" not in lines[0]  # the stand-in's ops take nothing jitconv refuses
     assert vllm_plugin.install() == []  # a second install finds jitconv's ops
     assert len(plugin_lines(caplog)) == 2
 
@@ -310,17 +335,42 @@ def test_register_on_cuda_only_when_asked(standin, monkeypatch, caplog):
     assert "torch.cuda is not available" in lines[1], lines
 
 
-def test_install_follows_the_conventions_of_vllm_0_32(cpu_tensor_device, standin, caplog):
-    """vLLM 0.32 installed: the ops installed skip pad_slot_id (-1) lines and treat line
-    0 as a cache line (no null block), as that vLLM's callers expect."""
-    import vllm
-    vllm.__version__ = "0.32.1"
+def write_ops(standin, text):
+    """Replace the stand-in's ops module (before anything imports it)."""
+    path = standin / "vllm/model_executor/layers/mamba/ops/causal_conv1d.py"
+    path.write_text(textwrap.dedent(text))
+
+
+# vLLM 0.11's signatures: pad_slot_id and no null block, cache_seqlens in the update.
+PAD_SLOT_OPS = """
+    PAD_SLOT_ID = -1
+
+    def causal_conv1d_fn(x, weight, bias, conv_states, query_start_loc, cache_indices=None,
+                         has_initial_state=None, activation="silu", pad_slot_id=PAD_SLOT_ID,
+                         metadata=None, validate_data=False):
+        raise AssertionError("vLLM's causal_conv1d_fn was called")
+
+    def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None,
+                             cache_seqlens=None, conv_state_indices=None,
+                             num_accepted_tokens=None, query_start_loc=None,
+                             max_query_len=-1, pad_slot_id=PAD_SLOT_ID,
+                             validate_data=False):
+        raise AssertionError("vLLM's causal_conv1d_update was called")
+    """
+
+
+def test_install_follows_ops_without_a_null_block(cpu_tensor_device, standin, caplog):
+    """Ops that take pad_slot_id and no null_block_id (vLLM 0.11's): the ops installed
+    skip pad_slot_id (-1) lines and treat line 0 as a cache line, as those callers expect;
+    a positional call binds by the installed op's order (cache_seqlens sixth)."""
+    write_ops(standin, PAD_SLOT_OPS)
     caplog.set_level(logging.INFO, logger=vllm_plugin.logger.name)
     assert vllm_plugin.install() == TARGET_NAMES
+    line = plugin_lines(caplog)[0]
+    assert "conventions read from the installed vLLM: pad slot -1 (causal_conv1d_update " \
+        "takes pad_slot_id=-1" in line, line
+    assert "refused when given: causal_conv1d_update(cache_seqlens)" in line, line
     import vllm.model_executor.layers.mamba.mamba_mixer2 as mixer
-    assert mixer.causal_conv1d_update is vllm_plugin.causal_conv1d_update_pad_slot
-    assert mixer.causal_conv1d_fn is vllm_plugin.causal_conv1d_fn_pad_slot
-    assert "vLLM 0.32 conventions: pad_slot_id, no null block" in plugin_lines(caplog)[0]
     gen = torch.Generator().manual_seed(32)
     lines = torch.tensor([0, -1, 3, 2], dtype=torch.int32)
     state = randn(gen, (5, DIM, WIDTH - 1), torch.float32)
@@ -330,7 +380,9 @@ def test_install_follows_the_conventions_of_vllm_0_32(cpu_tensor_device, standin
         x, w, b, state, non_spec_query_start_loc=[0, 1, 2, 3, 4],
         non_spec_state_indices=lines, activation="silu")
     before = bits(state)
-    out = mixer.causal_conv1d_update(x.clone(), state, w, b, "silu", lines)
+    # every argument by position, in vLLM 0.11's order
+    out = mixer.causal_conv1d_update(x.clone(), state, w, b, "silu", None, lines, None, None,
+                                     -1, -1, False)
     assert_outputs_close(out, ref_out, torch.float32)
     assert_state_exact(state, ref_state)
     assert not torch.equal(bits(state)[0], before[0]), "line 0 was skipped"
@@ -344,4 +396,200 @@ def test_install_follows_the_conventions_of_vllm_0_32(cpu_tensor_device, standin
     out = mixer.causal_conv1d_fn(tokens.t(), w, b, state, qsl, fn_lines,
                                  torch.tensor([True, True]))
     assert_outputs_close(out.t(), ref_out, torch.float32)
+    assert_state_exact(state, ref_state)
+    # cache_seqlens (a circular buffer) is refused by name, nothing written
+    before = bits(state)
+    with pytest.raises(NotImplementedError, match="^cache_seqlens: not implemented"):
+        mixer.causal_conv1d_update(x.clone(), state, w, b, "silu", torch.zeros(4), lines)
+    assert torch.equal(bits(state), before)
+
+
+# vLLM 0.32's signatures: the null block and the prefix-caching arguments.
+PREFIX_CACHING_OPS = """
+    NULL_BLOCK_ID, PAD_SLOT_ID = 0, -1
+
+    def causal_conv1d_fn(x, weight, bias, conv_states, query_start_loc, cache_indices=None,
+                         has_initial_state=None, activation="silu", pad_slot_id=PAD_SLOT_ID,
+                         null_block_id=NULL_BLOCK_ID, block_idx_first_scheduled_token=None,
+                         block_idx_last_scheduled_token=None, initial_state_idx=None,
+                         num_computed_tokens=None, block_size_to_align=0, metadata=None,
+                         validate_data=False):
+        raise AssertionError("vLLM's causal_conv1d_fn was called")
+
+    def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None,
+                             conv_state_indices=None, num_accepted_tokens=None,
+                             query_start_loc=None, max_query_len=-1,
+                             null_block_id=NULL_BLOCK_ID, block_idx_last_scheduled_token=None,
+                             initial_state_idx=None, validate_data=False, out=None):
+        raise AssertionError("vLLM's causal_conv1d_update was called")
+    """
+FN_REFUSED = ["block_idx_first_scheduled_token", "block_idx_last_scheduled_token",
+              "initial_state_idx", "num_computed_tokens", "block_size_to_align"]
+
+
+@pytest.mark.parametrize("op, argument", [("causal_conv1d_fn", a) for a in FN_REFUSED] + [
+    ("causal_conv1d_fn", "cache_indices"),
+    ("causal_conv1d_update", "block_idx_last_scheduled_token"),
+    ("causal_conv1d_update", "initial_state_idx")])
+def test_installed_op_refuses_what_jitconv_does_not_implement(cpu_tensor_device, standin,
+                                                              op, argument):
+    """Each prefix-caching argument vLLM 0.32's ops take, given to the installed op (by
+    keyword, and by position for the update's), raises NotImplementedError naming it and
+    the vLLM setting, before anything runs: conv_state untouched."""
+    write_ops(standin, PREFIX_CACHING_OPS)
+    assert vllm_plugin.install() == TARGET_NAMES
+    import vllm.model_executor.layers.mamba.mamba_mixer2 as mixer
+    gen = torch.Generator().manual_seed(3)
+    state = randn(gen, (5, DIM, WIDTH - 1), torch.float32)
+    w = randn(gen, (DIM, WIDTH), torch.float32)
+    lines = torch.tensor([1, 2], dtype=torch.int32)
+    value = 16 if argument == "block_size_to_align" else torch.tensor([0, 0], dtype=torch.int32)
+    before = bits(state)
+    calls = []
+    if op == "causal_conv1d_fn":
+        tokens, qsl = randn(gen, (DIM, 4), torch.float32), torch.tensor([0, 2, 4])
+        if argument == "cache_indices":  # vLLM's 2-D block table
+            calls.append(lambda: mixer.causal_conv1d_fn(tokens, w, None, state, qsl,
+                                                        cache_indices=lines[:, None]))
+        else:
+            calls.append(lambda: mixer.causal_conv1d_fn(tokens, w, None, state, qsl, lines,
+                                                        **{argument: value}))
+    else:
+        x = randn(gen, (2, DIM), torch.float32)
+        calls.append(lambda: mixer.causal_conv1d_update(x, state, w, None, "silu", lines,
+                                                        **{argument: value}))
+        positional = [x, state, w, None, "silu", lines, None, None, -1, 0, None, None]
+        positional[10 if argument == "block_idx_last_scheduled_token" else 11] = value
+        calls.append(lambda: mixer.causal_conv1d_update(*positional))
+    for call in calls:
+        with pytest.raises(NotImplementedError, match=f"^{argument}: .*not implemented") \
+                as raised:
+            call()
+        assert "--mamba-cache-mode all" in str(raised.value)
+        assert torch.equal(bits(state), before)
+
+
+def test_install_refuses_ops_with_an_argument_jitconv_does_not_know(standin, caplog):
+    """An installed op taking an argument jitconv has never heard of: nothing replaced,
+    one line naming it (a caller passing it would otherwise be served wrongly)."""
+    write_ops(standin, PREFIX_CACHING_OPS.replace(
+        "validate_data=False, out=None)", "validate_data=False, out=None, tree_mask=None)"))
+    caplog.set_level(logging.INFO, logger=vllm_plugin.logger.name)
+    assert vllm_plugin.install() == []
+    (line,) = plugin_lines(caplog)
+    assert "causal_conv1d_update in " in line and "takes tree_mask, which jitconv does " \
+        "not know; vLLM's conv ops left as they are" in line, line
+    import vllm.model_executor.layers.mamba.mamba_mixer2 as mixer
+    assert not hasattr(mixer.causal_conv1d_update, vllm_plugin.INSTALLED_MARK)
+
+
+@pytest.mark.parametrize("backend, reaches", [("triton", True), ("sycl", False)])
+def test_gdn_route_is_logged_on_xpu(standin, caplog, backend, reaches):
+    """On XPU (the stand-in's platform), each route a Qwen GDN layer takes is logged once,
+    as the layers are built: the Triton route reaches jitconv, the fused SYCL op does not
+    (and the line says how to choose)."""
+    caplog.set_level(logging.INFO, logger=vllm_plugin.logger.name)
+    vllm_plugin.install()
+    import vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn as gdn
+    for _ in range(3):
+        layer = gdn.QwenGatedDeltaNetAttention("layers.0", None, [], gdn_xpu_backend=backend)
+    assert vllm_plugin.gdn_route(layer)[0] is reaches
+    lines = plugin_lines(caplog)[1:]
+    assert len(lines) == 1, lines
+    if reaches:
+        assert "take the Triton route (gdn_xpu_backend='triton'): their conv runs on " \
+            "jitconv" in lines[0], lines
+    else:
+        assert "run the fused SYCL op torch.ops._xpu_C.gdn_attention (gdn_xpu_backend=" \
+            "'sycl'): their conv does not reach jitconv; start vLLM with " \
+            "--gdn-prefill-backend triton" in lines[0], lines
+
+
+# ------------------------------------------------- the ops files of real vLLM releases
+
+# What the plugin must read from each release's ops file: the convention and skipped
+# line, and the arguments refused per op. 0.19.0 is the last release without the null
+# block.
+RELEASES = {
+    "0.11.0": ("pad slot", -1, [], ["cache_seqlens"]),
+    "0.19.0": ("pad slot", -1, FN_REFUSED, ["block_idx_last_scheduled_token",
+                                            "initial_state_idx"]),
+    "0.32.0": ("null block", 0, FN_REFUSED, ["block_idx_last_scheduled_token",
+                                              "initial_state_idx"]),
+    "0.33.0": ("null block", 0, [], []),
+    "0.34.0": ("null block", 0, [], []),
+}
+OPS_FILE = "vllm/model_executor/layers/mamba/ops/causal_conv1d.py"
+RELEASE_CACHE = Path(__file__).resolve().parents[1] / ".vllm-ops"
+
+
+def release_ops(version):
+    """(ops file text, its module constants) of vLLM ``version``, read out of its wheel
+    (``pip download --no-deps``, nothing installed); kept in .vllm-ops/ at the repo root
+    (never committed). The constants are the literal assignments of the module the ops
+    file imports NULL_BLOCK_ID / PAD_SLOT_ID from."""
+    cache = RELEASE_CACHE / version
+    if not (cache / "constants.json").exists():
+        with tempfile.TemporaryDirectory() as tmp:
+            run_checked([sys.executable, "-m", "pip", "download", "--no-deps", "-q",
+                         "--only-binary", ":all:", "--disable-pip-version-check", "-d", tmp,
+                         f"vllm=={version}"], timeout=900)
+            (wheel,) = Path(tmp).glob("vllm-*.whl")
+            with zipfile.ZipFile(wheel) as archive:
+                text = archive.read(OPS_FILE).decode()
+                constants = {}
+                for node in ast.parse(text).body:
+                    if isinstance(node, ast.ImportFrom) and {"NULL_BLOCK_ID", "PAD_SLOT_ID"} \
+                            & {a.name for a in node.names}:
+                        source = archive.read(node.module.replace(".", "/") + ".py").decode()
+                        for assign in ast.parse(source).body:
+                            if isinstance(assign, ast.Assign) and \
+                                    isinstance(assign.targets[0], ast.Name):
+                                try:
+                                    constants[assign.targets[0].id] = \
+                                        ast.literal_eval(assign.value)
+                                except ValueError:
+                                    pass
+        cache.mkdir(parents=True, exist_ok=True)
+        (cache / "causal_conv1d.py").write_text(text)
+        (cache / "constants.json").write_text(json.dumps(constants))
+    return ((cache / "causal_conv1d.py").read_text(),
+            json.loads((cache / "constants.json").read_text()))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("version", sorted(RELEASES))
+def test_conventions_read_from_real_release_files(cpu_tensor_device, version):
+    """The ops file of each release, read as the plugin reads an installed one: the
+    convention, the refused arguments, and the replacements built for its signatures,
+    called with every argument by position in that release's order (null block or pad
+    line, and a sequence on line 0) against the reference."""
+    convention, skipped, fn_refused, update_refused = RELEASES[version]
+    text, constants = release_ops(version)
+    unresolved = installed.read_source(text, f"vllm {version}")
+    assert unresolved.convention == convention
+    assert isinstance(unresolved.skipped_line, installed.Unresolved)  # a name, no value
+    ops = installed.read_source(text, f"vllm {version}", constants)
+    assert (ops.convention, ops.skipped_line) == (convention, skipped)
+    assert vllm_plugin.refused_arguments(ops) == {"causal_conv1d_fn": fn_refused,
+                                                  "causal_conv1d_update": update_refused}
+    made = vllm_plugin.replacements(ops)
+    gen = torch.Generator().manual_seed(11)
+    state = randn(gen, (5, DIM, WIDTH - 1), torch.float32)
+    w, b = randn(gen, (DIM, WIDTH), torch.float32), randn(gen, (DIM,), torch.float32)
+    x = randn(gen, (4, DIM), torch.float32)
+    lines = torch.tensor([0, skipped, 3, 2], dtype=torch.int32)  # line 0 real, or null
+    reference_lines = lines.clone()
+    if convention == "null block":
+        reference_lines[lines == 0] = -1
+    ref_out, ref_state = causal_conv1d_reference(
+        x, w, b, state, non_spec_query_start_loc=[0, 1, 2, 3, 4],
+        non_spec_state_indices=reference_lines.clamp(min=-1), activation="silu")
+    given = dict(x=x.clone(), conv_state=state, weight=w, bias=b, activation="silu",
+                 conv_state_indices=lines)
+    signature = ops.update
+    positional = [given.get(p, dict(signature.defaults).get(p)) for p in signature.parameters]
+    out = made["causal_conv1d_update"](*positional)
+    ref_out[reference_lines.numpy() == -1] = 0  # skipped sequences: zeros
+    assert_outputs_close(out, ref_out, torch.float32)
     assert_state_exact(state, ref_state)

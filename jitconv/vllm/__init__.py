@@ -40,6 +40,39 @@ def _activation(activation):
     return activation
 
 
+# Arguments of vLLM's conv ops (in some releases or revisions) that jitconv does not
+# implement: what each asks for, and the vLLM setting that makes vLLM pass it. The
+# drop-ins take them and refuse any value but the default before anything runs; the
+# plugin reads which of them the installed vLLM's ops take.
+PREFIX_CACHING_ALL = ("per-block conv-state checkpoints, which vLLM asks for with prefix "
+                      "caching in 'all' mode (--enable-prefix-caching --mamba-cache-mode "
+                      "all)")
+NOT_IMPLEMENTED = {
+    "block_idx_first_scheduled_token": PREFIX_CACHING_ALL,
+    "block_idx_last_scheduled_token": PREFIX_CACHING_ALL,
+    "initial_state_idx": PREFIX_CACHING_ALL,
+    "num_computed_tokens": PREFIX_CACHING_ALL,
+    "block_size_to_align": PREFIX_CACHING_ALL,
+    "retrieve_parent_token": ("windows along a draft-token tree, which vLLM asks for with "
+                              "EAGLE tree verify (tree-shaped speculative drafts)"),
+    "cache_seqlens": ("a circular conv-state buffer (each line's write position), which "
+                      "callers of the Dao-AILab/causal-conv1d convention pass"),
+}
+
+
+def _refuse(**given):
+    """NotImplementedError for the first argument of ``NOT_IMPLEMENTED`` given a value
+    other than its default (None, or 0 for block_size_to_align)."""
+    for name, value in given.items():
+        off = value is None or (name == "block_size_to_align"
+                                and isinstance(value, int) and value == 0)
+        if not off:
+            raise NotImplementedError(
+                f"{name}: not implemented by jitconv: {NOT_IMPLEMENTED[name]}. Expected "
+                f"{'0' if name == 'block_size_to_align' else 'None'}; turn that setting "
+                f"off, or run vLLM's own conv op")
+
+
 def _to_state_dtype(conv_state, *tensors):
     """vLLM's kernels compute in the conv cache's dtype (mamba_cache_dtype may differ from
     the model's): x, weight and bias are converted to it. Weights are tiny; None stays
@@ -49,7 +82,10 @@ def _to_state_dtype(conv_state, *tensors):
 
 def causal_conv1d_fn(x, weight, bias, conv_states, query_start_loc, cache_indices=None,
                      has_initial_state=None, activation="silu", pad_slot_id=PAD_SLOT_ID,
-                     null_block_id=NULL_BLOCK_ID, metadata=None, validate_data=False):
+                     null_block_id=NULL_BLOCK_ID, metadata=None, validate_data=False, *,
+                     block_idx_first_scheduled_token=None,
+                     block_idx_last_scheduled_token=None, initial_state_idx=None,
+                     num_computed_tokens=None, block_size_to_align=0):
     """vLLM's prefill op. x: (dim, cu_seqlen) (usually a transposed token-major view);
     conv_states: (lines, dim, state_len) view, updated in place; the batch is
     ``query_start_loc.size(0) - 1``. A sequence is skipped (state untouched, output
@@ -58,7 +94,20 @@ def causal_conv1d_fn(x, weight, bias, conv_states, query_start_loc, cache_indice
     its line. Columns of x beyond ``query_start_loc[-1]`` come out zero. Returns a new
     (dim, cu_seqlen) tensor in x's dtype. ``metadata`` only tunes vLLM's Triton launch and
     is ignored; jitconv always validates (``validate_data`` is accepted and ignored).
+
+    The prefix-caching arguments of vLLM 0.32's op (``block_idx_*``,
+    ``initial_state_idx``, ``num_computed_tokens``, ``block_size_to_align``, and a 2-D
+    ``cache_indices``) raise NotImplementedError unless left at their defaults.
     """
+    _refuse(block_idx_first_scheduled_token=block_idx_first_scheduled_token,
+            block_idx_last_scheduled_token=block_idx_last_scheduled_token,
+            initial_state_idx=initial_state_idx, num_computed_tokens=num_computed_tokens,
+            block_size_to_align=block_size_to_align)
+    if cache_indices is not None and getattr(cache_indices, "ndim", 1) != 1:
+        raise NotImplementedError(
+            f"cache_indices: a {cache_indices.ndim}-D block table (shape "
+            f"{tuple(cache_indices.shape)}) is not implemented by jitconv: "
+            f"{PREFIX_CACHING_ALL}. Expected shape (batch,)")
     if torch.compiler.is_compiling():  # one custom op in the traced graph
         from jitconv.api import torch_ops as t
         return torch.ops.jitconv.vllm_causal_conv1d_fn(
@@ -100,7 +149,9 @@ def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None,
                          conv_state_indices=None, num_accepted_tokens=None,
                          query_start_loc=None, max_query_len=-1,
                          null_block_id=conventions.DEFAULT, validate_data=False, out=None,
-                         pad_slot_id=None):
+                         pad_slot_id=None, *, block_idx_last_scheduled_token=None,
+                         initial_state_idx=None, retrieve_parent_token=None,
+                         cache_seqlens=None):
     """vLLM's decode / spec-verify op. x: (batch, dim) (one token each), (batch, dim,
     seqlen), or varlen (num_tokens, dim) with ``query_start_loc``. conv_state: (lines,
     dim, state_len) view. The batch is ``conv_state_indices.size(0)`` ((batch,) or
@@ -115,10 +166,18 @@ def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None,
     value); host metadata gives lengths from ``query_start_loc``. ``validate_data`` is
     accepted and ignored.
 
-    vLLM up to 0.32 passes ``pad_slot_id`` (PAD_SLOT_ID = -1) instead: sequences on that
-    line are skipped, and with no ``null_block_id`` given line 0 is then a cache line
-    like any other (that convention had no null block).
+    vLLM before its null block (up to 0.19) passes ``pad_slot_id`` (PAD_SLOT_ID = -1)
+    instead: sequences on that line are skipped, and with no ``null_block_id`` given line
+    0 is then a cache line like any other (that convention had no null block).
+
+    Arguments some vLLM releases or revisions take and jitconv does not implement
+    (``block_idx_last_scheduled_token`` and ``initial_state_idx``: prefix caching in
+    'all' mode; ``retrieve_parent_token``: EAGLE tree verify; ``cache_seqlens``: a
+    circular state buffer) raise NotImplementedError unless None.
     """
+    _refuse(block_idx_last_scheduled_token=block_idx_last_scheduled_token,
+            initial_state_idx=initial_state_idx,
+            retrieve_parent_token=retrieve_parent_token, cache_seqlens=cache_seqlens)
     null_block_id, pad_slot_id = conventions.skipped_ids(null_block_id, pad_slot_id)
     if torch.compiler.is_compiling():  # one custom op in the traced graph
         from jitconv.api import torch_ops as t
@@ -287,7 +346,7 @@ def _device_update_plan(x, conv_state_indices, num_accepted_tokens, query_start_
 
 
 def _geometry(num_tokens, num_lines, state_len, width, pad_slot_id):
-    # Lines that are neither the null block nor vLLM <= 0.32's pad must be real cache
+    # Lines that are neither the null block nor vLLM <= 0.19's pad must be real cache
     # lines (_NO_LINE: a value no int32 line can equal).
     return validation.check_geometry(num_tokens, num_lines, state_len, width,
                                      _NO_LINE if pad_slot_id is None else pad_slot_id)
@@ -374,4 +433,4 @@ def _step_plan(attn_metadata, geometry, extra, arguments):
 
 
 __all__ = ["causal_conv1d_fn", "causal_conv1d_update", "gdn_conv_step", "conv_state_view",
-           "NULL_BLOCK_ID", "PAD_SLOT_ID"]
+           "NULL_BLOCK_ID", "PAD_SLOT_ID", "NOT_IMPLEMENTED"]

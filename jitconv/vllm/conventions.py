@@ -5,7 +5,7 @@ The core ops (``jitconv.causal_conv1d_*``) mark a padded sequence with ``pad_slo
 other rules, and its callers rely on them:
 
 - a sequence whose cache line equals ``null_block_id`` (NULL_BLOCK_ID = 0) is skipped:
-  no state read or write, and any number of sequences may carry it; vLLM up to 0.32
+  no state read or write, and any number of sequences may carry it; vLLM up to 0.19
   instead marked such sequences with ``pad_slot_id`` (PAD_SLOT_ID = -1), line 0 being a
   cache line like any other (``skipped_ids``);
 - a sequence with zero tokens is skipped (state untouched);
@@ -116,8 +116,8 @@ DEFAULT = _Default()
 
 
 def skipped_ids(null_block_id, pad_slot_id):
-    """(null_block_id, pad_slot_id) of a ``causal_conv1d_update`` call, checked. vLLM 0.33
-    passes null_block_id (default NULL_BLOCK_ID); vLLM up to 0.32 passed pad_slot_id
+    """(null_block_id, pad_slot_id) of a ``causal_conv1d_update`` call, checked. vLLM 0.20
+    and later pass null_block_id (default NULL_BLOCK_ID); vLLM up to 0.19 passed pad_slot_id
     (PAD_SLOT_ID) and knew no null block, so with pad_slot_id given and null_block_id not,
     no line is the null block."""
     if null_block_id is DEFAULT:

@@ -11,10 +11,17 @@ and the Mamba mixers). A name is replaced only while it still holds vLLM's own o
 log line says what was replaced; when the platform is not one of those or the targets
 are missing, one log line says so and nothing is touched.
 
-The replacements follow the batch conventions of the installed vLLM (``vllm_version``):
-0.33 and later pass ``null_block_id`` (line 0 is the null block); up to 0.32 vLLM passed
-``pad_slot_id`` (-1) and had no null block, so there ``causal_conv1d_fn`` skips no line 0
-and ``causal_conv1d_update`` skips lines equal to PAD_SLOT_ID unless told otherwise.
+The replacements follow the conventions of the installed vLLM, read from its ops
+module's source (``jitconv.vllm.installed``), never from its version number: the null
+block when its ``causal_conv1d_update`` takes ``null_block_id`` (lines equal to its
+default, NULL_BLOCK_ID = 0, skipped), else the ``pad_slot_id`` convention (lines equal
+to PAD_SLOT_ID skipped, line 0 a cache line); the installed ops' parameter order and
+defaults. An installed op with a parameter ``jitconv.vllm`` does not know is not
+replaced; parameters it knows but does not implement (prefix caching's block indices,
+tree verify's parent map) raise NotImplementedError, naming them, when a caller gives
+them. The log line says which convention was read, and from where. On XPU the plugin
+also logs, as each Qwen GDN layer is built, whether its conv reaches jitconv (vLLM's
+Triton route) or runs inside vLLM's fused SYCL GDN op (``gdn_route``).
 
 Opt-in whole-step mode (``JITCONV_VLLM_WHOLE_STEP=1``): the Qwen GDN layer's
 ``_forward_core`` first runs the conv of the whole step through
@@ -30,10 +37,11 @@ import contextvars
 import functools
 import importlib
 import logging
+import inspect
 import os
-import sys
 
 from jitconv import vllm as drop_ins
+from jitconv.vllm import installed
 from jitconv.api.plan import SplitOutputs
 
 # A child of vLLM's logger, so the lines appear with vLLM's own logging setup.
@@ -49,10 +57,9 @@ TARGETS = (
     "vllm.model_executor.layers.mamba.mamba_mixer2",
     "vllm.model_executor.layers.mamba.short_conv",
 )
-OP_NAMES = ("causal_conv1d_fn", "causal_conv1d_update")
+OP_NAMES = installed.OP_NAMES
 WHOLE_STEP_ENV = "JITCONV_VLLM_WHOLE_STEP"
 ON_CUDA_ENV = "JITCONV_VLLM_ON_CUDA"
-NULL_BLOCK_SINCE = (0, 33)  # the first vLLM whose conv ops take null_block_id
 
 # Set while a GDN layer runs on a conv the whole-step mode has already done.
 _conv_done = contextvars.ContextVar("jitconv_conv_done", default=False)
@@ -94,40 +101,26 @@ def platform_problem(on_cuda=False):
     return None
 
 
-def vllm_version():
-    """(major, minor) of the vLLM in this process (``vllm.__version__``, else its
-    distribution's version), or None when neither says."""
-    import importlib.metadata
-    import re
-    text = getattr(sys.modules.get("vllm"), "__version__", None)
-    if not text:
-        try:
-            text = importlib.metadata.version("vllm")
-        except importlib.metadata.PackageNotFoundError:
-            return None
-    found = re.match(r"(\d+)\.(\d+)", str(text))
-    return (int(found.group(1)), int(found.group(2))) if found else None
-
-
 def install(whole_step=False):
     """Replace vLLM's conv ops by jitconv's (see the module docstring); the platform is
-    not checked here. Returns the replaced names as "module.name"."""
+    not checked here. The replacements follow the conventions read from the installed
+    ops module (``jitconv.vllm.installed``); when they cannot be read, or an op takes an
+    argument jitconv does not know, nothing is replaced. Returns the replaced names as
+    "module.name"."""
     try:
         ops_module = importlib.import_module(OPS_MODULE)
         originals = {name: getattr(ops_module, name) for name in OP_NAMES}
     except (ImportError, AttributeError) as exc:
         logger.info("jitconv: vLLM's conv ops not found (%s); nothing replaced", exc)
         return []
-    version = vllm_version()
-    legacy = version is not None and version < NULL_BLOCK_SINCE
-    ours = ({"causal_conv1d_fn": causal_conv1d_fn_pad_slot,
-             "causal_conv1d_update": causal_conv1d_update_pad_slot} if legacy else
-            {"causal_conv1d_fn": causal_conv1d_fn,
-             "causal_conv1d_update": causal_conv1d_update})
-    every = (causal_conv1d_fn, causal_conv1d_update, causal_conv1d_fn_pad_slot,
-             causal_conv1d_update_pad_slot)
-    if any(originals[name] in every for name in OP_NAMES):
+    if any(hasattr(originals[name], INSTALLED_MARK) for name in OP_NAMES):
         logger.info("jitconv: vLLM's conv ops are jitconv's already; nothing to do")
+        return []
+    try:
+        ops = installed.read_module(ops_module)
+        ours = replacements(ops)
+    except installed.ConventionError as exc:
+        logger.info("jitconv: %s; vLLM's conv ops left as they are", exc)
         return []
     # Import every target before patching: one imported afterwards would bind our ops
     # through the patched ops module and not be counted.
@@ -148,54 +141,200 @@ def install(whole_step=False):
         replaced += [whole] if whole else []
     if replaced == [f"{OPS_MODULE}.{name}" for name in OP_NAMES]:
         missing.insert(0, "no layer module uses them")
-    convention = "pad_slot_id, no null block" if legacy else "null block 0"
-    where = "unknown" if version is None else ".".join(map(str, version))
-    logger.info("jitconv: replaced %s%s (vLLM %s conventions: %s)", ", ".join(replaced),
-                f"; not found: {', '.join(missing)}" if missing else "", where, convention)
+    refused = [f"{op}({', '.join(names)})" for op, names in refused_arguments(ops).items()
+               if names]
+    logger.info("jitconv: replaced %s%s; conventions read from the installed vLLM: %s%s",
+                ", ".join(replaced), f"; not found: {', '.join(missing)}" if missing else "",
+                ops.describe(),
+                f"; refused when given: {'; '.join(refused)}" if refused else "")
+    if modules.get(GDN_MODULE) is not None:
+        _watch_gdn_route(modules[GDN_MODULE])
     return replaced
 
 
-def causal_conv1d_fn(x, *args, **kwargs):
-    """What replaces vLLM's op: ``jitconv.vllm.causal_conv1d_fn``, or, while the
-    whole-step mode has done the current layer's conv already, x itself (or the
-    non-spec part's split output, as the (dim, tokens) view the layer transposes back)."""
-    done = _conv_done.get()
-    if done:
-        return done.non_spec.transpose(0, 1) if isinstance(done, SplitOutputs) else x
-    return drop_ins.causal_conv1d_fn(x, *args, **kwargs)
+DROP_INS = {"causal_conv1d_fn": drop_ins.causal_conv1d_fn,
+            "causal_conv1d_update": drop_ins.causal_conv1d_update}
+INSTALLED_MARK = "jitconv_installed_ops"  # attribute of the ops install() puts in place
 
 
-def causal_conv1d_update(x, *args, **kwargs):
-    """What replaces vLLM's op: ``jitconv.vllm.causal_conv1d_update``, or, while the
-    whole-step mode has done the layer's conv already, x (copied into ``out`` when given)
-    or the call's part of the split outputs (the spec part's call passes its
+def refused_arguments(ops):
+    """Per op, the installed op's parameters that jitconv refuses when given (a value
+    other than the default): ``jitconv.vllm.NOT_IMPLEMENTED``."""
+    return {name: [p for p in ops.op(name).parameters if p in drop_ins.NOT_IMPLEMENTED]
+            for name in OP_NAMES}
+
+
+def replacements(ops):
+    """The ops that replace vLLM's, for the installed ops ``ops`` (an ``InstalledOps``):
+    each takes its arguments as the installed op does (positions, defaults) and calls
+    jitconv's drop-in by name. Raises ConventionError when an installed op takes a
+    parameter the drop-in does not know, or where a call the installed op accepts would
+    leave out one the drop-in needs."""
+    made = {}
+    for name in OP_NAMES:
+        signature = ops.op(name)
+        drop_in = DROP_INS[name]
+        ours = inspect.signature(drop_in).parameters
+        unknown = [p for p in signature.parameters if p not in ours]
+        if unknown:
+            raise installed.ConventionError(
+                f"{name} in {ops.where} takes {', '.join(unknown)}, which jitconv does "
+                f"not know")
+        theirs = dict(signature.defaults)
+        needed = [p for p, q in ours.items() if q.default is inspect.Parameter.empty
+                  and (p in theirs or p not in signature.parameters)]
+        if needed:
+            raise installed.ConventionError(
+                f"{name} in {ops.where} may be called without {', '.join(needed)}, which "
+                f"jitconv needs")
+        fixed = {}  # the installed defaults that differ from the drop-in's
+        for p, value in theirs.items():
+            if isinstance(value, installed.Unresolved):
+                raise installed.ConventionError(
+                    f"the default of {name}'s {p} in {ops.where} ({value}) cannot be read")
+            if not _same_value(value, ours[p].default):
+                fixed[p] = value
+        if ops.convention == installed.PAD_SLOT:  # no null block in that convention
+            fixed["null_block_id"] = None
+        made[name] = _replacement(name, drop_in, signature, fixed, ops)
+    return made
+
+
+def _same_value(a, b):
+    return type(a) is type(b) and a == b
+
+
+def _replacement(name, drop_in, signature, fixed, ops):
+    """What replaces one of vLLM's ops: arguments bound as the installed op binds them,
+    its defaults where they differ from the drop-in's, then the drop-in (or, while the
+    whole-step mode has done the layer's conv, its hand-back)."""
+    installed_names = signature.parameters
+    ours = tuple(inspect.signature(drop_in).parameters)
+    same = 0  # leading positions that name the same parameter in both
+    while same < min(len(ours), len(installed_names)) and \
+            ours[same] == installed_names[same]:
+        same += 1
+    position = {p: (installed_names.index(p) if p in installed_names else ours.index(p))
+                for p in fixed}
+    fixed = tuple((p, value, position[p]) for p, value in fixed.items())
+    hand_back = _HAND_BACKS[name]
+
+    def replacement(*args, **kwargs):
+        if len(args) > same:
+            args, kwargs = _by_name(name, installed_names, same, args, kwargs)
+        for p, value, at in fixed:
+            if at >= len(args) and p not in kwargs:
+                kwargs[p] = value
+        done = _conv_done.get()
+        if done:
+            return hand_back(done, ours, args, kwargs)
+        return drop_in(*args, **kwargs)
+
+    replacement.__name__ = replacement.__qualname__ = name
+    replacement.__doc__ = (f"jitconv.vllm.{name}, called as {ops.where}'s {name} is "
+                           f"(convention: {ops.convention}).")
+    setattr(replacement, INSTALLED_MARK, ops)
+    return replacement
+
+
+def _by_name(name, installed_names, same, args, kwargs):
+    """Positional arguments after the first ``same`` passed by the installed op's names."""
+    if len(args) > len(installed_names):
+        raise TypeError(f"{name}() takes {len(installed_names)} positional arguments but "
+                        f"{len(args)} were given")
+    kwargs = dict(kwargs)
+    for p, value in zip(installed_names[same:], args[same:]):
+        if p in kwargs:
+            raise TypeError(f"{name}() got multiple values for argument {p!r}")
+        kwargs[p] = value
+    return args[:same], kwargs
+
+
+def _argument(p, ours, args, kwargs):
+    at = ours.index(p)
+    return args[at] if at < len(args) else kwargs.get(p)
+
+
+def _fn_hand_back(done, ours, args, kwargs):
+    """While the whole-step mode has done the current layer's conv: x itself (or the
+    non-spec part's split output, as the (dim, tokens) view the layer transposes
+    back)."""
+    x = args[0] if args else kwargs["x"]
+    return done.non_spec.transpose(0, 1) if isinstance(done, SplitOutputs) else x
+
+
+def _update_hand_back(done, ours, args, kwargs):
+    """While the whole-step mode has done the layer's conv: x (copied into ``out`` when
+    given), or the call's part of the split outputs (the spec part's call passes its
     query_start_loc)."""
-    done = _conv_done.get()
-    if done:
-        if isinstance(done, SplitOutputs):
-            spec = kwargs.get("query_start_loc") is not None or \
-                kwargs.get("num_accepted_tokens") is not None
-            x = done.spec if spec else done.non_spec
-        out = kwargs.get("out")
-        if out is None:
-            return x
-        out.copy_(x)
-        return out
-    return drop_ins.causal_conv1d_update(x, *args, **kwargs)
+    x = args[0] if args else kwargs["x"]
+    if isinstance(done, SplitOutputs):
+        spec = _argument("query_start_loc", ours, args, kwargs) is not None or \
+            _argument("num_accepted_tokens", ours, args, kwargs) is not None
+        x = done.spec if spec else done.non_spec
+    out = _argument("out", ours, args, kwargs)
+    if out is None:
+        return x
+    out.copy_(x)
+    return out
 
 
-def causal_conv1d_fn_pad_slot(x, *args, **kwargs):
-    """``causal_conv1d_fn`` for vLLM up to 0.32: no null block (line 0 is a cache line),
-    lines equal to pad_slot_id skipped."""
-    kwargs.setdefault("null_block_id", None)
-    return causal_conv1d_fn(x, *args, **kwargs)
+_HAND_BACKS = {"causal_conv1d_fn": _fn_hand_back, "causal_conv1d_update": _update_hand_back}
 
 
-def causal_conv1d_update_pad_slot(x, *args, **kwargs):
-    """``causal_conv1d_update`` for vLLM up to 0.32: lines equal to pad_slot_id
-    (PAD_SLOT_ID when not given) skipped, no null block."""
-    kwargs.setdefault("pad_slot_id", drop_ins.PAD_SLOT_ID)
-    return causal_conv1d_update(x, *args, **kwargs)
+def gdn_route(layer):
+    """(reaches jitconv, why) for a constructed Qwen GDN layer on XPU, read from the
+    layer: the route vLLM chose for it (``gdn_xpu_backend``, set from
+    ``--gdn-prefill-backend`` and whether vllm-xpu-kernels has the fused op), or, where
+    the layer has no such choice, what its XPU forward calls."""
+    backend = getattr(layer, "gdn_xpu_backend", None)
+    if backend == "triton":
+        return True, ("vLLM's Qwen GDN layers take the Triton route "
+                      "(gdn_xpu_backend='triton'): their conv runs on jitconv")
+    if backend is not None:
+        return False, (f"vLLM's Qwen GDN layers run the fused SYCL op "
+                       f"torch.ops._xpu_C.gdn_attention (gdn_xpu_backend={backend!r}): "
+                       f"their conv does not reach jitconv; start vLLM with "
+                       f"--gdn-prefill-backend triton to run it on jitconv")
+    forward = getattr(type(layer), "forward_xpu", None)
+    names = getattr(getattr(forward, "__code__", None), "co_names", ())
+    if "gdn_attention_core_xpu" in names and "gdn_xpu_backend" not in names:
+        return False, ("this vLLM's Qwen GDN layer has no Triton route on XPU (its "
+                       "forward_xpu always runs torch.ops.vllm.gdn_attention_core_xpu): "
+                       "its conv does not reach jitconv; Mamba layers' does")
+    return False, ("jitconv cannot tell which route this vLLM's Qwen GDN layer takes on "
+                   "XPU (no gdn_xpu_backend)")
+
+
+def _watch_gdn_route(gdn):
+    """On XPU, log which route vLLM's Qwen GDN layers take, once per route, as they are
+    built (the choice is made in their constructor, from the engine's config)."""
+    try:
+        from vllm.platforms import current_platform  # optional dependency: vLLM
+        on_xpu = current_platform.is_xpu()
+    except Exception:  # no platform to ask: nothing to say
+        return
+    layer = getattr(gdn, GDN_LAYER, None)
+    if not on_xpu or layer is None:
+        return
+    available = getattr(gdn, "xpu_gdn_kernel_available", None)
+    if available is not None:
+        logger.info("jitconv: the fused SYCL GDN op (torch.ops._xpu_C.gdn_attention) is "
+                    "%s: Qwen GDN layers reach jitconv %s", "built" if available() else
+                    "not built", "only with --gdn-prefill-backend triton" if available()
+                    else "(Triton route)")
+    original = layer.__init__
+    said = set()
+
+    @functools.wraps(original)
+    def __init__(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        reaches, why = gdn_route(self)
+        if why not in said:
+            said.add(why)
+            logger.info("jitconv: %s", why)
+
+    layer.__init__ = __init__
 
 
 def _install_whole_step():
