@@ -103,6 +103,10 @@ def test_mamba2_hybrid_generates_the_same_tokens(engine):
     for module in (OPS, GDN, MIXER2):
         for op in ("causal_conv1d_fn", "causal_conv1d_update"):
             assert f"{module}.{op}" in ours["replaced"], ours["replaced"]
+    (line,) = ours["log"]  # one line: what was replaced, and the convention read, from where
+    assert "conventions read from the installed vLLM: null block 0 (causal_conv1d_update " \
+        "takes null_block_id=0 in " in line and f"/{OPS.replace('.', '/')}.py)" in line, line
+    assert ours["steps"]["both"] > 0, ours["steps"]  # prefill chunks beside decodes
     # prefill chunks and decodes both ran on jitconv (the padded check adds one update)
     calls = ours["calls"]
     assert calls["causal_conv1d_fn"] > 0 and calls["causal_conv1d_update"] > 1, calls

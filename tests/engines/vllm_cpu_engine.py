@@ -110,7 +110,12 @@ def run_mamba2(root, side):
     if side == "jitconv":
         import vllm.model_executor.layers.mamba.ops.causal_conv1d as ops_module
         vllm_update = ops_module.causal_conv1d_update
+        lines = result["log"] = []
+        handler = logging.Handler()
+        handler.emit = lambda record: lines.append(record.getMessage())
+        plugin.logger.addHandler(handler)
         result["replaced"] = plugin.install()
+        plugin.logger.removeHandler(handler)
         import vllm.model_executor.layers.mamba.mamba_mixer2 as mixer
         calls = result["calls"] = {"causal_conv1d_fn": 0, "causal_conv1d_update": 0}
         for name in calls:  # count what the layer calls (the installed ops)
@@ -118,7 +123,7 @@ def run_mamba2(root, side):
             setattr(mixer, name, _counted(op, calls, name))
     launches = launching.stats["submitted"]
     llm = LLM(model=str(root / "mamba2"), dtype="float32", **ENGINE)
-    decode_steps = _record_decode_metadata(llm)
+    decode_steps, result["steps"] = _record_decode_metadata(llm)
     started = time.perf_counter()
     result["tokens"] = generate(llm, 512)
     result["generate_s"] = time.perf_counter() - started
@@ -138,20 +143,23 @@ def _counted(op, calls, name):
 
 def _record_decode_metadata(llm):
     """The engine's Mamba2 metadata builders, recording the metadata of their decode-only
-    steps (what a FULL CUDA graph would replay) as (builder, metadata) pairs."""
+    steps (what a FULL CUDA graph would replay) as (builder, metadata) pairs, and the
+    kinds of step built ("decodes", "prefills", "both") as counts."""
     runner = model_runner(llm)
     builders = {id(b): b for groups in runner.attn_groups for g in groups
                 for b in [g.get_metadata_builder()]
                 if type(b).__name__ == "Mamba2AttentionMetadataBuilder"}
-    steps = []
+    steps, kinds = [], {"decodes": 0, "prefills": 0, "both": 0}
     for builder in builders.values():
         def recording(*args, _builder=builder, _build=builder.build, **kwargs):
             meta = _build(*args, **kwargs)
+            kinds["both" if meta.num_prefills and meta.num_decodes else
+                  "prefills" if meta.num_prefills else "decodes"] += 1
             if meta.num_prefills == 0 and meta.num_decodes > 1:
                 steps.append((_builder, meta))
             return meta
         builder.build = recording
-    return steps
+    return steps, kinds
 
 
 def padded_decode_batch(llm, decode_steps, vllm_update, installed_update, pad=3):
