@@ -9,18 +9,20 @@ from jitconv.version import __version__  # noqa: E402,F401
 # torch first: our runtime bootstrap loads oneAPI libraries, and torch must keep its own.
 import torch  # noqa: F401,E402
 
-from jitconv.device import (DeviceNotFoundError, devices, get_device, get_queue,  # noqa: E402
-                      set_device)
-from jitconv.memory.bridge import (CopyRequiredError, copy_counts, reset_copy_counts,  # noqa: E402
-                     set_allow_copies)
-from jitconv.memory.usm import empty, pool_bytes, set_pool_limit, zeros  # noqa: E402
+from jitconv.backends.devices import (DeviceNotFoundError, devices, get_device,  # noqa: E402
+                                      get_queue, set_device)
+from jitconv.backends.registry import empty, zeros  # noqa: E402
+from jitconv.backends.sycl.bridge import (CopyRequiredError, copy_counts,  # noqa: E402
+                                          reset_copy_counts, set_allow_copies)
+from jitconv.backends.sycl.usm import pool_bytes, set_pool_limit  # noqa: E402
 from jitconv.kernels.abi import SUPPORTED_WIDTHS  # noqa: E402
-from jitconv.api.ops import (causal_conv1d_fn, causal_conv1d_mixed, causal_conv1d_update,  # noqa: E402
-                  plan)
+from jitconv.api.ops import plan  # noqa: E402
+# The public ops: eager jitconv.api.ops, custom ops under torch.compile.
+from jitconv.integrations.torch_ops import (causal_conv1d_fn, causal_conv1d_mixed,  # noqa: E402
+                                            causal_conv1d_update)
 from jitconv.api.plan import SplitOutputs, StepPlan  # noqa: E402
 from jitconv.api.device_plan import DevicePlan, device_plan  # noqa: E402
 from jitconv.api.device_errors import check_errors  # noqa: E402
-from jitconv.api import torch_ops  # noqa: E402,F401  (registers torch.ops.jitconv.*)
 from jitconv.backends.sycl.device_check import DeviceCheckError  # noqa: E402
 # Submodules as attributes: `jitconv.vllm.gdn_conv_step` works after `import jitconv`.
 from jitconv import reference

@@ -2,6 +2,7 @@
 and ``python -m jitconv info`` (versions and devices)."""
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -13,13 +14,16 @@ import torch
 
 import jitconv
 from jitconv import reference
+from jitconv.backends.cuda import launching as cuda_launching, source as cuda_source
+from jitconv.backends.sycl import (bootstrap, device_check, kernel_cache, launching, planner,
+                                   source)
+from jitconv.bench import cpu as benchmark
 from jitconv.testing.steps import mixed_step, split_step
 
 
 def info(_args):
     from importlib.metadata import PackageNotFoundError, version
 
-    from jitconv.backends.sycl import bootstrap
     print(f"jitconv {jitconv.__version__}  (python {platform.python_version()}, "
           f"{platform.machine()})")
     for pkg in ("torch", "numpy", "numba", "llvmlite", "numba-dpex", "dpctl", "dpnp",
@@ -41,13 +45,10 @@ def info(_args):
                   f"jitconv's choice would be {target or 'none'})"
              if bootstrap.CPU_TARGET_VARIABLE in os.environ
              else "the runtime's own choice"))
-    from jitconv.backends.sycl import device_check
     print(f"device check: {'on' if device_check.ENABLED else 'OFF (JITCONV_DEVICE_CHECK=0)'}"
           f", verdicts in {device_check.verdict_dir()}")
     print(f"devices: {jitconv.devices()}")
     print(f"current device: {jitconv.get_device()}")
-    from jitconv.backends.sycl import kernel_cache
-    from jitconv.backends.sycl import launching
     for directory in kernel_cache.search_dirs():
         count = len(list(directory.glob("*.spv"))) if directory.exists() else 0
         print(f"kernel cache: {directory} ({count} SPIR-V files)")
@@ -79,7 +80,6 @@ def _types_name(record_types):
 
 def _where(entry, compiler, missing):
     """Where a kernel's SPIR-V comes from: its cache entry, a compile, or ``missing``."""
-    from jitconv.backends.sycl import kernel_cache
     if entry is not None:
         return f"{kernel_cache.origin(entry[2])} ({entry[2]})"
     return "compiled on first use (numba-dpex)" if compiler else missing
@@ -88,7 +88,6 @@ def _where(entry, compiler, missing):
 def kernel_origins(compiler):
     """(width, dtype, wide, fast, where its SPIR-V comes from) for every supported
     specialization (``kernel_cache.specializations``)."""
-    from jitconv.backends.sycl import kernel_cache
     return [(width, dtype, wide, fast,
              _where(kernel_cache.load(width, dtype, wide, fast), compiler,
                     "MISSING: no SPIR-V and no numba-dpex to compile it"))
@@ -99,7 +98,6 @@ def fused_origins(compiler):
     """(width, dtype, wide, fast, record types, where) of each shipped fused kernel
     (``kernel_cache.fused_specializations``); a missing one is not an error: device plans
     then run their planner first."""
-    from jitconv.backends.sycl import kernel_cache
     return [(width, dtype, wide, fast, types,
              _where(kernel_cache.load(width, dtype, wide, fast, types), compiler,
                     "not available: device plans run their planner first"))
@@ -193,7 +191,6 @@ def demo(args):
         timings[name] = (time.perf_counter() - t0) / reps
     num_tokens = step["x"].shape[0]
     moved = 2 * num_tokens * args.dim * out.element_size()  # read x, write out
-    from jitconv.backends.sycl import launching
     how = ("includes the JIT compile" if launching.stats["compiled"]
            else "kernel loaded from the SPIR-V cache")
     print(f"time: first call {cold * 1e3:.0f} ms ({how}); warm one call "
@@ -209,9 +206,6 @@ def device_checks(queue):
     """The device check (``jitconv.backends.sycl.device_check``) of every kernel jitconv may launch on
     ``queue``'s device, run now whatever the stored verdicts say: prints one verdict per
     kernel and returns how many failed."""
-    from jitconv.backends.sycl import device_check
-    from jitconv.backends.sycl import kernel_cache
-    from jitconv.backends.sycl import launching
     failed = 0
     print(f"device check on {queue.sycl_device.filter_string} ({queue.sycl_device.name}, "
           f"driver {queue.sycl_device.driver_version}); verdicts kept in "
@@ -243,8 +237,6 @@ def check(args):
     """The device check of every kernel, then a small mixed step per (width, dtype)
     through the public op, compared with the float64 reference: "does this installation
     compute right" (also run in the dpctl-only environments in CI)."""
-    from jitconv.backends.sycl import kernel_cache
-    from jitconv.backends.sycl import launching
     if device_checks(jitconv.get_queue()):
         print("check: FAILED (the device check refused this device)")
         return 1
@@ -280,8 +272,6 @@ def check(args):
 
 def build_kernels(args):
     """Compile the standard specializations with numba-dpex and store their SPIR-V."""
-    from jitconv.backends.sycl import kernel_cache
-    from jitconv.backends.sycl import launching
     if not launching.have_compiler():
         print("build-kernels needs numba-dpex (pip install jitconv's pinned stack)")
         return 2
@@ -313,7 +303,6 @@ def build_kernels(args):
               f"{'wide' if wide else '    '} {path.stat().st_size / 1024:6.1f} KiB "
               f"{time.perf_counter() - t0:5.2f} s  {path.name}", flush=True)
     # the device planners (jitconv.device_plan): one per shipped set of metadata types
-    from jitconv.backends.sycl import planner
     for types in kernel_cache.planner_specializations():
         t0 = time.perf_counter()
         _kernel, path = planner.compile_and_store(types, queue, target)
@@ -332,16 +321,12 @@ def build_kernels(args):
 def kernel_text(backend, width, dtype, wide=False, kind="general", math=None):
     """The generated Python source of one kernel specialization (``show-kernel``)."""
     if backend == "sycl":
-        from jitconv.backends.sycl import source
         fast = {None: None, "exact": False, "fast": True}[math]
         return source.name_and_source(width, dtype, fast, wide)[1]
-    import dataclasses
-
-    from jitconv.backends.cuda import launching, source
-    spec = launching.kind_spec(width, dtype, kind)
+    spec = cuda_launching.kind_spec(width, dtype, kind)
     if math is not None:
         spec = dataclasses.replace(spec, fast_exp=math == "fast")
-    return source.name_and_source(spec)[1]
+    return cuda_source.name_and_source(spec)[1]
 
 
 def show_kernel(args):
@@ -351,7 +336,6 @@ def show_kernel(args):
 
 
 def bench(args):
-    from jitconv.bench import cpu as benchmark
     result = benchmark.run(dims=[int(d) for d in args.dims.split(",")],
                            dtypes=args.dtypes.split(","),
                            workloads=args.workloads.split(";") if args.workloads else None,

@@ -4,7 +4,7 @@
 import numpy as np
 import pytest
 
-from jitconv.api.batch import Part, build_batch
+from jitconv.kernels.batch import Part, build_batch
 from jitconv.testing.steps import cumulative
 
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import jitconv
-from jitconv.memory import bridge
+from jitconv.backends.sycl import bridge
 from jitconv.reference import causal_conv1d_fn_reference
 
 from helpers import TOLERANCE, cumulative

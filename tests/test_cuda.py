@@ -54,7 +54,7 @@ def test_runs_without_the_sycl_stack_when_hidden(cuda_device):
     if os.environ.get("JITCONV_TEST_HIDE_SYCL") != "1":
         pytest.skip("SYCL stack not hidden in this run")
     from jitconv.backends.sycl import devices as sycl_devices
-    from jitconv.memory import usm
+    from jitconv.backends.sycl import usm
     assert sycl_devices.dpctl is None and usm.dpm is None  # jitconv saw no SYCL runtime
     assert jitconv.devices() == [cuda_device]
     case = build_mixed(1, dtype=torch.float32, width=4, dim=DIM, usm=True)

@@ -78,7 +78,7 @@ def test_bad_device_in_environment_is_an_error():
 
 
 def test_empty_and_zeros_are_usm_torch_tensors(sycl_device):
-    from jitconv.memory import bridge
+    from jitconv.backends.sycl import bridge
     for dtype in (torch.float32, torch.bfloat16, torch.float16, torch.int32):
         t = jitconv.zeros((3, 5), dtype)
         assert isinstance(t, torch.Tensor) and t.device.type == "cpu"
@@ -92,7 +92,7 @@ def test_empty_and_zeros_are_usm_torch_tensors(sycl_device):
 @pytest.mark.gpu
 def test_torch_xpu_tensors_are_zero_copy(sycl_device):
     """On an Intel GPU with torch XPU: DLPack import is zero-copy (bf16 as int16)."""
-    from jitconv.memory import bridge
+    from jitconv.backends.sycl import bridge
     if not (hasattr(torch, "xpu") and torch.xpu.is_available()):
         pytest.skip("torch has no XPU device here")
     for dtype in (torch.float32, torch.bfloat16, torch.float16):

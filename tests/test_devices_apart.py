@@ -18,7 +18,7 @@ import torch
 
 import jitconv
 from jitconv.backends.sycl import launching, tables
-from jitconv.memory.usm import DeviceArray
+from jitconv.backends.sycl.usm import DeviceArray
 from jitconv.reference import causal_conv1d_reference
 
 from helpers import (DATA_KEYS, TransposedView, assert_outputs_close, assert_state_exact,

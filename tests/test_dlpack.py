@@ -1,4 +1,4 @@
-"""jitconv.memory.dlpack, the DLPack capsule reader that replaces dpctl.tensor.from_dlpack:
+"""jitconv.backends.sycl.dlpack, the DLPack capsule reader that replaces dpctl.tensor.from_dlpack:
 fields read right from real producers' capsules (classic and versioned), ownership as
 DLPack prescribes (the capsule is marked used; the producer's deleter runs once, when our
 view dies), and kDLOneAPI tensors used zero-copy by the ops. Needs no dpctl.tensor, so it
@@ -13,8 +13,8 @@ import pytest
 import torch
 
 import jitconv
-from jitconv.memory import bridge
-from jitconv.memory import dlpack
+from jitconv.backends.sycl import bridge
+from jitconv.backends.sycl import dlpack
 from jitconv.reference import causal_conv1d_reference
 
 from helpers import (DTYPES, assert_outputs_close, assert_state_exact, cumulative,

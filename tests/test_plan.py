@@ -16,7 +16,7 @@ import jitconv
 from jitconv.backends.sycl import devices as sycl_devices
 from jitconv.backends.sycl import launching
 from jitconv.reference import causal_conv1d_reference
-from jitconv.memory.usm import DeviceArray
+from jitconv.backends.sycl.usm import DeviceArray
 
 from helpers import (DATA_KEYS, DTYPES, TransposedView, assert_outputs_close,
                      assert_state_exact, bits,

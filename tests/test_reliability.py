@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import jitconv
-from jitconv.memory import usm
+from jitconv.backends.sycl import usm
 from jitconv.reference import causal_conv1d_reference
 
 from helpers import assert_outputs_close, assert_state_exact, bits, cumulative, randn

@@ -92,7 +92,7 @@ def test_a_new_output_that_a_wide_launch_cannot_take_is_checked_again(sycl_devic
     """A remembered wide launch (bfloat16, rows aligned to 4 channels) whose new output
     would start off that alignment is not reused: the run takes the full path, which
     picks the one-channel kernel for it."""
-    from jitconv.memory import bridge
+    from jitconv.backends.sycl import bridge
     _gen, data, meta = _step(2, dtype=torch.bfloat16)
     plan = _plan(data, meta)
     plan.run(**data)  # remembered, wide

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from jitconv.memory import bridge
+from jitconv.backends.sycl import bridge
 from jitconv import vllm
 from jitconv.reference import causal_conv1d_reference
 

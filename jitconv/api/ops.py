@@ -18,10 +18,10 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
-from jitconv.memory import bridge
+from jitconv.backends import registry
 from jitconv.api import device_calls, device_plan, plan_cache
 from jitconv.api import validation
-from jitconv.api.batch import Part
+from jitconv.kernels.batch import Part
 from jitconv.api.plan import StepPlan, split_request
 from jitconv.api.validation import Geometry
 
@@ -134,7 +134,7 @@ def _prepare(x, weight, bias, conv_state, out, activation, math, pad_slot_id):
     validation.check_activation(activation)
     validation.check_math(math)
     validation.check_pad_slot_id(pad_slot_id)
-    tensors = bridge.normalize_all(x, weight, bias, conv_state, out)
+    tensors = registry.normalize_all(x, weight, bias, conv_state, out)
     _dim, width, dtype = validation.check_tensors(*tensors)
     num_lines, _, state_len = validation.shape_of(tensors[3])
     geo = Geometry(validation.shape_of(tensors[0])[0], num_lines, state_len, width,
@@ -199,12 +199,6 @@ def causal_conv1d_fn(x: Array, weight: Array, bias: Optional[Array], conv_state:
     device, a bad sequence skipped and reported by ``jitconv.check_errors`` (README,
     "Metadata on the device").
     """
-    if torch.compiler.is_compiling():  # one custom op in the traced graph
-        from jitconv.api import torch_ops as t
-        return t.into(out, torch.ops.jitconv.causal_conv1d_fn(
-            x, weight, bias, conv_state, t.as_tensor(query_start_loc),
-            t.as_tensor(cache_indices), t.as_tensor(has_initial_state), activation,
-            int(pad_slot_id), t.as_tensor(token_indx), math))
     metadata = (query_start_loc, cache_indices, has_initial_state)
     if token_indx is None and device_calls.on_device(x, *metadata):
         return _run_on_device("fn", (x, weight, bias, conv_state, out), activation, math,
@@ -260,13 +254,6 @@ def causal_conv1d_update(x: Array, weight: Array, bias: Optional[Array], conv_st
     tensor
         ``out``, or a new tensor like x.
     """
-    if torch.compiler.is_compiling():  # one custom op in the traced graph
-        from jitconv.api import torch_ops as t
-        return t.into(out, torch.ops.jitconv.causal_conv1d_update(
-            x, weight, bias, conv_state, t.as_tensor(conv_state_indices),
-            t.as_tensor(query_start_loc), t.as_tensor(num_accepted_tokens), activation,
-            int(pad_slot_id), t.as_tensor(token_indx), math,
-            validation.check_max_query_len(max_query_len)))
     metadata = (conv_state_indices, query_start_loc, num_accepted_tokens)
     if token_indx is None and device_calls.on_device(x, *metadata):
         longest = validation.check_max_query_len(max_query_len)
@@ -407,22 +394,6 @@ def causal_conv1d_mixed(x: Array, weight: Array, bias: Optional[Array], conv_sta
     Keyword names follow vLLM's GDN metadata; the rule is docs/SEMANTICS.md.
     """
     split = split_request(split, out_spec, out_non_spec)
-    if torch.compiler.is_compiling():  # one custom op in the traced graph
-        from jitconv.api import torch_ops as t
-        if split is not None:
-            return t.mixed_split(x, weight, bias, conv_state, split, activation,
-                                 int(pad_slot_id), math, (
-                                     non_spec_query_start_loc, non_spec_state_indices,
-                                     has_initial_state, non_spec_token_indx,
-                                     spec_query_start_loc, spec_state_indices,
-                                     spec_token_indx, num_accepted_tokens,
-                                     non_spec_num_accepted_tokens), out)
-        return t.into(out, torch.ops.jitconv.causal_conv1d_mixed(
-            x, weight, bias, conv_state, *(t.as_tensor(m) for m in (
-                non_spec_query_start_loc, non_spec_state_indices, has_initial_state,
-                non_spec_token_indx, spec_query_start_loc, spec_state_indices,
-                spec_token_indx, num_accepted_tokens, non_spec_num_accepted_tokens)),
-            activation, int(pad_slot_id), math))
     arrays = dict(ns_qsl=non_spec_query_start_loc, ns_lines=non_spec_state_indices,
                   ns_init=has_initial_state, ns_accepted=non_spec_num_accepted_tokens,
                   sp_qsl=spec_query_start_loc, sp_lines=spec_state_indices,

@@ -21,10 +21,10 @@ from typing import Any, NamedTuple, Optional
 import numpy as np
 
 from jitconv.api import validation
-from jitconv.api.batch import DEFAULT_BLOCK_TOKENS, build_batch
+from jitconv.kernels.batch import DEFAULT_BLOCK_TOKENS, build_batch
 from jitconv.backends import Launch, registry
 from jitconv.kernels.abi import SPLIT_NONE, SPLIT_PARTS, SPLIT_SLOTS
-from jitconv.memory import bridge
+from jitconv.memory import arrays
 
 
 class SplitOutputs(NamedTuple):
@@ -146,7 +146,7 @@ class StepPlan:
         silu = validation.check_activation(activation)
         validation.check_math(math)
         if checked is None:
-            tensors = bridge.normalize_all(*args)
+            tensors = registry.normalize_all(*args)
             _dim, width, dtype = validation.check_tensors(*tensors)
             validation.check_fits_plan(self.geometry, tensors[0], tensors[3], width)
         else:
@@ -168,7 +168,7 @@ class StepPlan:
         x, weight, bias, conv_state, out = tensors
         validation.check_writable(x, weight, bias, conv_state, out)
         extents = validation.check_aliasing(x, weight, bias, conv_state, out, self.lines)
-        out_spec, out_non_spec = (bridge.normalize(t, n)
+        out_spec, out_non_spec = (registry.normalize(t, n)
                                   for t, n in zip(split, validation.SPLIT_NAMES))
         validation.check_split_outputs(x, weight, bias, conv_state, (out_spec, out_non_spec),
                                        self.part_tokens, extents)
@@ -177,7 +177,7 @@ class StepPlan:
                 (out_spec is None and out_non_spec is None):
             return result
         # A part without tokens writes no row: the backend passes x in its place.
-        x = bridge.channels_contiguous(x)
+        x = registry.channels_contiguous(x)
         backend.launch(self, Launch(x, weight, bias, conv_state, None, out_non_spec, silu,
                                     math, dtype, extents, False, None, SPLIT_PARTS,
                                     out_spec, self.spec_slot0))
@@ -194,20 +194,20 @@ class StepPlan:
         # The kernel needs channels contiguous in x and out (see kernels.abi). out may also
         # alias x, and the kernel reads neighbouring rows of x: then compute into a
         # separate buffer and copy (both rare; correctness over a saved copy).
-        x_given, x = x, bridge.channels_contiguous(x)
-        x_extent = extents["x"] if x is x_given else bridge.byte_extent(x)
+        x_given, x = x, registry.channels_contiguous(x)
+        x_extent = extents["x"] if x is x_given else arrays.byte_extent(x)
         target = out
         into_x = self.in_place and x is x_given and out is not None and \
             extents["out"] == x_extent and validation.shape_of(out) == validation.shape_of(x) \
             and tuple(out.stride()) == tuple(x.stride())
-        if out is None or (bridge.extents_meet(extents["out"], x_extent) and not into_x) or \
-                not bridge.has_unit_channel_stride(out):
-            if out is not None and not bridge.can_assign(out):
+        if out is None or (arrays.extents_meet(extents["out"], x_extent) and not into_x) or \
+                not arrays.has_unit_channel_stride(out):
+            if out is not None and not arrays.can_assign(out):
                 raise ValueError(f"out: a {type(out.source).__name__} that overlaps x or "
                                  f"has strided channels cannot be written through a copy; "
                                  f"pass out=None or a separate array with contiguous "
                                  f"channels")
-            target = bridge.empty_like_output(x, validation.shape_of(x), dtype)
+            target = backend.empty_output(x, validation.shape_of(x), dtype)
         if dim == 0 or self.num_blocks == 0:
             return _finish(out, target)
         zero_copy = x is x_given and (target is out or out is None)
@@ -228,6 +228,6 @@ def split_request(split, out_spec, out_non_spec):
 
 def _finish(out, target):
     if out is not None and target is not out:
-        bridge.assign(out, target)
+        arrays.assign(out, target)
         target = out
-    return target.source if isinstance(target, bridge.UsmArray) else target
+    return target.source if isinstance(target, arrays.UsmArray) else target

@@ -10,7 +10,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from jitconv.memory import bridge
+from jitconv.backends import registry
+from jitconv.memory import arrays
 from jitconv.kernels import abi
 from jitconv.kernels.abi import SUPPORTED_WIDTHS
 
@@ -43,7 +44,7 @@ def check_tensors(x, weight, bias, conv_state, out):
     xshape = shape_of(x)
     if len(xshape) != 2:
         raise ValueError(f"x: expected shape (num_tokens, dim), got {xshape}")
-    dtype = bridge.dtype_name(x)
+    dtype = arrays.dtype_name(x)
     if dtype not in FLOAT_DTYPES:
         raise TypeError(f"x: dtype must be one of {FLOAT_DTYPES}, got {dtype}")
     dim = xshape[1]
@@ -85,23 +86,23 @@ def check_tensors(x, weight, bias, conv_state, out):
                     ("out", out)):
         if t is not None and _where(t) != where:
             raise ValueError(f"{name}: expected a tensor on the same device as x "
-                             f"({bridge.device_of(x)}), got one on {bridge.device_of(t)}")
+                             f"({arrays.device_of(x)}), got one on {arrays.device_of(t)}")
     return dim, width, dtype
 
 
 def _where(t):
     """A cheap comparable device key (torch.device objects compare without str())."""
-    return t.device if isinstance(t, torch.Tensor) else bridge.device_of(t)
+    return t.device if isinstance(t, torch.Tensor) else arrays.device_of(t)
 
 
 def _same_dtype(name, t, dtype):
-    got = bridge.dtype_name(t)
+    got = arrays.dtype_name(t)
     if got != dtype:
         raise TypeError(f"{name}: dtype must match x ({dtype}), got {got}")
 
 
 def _check_strides(name, t):
-    strides = t.stride()  # torch tensors and bridge.UsmArray, in elements
+    strides = t.stride()  # torch tensors and arrays.UsmArray, in elements
     if min(strides, default=0) < 0:
         raise ValueError(f"{name}: negative strides are not supported, got {tuple(strides)}")
 
@@ -127,7 +128,7 @@ def host_ints(t, name, ndim=1, allow_bool=False):
                                f"device")
         arr = t.detach().cpu().numpy()
     else:
-        arr = bridge.host_array(t, name) if bridge.is_device_array(t) else np.asarray(t)
+        arr = registry.host_array(t, name) if arrays.is_device_array(t) else np.asarray(t)
         if arr.dtype == object or not (np.issubdtype(arr.dtype, np.integer)
                                        or (allow_bool and arr.dtype == np.bool_)):
             raise TypeError(f"{name}: expected integers, got dtype {arr.dtype}")
@@ -314,15 +315,15 @@ def check_aliasing(x, weight, bias, conv_state, out, lines):
     (the launch then computes into a separate buffer and copies). Interval checks on the
     byte extents; exact element checks only where a layout could overlap itself.
     Returns the byte extents by argument name (the launch reuses x's and out's)."""
-    extents = {name: bridge.byte_extent(t) for name, t in (
+    extents = {name: arrays.byte_extent(t) for name, t in (
         ("x", x), ("weight", weight), ("bias", bias), ("conv_state", conv_state),
         ("out", out))}
 
     def meet(a, b):
-        return bridge.extents_meet(extents[a], extents[b])
+        return arrays.extents_meet(extents[a], extents[b])
 
     if out is not None:
-        if bridge.strides_may_overlap(shape_of(out), _strides(out)) and \
+        if arrays.strides_may_overlap(shape_of(out), _strides(out)) and \
                 _elements_repeat(shape_of(out), _strides(out)) is not False:
             raise ValueError(f"out: its elements overlap in memory (strides "
                              f"{tuple(_strides(out))} for shape {shape_of(out)}): the "
@@ -338,7 +339,7 @@ def check_aliasing(x, weight, bias, conv_state, out, lines):
                 raise ValueError(f"conv_state and {other} overlap in memory: conv_state is "
                                  f"updated while {other} is read; pass separate tensors")
         shape, strides = shape_of(conv_state), _strides(conv_state)
-        if bridge.strides_may_overlap(shape, strides) and \
+        if arrays.strides_may_overlap(shape, strides) and \
                 _elements_repeat(shape, strides, first_index=lines) is not False:
             raise ValueError(f"conv_state: the cache lines this call updates overlap in "
                              f"memory (strides {tuple(strides)} for shape {shape}, e.g. an "
@@ -385,12 +386,12 @@ def check_split_outputs(x, weight, bias, conv_state, split, part_rows, extents):
         if shape_of(t) != (rows, dim):
             raise ValueError(f"{name}: expected shape ({rows}, {dim}) (the part's tokens, "
                              f"dim), got {shape_of(t)}")
-        _same_dtype(name, t, bridge.dtype_name(x))
+        _same_dtype(name, t, arrays.dtype_name(x))
         if _where(t) != where:
             raise ValueError(f"{name}: expected a tensor on the same device as x "
-                             f"({bridge.device_of(x)}), got one on {bridge.device_of(t)}")
+                             f"({arrays.device_of(x)}), got one on {arrays.device_of(t)}")
         _check_strides(name, t)
-        if not bridge.has_unit_channel_stride(t):
+        if not arrays.has_unit_channel_stride(t):
             raise ValueError(f"{name}: channels (last dimension) must be contiguous, got "
                              f"strides {tuple(t.stride())}")
         if rows > 1 and dim > 1 and t.stride()[0] < dim:
@@ -400,13 +401,13 @@ def check_split_outputs(x, weight, bias, conv_state, split, part_rows, extents):
             raise TypeError(f"{name}: requires grad, but jitconv's conv has no autograd; "
                             f"pass {name}.detach() or run under torch.no_grad()")
         _check_updatable(name, t)
-        found[name] = bridge.byte_extent(t)
+        found[name] = arrays.byte_extent(t)
     for name, extent in found.items():
         for other in ("x", "weight", "bias", "conv_state"):
-            if bridge.extents_meet(extent, extents[other]):
+            if arrays.extents_meet(extent, extents[other]):
                 role = "updated" if other == "conv_state" else "read"
                 raise ValueError(f"{name} and {other} overlap in memory: {name} is written "
                                  f"while {other} is {role}; pass separate tensors")
-    if len(found) == 2 and bridge.extents_meet(*found.values()):
+    if len(found) == 2 and arrays.extents_meet(*found.values()):
         raise ValueError("out_spec and out_non_spec overlap in memory: each part's rows "
                          "need their own memory")

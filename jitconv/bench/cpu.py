@@ -28,7 +28,7 @@ from jitconv.api import plan_cache
 from jitconv.backends.sycl import run_cache
 from jitconv.testing.baseline import causal_conv1d_mixed_torch
 from jitconv.testing.steps import DATA_KEYS, mixed_step, random_values, split_step
-from jitconv.memory.usm import DeviceArray
+from jitconv.backends.sycl.usm import DeviceArray
 
 MTP_K = 3
 WORKLOADS = {  # name: (non-spec sequence lengths, spec sequence lengths)

@@ -50,6 +50,7 @@ import jitconv
 from jitconv.backends.cuda import devices as cuda_devices
 from jitconv.kernels import tuning
 from jitconv.bench.cpu import WORKLOADS, bytes_moved, make_step, plan_of
+from jitconv.bench.cpu import plot
 from jitconv.reference import TOLERANCE, causal_conv1d_reference
 from jitconv.testing.steps import DATA_KEYS, split_step, token_rows
 
@@ -517,12 +518,11 @@ def panel(result):
 def side_by_side(cpu_json, gpu_json, path):
     """One figure: a CPU device's ``python -m jitconv bench --json`` result beside a GPU
     run of this module (the README's plot)."""
-    from jitconv.bench.cpu import plot as draw
     with open(cpu_json) as f:
         cpu = json.load(f)
     with open(gpu_json) as f:
         gpu = json.load(f)
-    draw([(f"{cpu['device']} ({cpu.get('timing', 'wall')} time), % of the copy of the same "
+    plot([(f"{cpu['device']} ({cpu.get('timing', 'wall')} time), % of the copy of the same "
            f"bytes", cpu["rows"]), panel(gpu)], path)
 
 
@@ -590,7 +590,6 @@ def main(argv=None):
                  dims=tuple(args.dim or (2048, 8192)), channels=ints(args.channels),
                  lookaheads=_lookaheads(args.lookaheads), modes=_modes(args.modes),
                  row_groups=_row_groups(args.row_groups))
-    from jitconv.bench.cpu import plot
     plot([panel(result)], os.path.join(args.out, "h200_pct_copy.png"))
 
 

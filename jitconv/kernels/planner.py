@@ -2,7 +2,7 @@
 metadata that stays there (``jitconv.device_plan``).
 
 A host plan reads the step's metadata once and builds its tables on the host
-(``api.batch``). A device plan never reads metadata values on the host: before each
+(``kernels.batch``). A device plan never reads metadata values on the host: before each
 conv launch a planning kernel (one work-item per block slot, this module's
 ``plan_slot``) reads query_start_loc, cache lines, initial-state flags and accepted
 counts where they are, and writes one record per slot into a table of fixed capacity
@@ -33,7 +33,7 @@ function (numba-cuda: ``backends/cuda/planner.py``; numba-dpex:
           ``backends/sycl/planner.py``).
 """
 
-from jitconv.api.batch import DEFAULT_BLOCK_TOKENS as BLOCK
+from jitconv.kernels.batch import DEFAULT_BLOCK_TOKENS as BLOCK
 from jitconv.kernels.abi import (BLOCK_FIELDS, FLAG_BLOCK_ROWS, FLAG_INITIAL_STATE,
                                  FLAG_SEQ_ROWS, FLAG_SPEC)
 

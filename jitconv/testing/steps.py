@@ -11,7 +11,7 @@ unwritten value shows), drawn from one torch.Generator: a seed reproduces a step
 
 import torch
 
-from jitconv.memory.usm import empty
+from jitconv.backends.registry import empty
 
 SPEC_KEYS = ("spec_query_start_loc", "spec_state_indices", "spec_token_indx",
              "num_accepted_tokens")

@@ -43,6 +43,7 @@ import os
 from jitconv import vllm as drop_ins
 from jitconv.vllm import installed
 from jitconv.api.plan import SplitOutputs
+from jitconv.backends.cuda.devices import have_numba_cuda
 
 # A child of vLLM's logger, so the lines appear with vLLM's own logging setup.
 logger = logging.getLogger("vllm.plugins.jitconv")
@@ -95,7 +96,6 @@ def platform_problem(on_cuda=False):
         return f"vLLM's platform is {name}: on CUDA only with {ON_CUDA_ENV}=1"
     if not torch.cuda.is_available():
         return "torch.cuda is not available"
-    from jitconv.backends.cuda.devices import have_numba_cuda
     if not have_numba_cuda():
         return "numba-cuda is not installed (pip install 'jitconv[cuda]')"
     return None

@@ -3,7 +3,7 @@ tensors while "cuda:N" is the current device), launched by ``launching``."""
 
 import torch
 
-from jitconv import device as current
+from jitconv.backends import devices as current
 from jitconv.backends.cuda import devices, launching
 from jitconv.kernels.abi import SPLIT_NONE, SPLIT_PARTS
 
@@ -58,6 +58,14 @@ class CudaBackend:
                          launch.key if launch.zero_copy else None,
                          launch.out is None and not parts, out2, launch.split,
                          launch.spec_slot0)
+
+    def empty_output(self, x, shape, dtype):
+        return torch.empty(shape, dtype=x.dtype, device=x.device)
+
+    def empty(self, shape, dtype, device):
+        """torch's own memory of the GPU (the CPU under numba's simulator): its allocator
+        already pools."""
+        return torch.empty(shape, dtype=dtype, device=devices.torch_device(device))
 
     def read_errors(self, plan):
         return launching.read_errors(plan)

@@ -15,10 +15,9 @@ default), where later work is not ordered after the kernel.
 
 import torch
 
-from jitconv import device as current
-from jitconv.backends.sycl import devices, launching, planner, run_cache, tables
+from jitconv.backends import devices as current
+from jitconv.backends.sycl import bridge, devices, launching, planner, run_cache, tables, usm
 from jitconv.kernels.abi import SPLIT_NONE, SPLIT_PARTS, fast_silu
-from jitconv.memory import bridge
 
 
 class SyclBackend:
@@ -106,6 +105,24 @@ class SyclBackend:
             run_cache.remember(launch.key, (x, weight, bias, conv_state, out), views,
                                launch.extents, plan, kernel, queue, values, grid[1], wait,
                                launch.dtype)
+
+    def normalize(self, t, name):
+        """A non-torch array (dpctl, dpnp, a USM-interface or kDLOneAPI DLPack producer)
+        as a ``memory.arrays.UsmArray``, zero-copy."""
+        return bridge.normalize(t, name)
+
+    def host_array(self, t, name):
+        """A non-torch device array's values, copied into a numpy array."""
+        return bridge.host_array(t, name)
+
+    def channels_contiguous(self, t, name):
+        return bridge.channels_contiguous(t, name)
+
+    def empty_output(self, x, shape, dtype):
+        return bridge.empty_like_output(x, shape, dtype)
+
+    def empty(self, shape, dtype, device):
+        return usm.empty(shape, dtype, device)
 
     def read_errors(self, plan):
         return planner.read_errors(plan)

@@ -40,10 +40,11 @@ import numpy as np
 import torch
 
 from jitconv.backends.sycl import bootstrap, devices
-from jitconv.memory import bridge
+from jitconv.backends.sycl import bridge
 from jitconv.backends.sycl import kernel_cache
 from jitconv import reference
-from jitconv.api.batch import Part, build_batch
+from jitconv.kernels.batch import Part, build_batch
+from jitconv.kernels import planner
 from jitconv.kernels.abi import TABLES
 
 ENABLED = os.environ.get("JITCONV_DEVICE_CHECK", "1") != "0"
@@ -193,7 +194,6 @@ def _known_answer_record(kwargs, num_tokens, num_lines, state_len, width, record
     """A fused kernel's record of the known-answer step (``consecutive``): (metadata
     views by ``planner.METADATA_ARRAYS`` name, and "errors": zeroed error words; their
     element strides; the planner's scalars)."""
-    from jitconv.kernels import planner
     values = dict(ns_qsl=kwargs["non_spec_query_start_loc"],
                   ns_lines=kwargs["non_spec_state_indices"],
                   ns_init=kwargs["has_initial_state"],

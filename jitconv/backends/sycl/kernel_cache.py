@@ -41,7 +41,9 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from jitconv.version import __version__
+from jitconv.backends.sycl.source import name_and_source
 from jitconv.kernels.abi import CONV_ARGS, STORAGE, SUPPORTED_WIDTHS, WIDE_CHANNELS, fast_silu
+from jitconv.kernels.planner import METADATA_ARRAYS, PLAN_ARGS, RECORD_ARGS
 
 PREBUILT_DIR = Path(__file__).resolve().parent / "prebuilt"
 _PACKAGE_DIR = Path(__file__).resolve().parents[2]  # jitconv/
@@ -115,7 +117,6 @@ def _abi(record_types=None):
     record arguments with its metadata's element types."""
     abi = [list(a) for a in CONV_ARGS]
     if record_types is not None:
-        from jitconv.kernels.planner import RECORD_ARGS
         abi.append([list(RECORD_ARGS), list(record_types)])
     return abi
 
@@ -160,7 +161,6 @@ def key(width, dtype_name, wide=False, fast=None, record_types=None):
     silu's fast math or not (None: the dtype's default, ``abi.fast_silu``);
     ``record_types``: the fused kernel for device plans with metadata of those element
     types (its code then also comes from PLANNER_FILES)."""
-    from jitconv.backends.sycl.source import name_and_source
     fast = fast_silu(dtype_name) if fast is None else fast
     fused = record_types is not None
     name, source = name_and_source(width, dtype_name, fast, wide, fused)
@@ -183,7 +183,6 @@ def planner_key(element_types):
 
 
 def _planner_abi(element_types):
-    from jitconv.kernels.planner import PLAN_ARGS
     return [list(PLAN_ARGS), list(element_types)]
 
 
@@ -192,7 +191,6 @@ def planner_specializations():
     ships: every array int32, or every array int64, the initial-state flags either of
     that type or one byte (bool / uint8). Other mixes are compiled where numba-dpex is
     installed."""
-    from jitconv.kernels.planner import METADATA_ARRAYS
     found = []
     for index in ("int32", "int64"):
         for flags in ("uint8", index):

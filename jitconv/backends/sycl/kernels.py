@@ -28,7 +28,7 @@ from numba.core.extending import intrinsic
 
 import numba_dpex as dpex
 
-from jitconv.kernels import bit_conversions
+from jitconv.kernels import bit_conversions, planner
 from jitconv.kernels.abi import (FLAG_BLOCK_ROWS, FLAG_INITIAL_STATE, FLAG_SEQ_ROWS, FLAG_SPEC,
                                  FLAG_UNCOVERED, SPLIT_PARTS, STORAGE, WIDE_CHANNELS,
                                  fast_silu)
@@ -210,7 +210,6 @@ def planner_functions():
     """The device planner's functions (``kernels.planner``) as numba-dpex device functions:
     copies whose globals name each other's device versions. The planner kernel calls
     ``plan_slot``, a fused conv kernel ``slot_record``."""
-    from jitconv.kernels import planner
     namespace = dict(vars(planner))
     for name in ("_start_token", "_sequence", "slot_record", "plan_slot"):
         fn = getattr(planner, name)

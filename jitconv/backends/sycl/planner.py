@@ -28,7 +28,7 @@ import torch
 
 from jitconv.backends.sycl import devices, kernel_cache, launching
 from jitconv.kernels import planner
-from jitconv.memory import bridge, usm
+from jitconv.backends.sycl import bridge, usm
 
 _lock = threading.Lock()
 _built = {}  # (device filter, context, element types) -> dpctl SyclKernel

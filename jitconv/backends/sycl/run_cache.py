@@ -25,7 +25,8 @@ import weakref
 
 import torch
 
-from jitconv.memory import bridge
+from jitconv.backends.sycl import bridge
+from jitconv.memory import arrays
 from jitconv.backends.sycl import launching, planner
 from jitconv.backends.sycl import tables
 from jitconv.kernels.abi import ACTIVATIONS, MATHS
@@ -84,10 +85,10 @@ def _shares_memory(tensors, extents):
         t = tensors[_NAMES.index(written)]
         if t is None:
             continue
-        if bridge.strides_may_overlap(tuple(t.shape), tuple(t.stride())):
+        if arrays.strides_may_overlap(tuple(t.shape), tuple(t.stride())):
             return True
         for other in _NAMES:
-            if other != written and bridge.extents_meet(extents[written], extents[other]):
+            if other != written and arrays.extents_meet(extents[written], extents[other]):
                 return True
     return False
 

@@ -7,7 +7,7 @@ import weakref
 
 from jitconv.backends.sycl import launching
 from jitconv.kernels.abi import TABLES
-from jitconv.memory import bridge, usm
+from jitconv.backends.sycl import bridge, planner, usm
 
 _lock = threading.Lock()
 _state = weakref.WeakKeyDictionary()  # plan -> {"tables": {...}, "unwaited": [bool]}
@@ -51,7 +51,6 @@ def for_run(plan, queue):
     conv launch must wait for, or None): a host plan's uploaded tables; a device plan's
     table, written now by its planner (submitted here, ``sycl.planner``)."""
     if plan.on_device:
-        from jitconv.backends.sycl import planner
         return planner.plan_on(plan, queue)
     return tables_on(plan, queue), None
 

@@ -12,8 +12,7 @@ import weakref
 import numpy as np
 import torch
 
-from jitconv.backends.cuda import devices as cuda_devices
-from jitconv import device as devices
+from jitconv.backends import devices
 
 try:
     import dpctl.memory as dpm  # noqa: E402  (devices bootstraps the runtime first)
@@ -144,16 +143,13 @@ def empty(shape, dtype=torch.float32, device=None):
 
     Works on any SYCL device (shared USM is host- and device-accessible); on an Intel GPU
     prefer torch XPU tensors, which live in device memory. Memory is recycled through a
-    pool once no tensor uses it any more. On a CUDA device ("cuda:N") it is a plain torch
-    CUDA tensor (torch's allocator already pools).
+    pool once no tensor uses it any more.
     """
     if isinstance(shape, int):
         shape = (shape,)
     shape = tuple(int(s) for s in shape)
     dtype = _dtype_of(dtype) if isinstance(dtype, str) else dtype
     device = device or devices.get_device()
-    if cuda_devices.is_cuda_name(device):  # torch's own device memory (CPU: simulator)
-        return torch.empty(shape, dtype=dtype, device=cuda_devices.torch_device(device))
     itemsize = torch.empty((), dtype=dtype).element_size()
     used = int(np.prod(shape, dtype=np.int64)) * itemsize
     memory = _pool.take(device, max(used, 1))

@@ -15,8 +15,10 @@ number of threads may import tensors at once.
 import ctypes
 import weakref
 
+from jitconv.memory import arrays
+
 KDL_CPU = 1
-KDL_ONEAPI = 14  # SYCL USM memory
+KDL_ONEAPI = arrays.KDL_ONEAPI  # SYCL USM memory
 
 # DLDataTypeCode -> dtype names for the codes jitconv meets (bits decide the width).
 _CODES = {0: "int", 1: "uint", 2: "float", 4: "bfloat", 6: "bool"}

@@ -1,4 +1,5 @@
-"""jitconv's ops as torch custom ops (``torch.ops.jitconv.*``), for torch.compile.
+"""jitconv's ops as torch custom ops (``torch.ops.jitconv.*``), for torch.compile, and
+the public ops that route to them while torch.compile traces.
 
 torch.compile cannot trace jitconv's Python (it launches SYCL or CUDA kernels through
 dpctl / the driver, and updates ``conv_state`` in place behind torch's back). Registered
@@ -6,18 +7,18 @@ with ``torch.library.custom_op``, each op is one opaque node whose mutated argum
 declared (so functionalization keeps the in-place state update) and whose fake
 implementation gives the output's shape, dtype and device without running anything.
 
-The public functions route here by themselves while torch.compile traces them
-(``torch.compiler.is_compiling()``): ``jitconv.causal_conv1d_mixed`` / ``_fn`` /
-``_update`` and ``jitconv.vllm.causal_conv1d_fn`` / ``_update`` called inside a compiled
-function become these ops, without a graph break. There, metadata must be tensors,
-Python lists or numpy arrays (made tensors), and ``out`` is filled by a copy of the op's
-result; split outputs (``split`` / ``out_spec`` / ``out_non_spec`` of
-``causal_conv1d_mixed``) go through ``causal_conv1d_mixed_split``, which writes the
-caller's tensors or new ones sized by the parts' token maps. Eagerly the functions run as
-they always do; plan objects (``jitconv.plan``,
-``device_plan``) are not ops and are not traced.
+``jitconv.causal_conv1d_mixed`` / ``_fn`` / ``_update`` are the functions defined here:
+eagerly they are ``jitconv.api.ops``'s; called inside a compiled function
+(``torch.compiler.is_compiling()``) they become these ops, without a graph break. There,
+metadata must be tensors, Python lists or numpy arrays (made tensors), and ``out`` is
+filled by a copy of the op's result; split outputs (``split`` / ``out_spec`` /
+``out_non_spec`` of ``causal_conv1d_mixed``) go through ``causal_conv1d_mixed_split``,
+which writes the caller's tensors or new ones sized by the parts' token maps. Plan
+objects (``jitconv.plan``, ``device_plan``) are not ops and are not traced. The vLLM
+drop-ins have their own ops (``jitconv.vllm.custom_ops``).
 """
 
+import functools
 from typing import Optional
 
 import numpy as np
@@ -25,7 +26,8 @@ import torch
 from torch import Tensor
 from torch.library import custom_op
 
-from jitconv.api import ops
+from jitconv.api import ops, validation
+from jitconv.api.plan import SplitOutputs, split_request
 
 
 def _fake_rows(x):
@@ -47,25 +49,25 @@ def _mixed(x, weight, bias, conv_state, metadata, activation, pad_slot_id, math,
 
 
 @custom_op("jitconv::causal_conv1d_mixed", mutates_args=("conv_state",))
-def causal_conv1d_mixed(x: Tensor, weight: Tensor, bias: Optional[Tensor],
-                        conv_state: Tensor, non_spec_query_start_loc: Optional[Tensor],
-                        non_spec_state_indices: Optional[Tensor],
-                        has_initial_state: Optional[Tensor],
-                        non_spec_token_indx: Optional[Tensor],
-                        spec_query_start_loc: Optional[Tensor],
-                        spec_state_indices: Optional[Tensor],
-                        spec_token_indx: Optional[Tensor],
-                        num_accepted_tokens: Optional[Tensor],
-                        non_spec_num_accepted_tokens: Optional[Tensor],
-                        activation: Optional[str], pad_slot_id: int,
-                        math: Optional[str]) -> Tensor:
+def mixed_op(x: Tensor, weight: Tensor, bias: Optional[Tensor],
+             conv_state: Tensor, non_spec_query_start_loc: Optional[Tensor],
+             non_spec_state_indices: Optional[Tensor],
+             has_initial_state: Optional[Tensor],
+             non_spec_token_indx: Optional[Tensor],
+             spec_query_start_loc: Optional[Tensor],
+             spec_state_indices: Optional[Tensor],
+             spec_token_indx: Optional[Tensor],
+             num_accepted_tokens: Optional[Tensor],
+             non_spec_num_accepted_tokens: Optional[Tensor],
+             activation: Optional[str], pad_slot_id: int,
+             math: Optional[str]) -> Tensor:
     return _mixed(x, weight, bias, conv_state, (
         non_spec_query_start_loc, non_spec_state_indices, has_initial_state,
         non_spec_token_indx, spec_query_start_loc, spec_state_indices, spec_token_indx,
         num_accepted_tokens, non_spec_num_accepted_tokens), activation, pad_slot_id, math)
 
 
-@causal_conv1d_mixed.register_fake
+@mixed_op.register_fake
 def _(x, *args):
     return _fake_rows(x)
 
@@ -80,13 +82,13 @@ _SPLIT_SCHEMA = ("(Tensor x, Tensor weight, Tensor? bias, Tensor(a!) conv_state,
 
 @custom_op("jitconv::causal_conv1d_mixed_split",
            mutates_args=("conv_state", "out_spec", "out_non_spec"), schema=_SPLIT_SCHEMA)
-def causal_conv1d_mixed_split(x, weight, bias, conv_state, out_spec, out_non_spec, *rest):
+def mixed_split_op(x, weight, bias, conv_state, out_spec, out_non_spec, *rest):
     metadata, (activation, pad_slot_id, math) = rest[:-3], rest[-3:]
     _mixed(x, weight, bias, conv_state, metadata, activation, pad_slot_id, math,
            out_spec=out_spec, out_non_spec=out_non_spec)
 
 
-@causal_conv1d_mixed_split.register_fake
+@mixed_split_op.register_fake
 def _(*args):
     return None
 
@@ -97,9 +99,7 @@ def mixed_split(x, weight, bias, conv_state, split, activation, pad_slot_id, mat
     (out_spec, out_non_spec), or (``split`` True) new ones whose row counts are the
     lengths of the parts' token maps (the traced graph cannot read the query_start_loc
     values): a part with sequences needs its map."""
-    from jitconv.api.plan import SplitOutputs
-    from jitconv.api.validation import check_no_out
-    check_no_out(out)
+    validation.check_no_out(out)
     metadata = tuple(as_tensor(m) for m in metadata)
     if split is True:
         parts = []
@@ -122,29 +122,29 @@ def mixed_split(x, weight, bias, conv_state, split, activation, pad_slot_id, mat
 
 
 @custom_op("jitconv::causal_conv1d_fn", mutates_args=("conv_state",))
-def causal_conv1d_fn(x: Tensor, weight: Tensor, bias: Optional[Tensor], conv_state: Tensor,
-                     query_start_loc: Tensor, cache_indices: Tensor,
-                     has_initial_state: Optional[Tensor], activation: Optional[str],
-                     pad_slot_id: int, token_indx: Optional[Tensor],
-                     math: Optional[str]) -> Tensor:
+def fn_op(x: Tensor, weight: Tensor, bias: Optional[Tensor], conv_state: Tensor,
+          query_start_loc: Tensor, cache_indices: Tensor,
+          has_initial_state: Optional[Tensor], activation: Optional[str],
+          pad_slot_id: int, token_indx: Optional[Tensor],
+          math: Optional[str]) -> Tensor:
     return ops.causal_conv1d_fn(x, weight, bias, conv_state, query_start_loc, cache_indices,
                                 has_initial_state, activation=activation,
                                 pad_slot_id=pad_slot_id, token_indx=token_indx, math=math)
 
 
-@causal_conv1d_fn.register_fake
+@fn_op.register_fake
 def _(x, *args):
     return _fake_rows(x)
 
 
 @custom_op("jitconv::causal_conv1d_update", mutates_args=("conv_state",))
-def causal_conv1d_update(x: Tensor, weight: Tensor, bias: Optional[Tensor],
-                         conv_state: Tensor, conv_state_indices: Tensor,
-                         query_start_loc: Optional[Tensor],
-                         num_accepted_tokens: Optional[Tensor], activation: Optional[str],
-                         pad_slot_id: int, token_indx: Optional[Tensor],
-                         math: Optional[str],
-                         max_query_len: Optional[int] = None) -> Tensor:
+def update_op(x: Tensor, weight: Tensor, bias: Optional[Tensor],
+              conv_state: Tensor, conv_state_indices: Tensor,
+              query_start_loc: Optional[Tensor],
+              num_accepted_tokens: Optional[Tensor], activation: Optional[str],
+              pad_slot_id: int, token_indx: Optional[Tensor],
+              math: Optional[str],
+              max_query_len: Optional[int] = None) -> Tensor:
     return ops.causal_conv1d_update(x, weight, bias, conv_state, conv_state_indices,
                                     query_start_loc, num_accepted_tokens,
                                     activation=activation, pad_slot_id=pad_slot_id,
@@ -152,48 +152,9 @@ def causal_conv1d_update(x: Tensor, weight: Tensor, bias: Optional[Tensor],
                                     max_query_len=max_query_len)
 
 
-@causal_conv1d_update.register_fake
+@update_op.register_fake
 def _(x, *args):
     return _fake_rows(x)
-
-
-@custom_op("jitconv::vllm_causal_conv1d_fn", mutates_args=("conv_states",))
-def vllm_causal_conv1d_fn(x: Tensor, weight: Tensor, bias: Optional[Tensor],
-                          conv_states: Tensor, query_start_loc: Tensor,
-                          cache_indices: Optional[Tensor],
-                          has_initial_state: Optional[Tensor],
-                          activation: Optional[str], pad_slot_id: Optional[int],
-                          null_block_id: Optional[int]) -> Tensor:
-    from jitconv import vllm
-    return vllm.causal_conv1d_fn(x, weight, bias, conv_states, query_start_loc,
-                                 cache_indices, has_initial_state, activation, pad_slot_id,
-                                 null_block_id)
-
-
-@vllm_causal_conv1d_fn.register_fake
-def _(x, *args):
-    return torch.empty(tuple(x.shape), dtype=x.dtype, device=x.device)  # (dim, tokens)
-
-
-@custom_op("jitconv::vllm_causal_conv1d_update", mutates_args=("x", "conv_state", "out"))
-def vllm_causal_conv1d_update(x: Tensor, conv_state: Tensor, weight: Tensor,
-                              bias: Optional[Tensor], activation: Optional[str],
-                              conv_state_indices: Optional[Tensor],
-                              num_accepted_tokens: Optional[Tensor],
-                              query_start_loc: Optional[Tensor], max_query_len: int,
-                              null_block_id: Optional[int], pad_slot_id: Optional[int],
-                              out: Optional[Tensor]) -> None:
-    # Written into out, or into x when out is None (vLLM's convention): both declared
-    # mutated, the caller returns the one written.
-    from jitconv import vllm
-    vllm.causal_conv1d_update(x, conv_state, weight, bias, activation, conv_state_indices,
-                              num_accepted_tokens, query_start_loc, max_query_len,
-                              null_block_id=null_block_id, out=out, pad_slot_id=pad_slot_id)
-
-
-@vllm_causal_conv1d_update.register_fake
-def _(*args):
-    return None
 
 
 def as_tensor(value):
@@ -210,3 +171,55 @@ def into(out, result):
         return result
     out.copy_(result)
     return out
+
+
+def compile_aware(eager, traced):
+    """``eager``, run as ``traced`` (same arguments: the custom op's call) while
+    torch.compile traces."""
+    @functools.wraps(eager)
+    def public(*args, **kwargs):
+        if torch.compiler.is_compiling():
+            return traced(*args, **kwargs)
+        return eager(*args, **kwargs)
+    return public
+
+
+def _traced_fn(x, weight, bias, conv_state, query_start_loc, cache_indices,
+               has_initial_state=None, activation="silu", pad_slot_id=-1, token_indx=None,
+               out=None, math=None):
+    return into(out, torch.ops.jitconv.causal_conv1d_fn(
+        x, weight, bias, conv_state, as_tensor(query_start_loc), as_tensor(cache_indices),
+        as_tensor(has_initial_state), activation, int(pad_slot_id), as_tensor(token_indx),
+        math))
+
+
+def _traced_update(x, weight, bias, conv_state, conv_state_indices, query_start_loc=None,
+                   num_accepted_tokens=None, activation="silu", pad_slot_id=-1,
+                   token_indx=None, out=None, math=None, max_query_len=None):
+    return into(out, torch.ops.jitconv.causal_conv1d_update(
+        x, weight, bias, conv_state, as_tensor(conv_state_indices),
+        as_tensor(query_start_loc), as_tensor(num_accepted_tokens), activation,
+        int(pad_slot_id), as_tensor(token_indx), math,
+        validation.check_max_query_len(max_query_len)))
+
+
+def _traced_mixed(x, weight, bias, conv_state, *, activation="silu", pad_slot_id=-1,
+                  out=None, math=None, split=False, out_spec=None, out_non_spec=None,
+                  **metadata):
+    unknown = set(metadata) - set(MIXED_METADATA)
+    if unknown:
+        raise TypeError(f"causal_conv1d_mixed() got an unexpected keyword argument "
+                        f"{sorted(unknown)[0]!r}")
+    values = tuple(metadata.get(name) for name in MIXED_METADATA)
+    split = split_request(split, out_spec, out_non_spec)
+    if split is not None:
+        return mixed_split(x, weight, bias, conv_state, split, activation, int(pad_slot_id),
+                           math, values, out)
+    return into(out, torch.ops.jitconv.causal_conv1d_mixed(
+        x, weight, bias, conv_state, *(as_tensor(m) for m in values), activation,
+        int(pad_slot_id), math))
+
+
+causal_conv1d_fn = compile_aware(ops.causal_conv1d_fn, _traced_fn)
+causal_conv1d_update = compile_aware(ops.causal_conv1d_update, _traced_update)
+causal_conv1d_mixed = compile_aware(ops.causal_conv1d_mixed, _traced_mixed)

@@ -1,7 +1,7 @@
 """The torch bridge: tensors in, tensors out, zero-copy where the memory allows it.
 
 How an argument reaches a kernel (``to_device``):
-- torch XPU tensor: its DLPack capsule (kDLOneAPI) is read by ``jitconv.memory.dlpack``,
+- torch XPU tensor: its DLPack capsule (kDLOneAPI) is read by ``dlpack``,
   zero-copy. float16/bfloat16 are viewed as int16 first: the kernels read raw 16-bit
   patterns anyway.
 - torch CPU tensor whose memory is USM of the device's context (``jitconv.empty`` /
@@ -27,16 +27,16 @@ the op before launch.
 """
 
 import os
-import sys
 from typing import NamedTuple
 
 import numpy as np
 import torch
 
-from jitconv import device as devices
-from jitconv.memory import dlpack
-from jitconv.memory import usm
+from jitconv.backends import devices
+from jitconv.backends.sycl import dlpack, usm
 from jitconv.backends.sycl.devices import name_of
+from jitconv.memory import arrays
+from jitconv.memory.arrays import DTYPE_TORCH, UsmArray
 
 try:
     import dpctl  # noqa: E402  (devices bootstraps the runtime first)
@@ -46,11 +46,6 @@ except ImportError:  # a CUDA-only install: torch CUDA tensors need none of this
 
 KDL_ONEAPI = dlpack.KDL_ONEAPI
 
-DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16",
-               torch.bfloat16: "bfloat16", torch.int32: "int32", torch.int64: "int64",
-               torch.bool: "bool", torch.int16: "int16", torch.uint8: "uint8",
-               torch.int8: "int8", torch.float64: "float64"}
-DTYPE_TORCH = {v: k for k, v in DTYPE_NAMES.items()}
 _SIXTEEN_BIT = (torch.float16, torch.bfloat16)
 _USM_CLASSES = ((dpm.MemoryUSMShared, dpm.MemoryUSMDevice, dpm.MemoryUSMHost)
                 if dpm is not None else ())
@@ -94,53 +89,6 @@ class DeviceView(NamedTuple):
         return self.memory._pointer + self.offset * self.itemsize
 
 
-class UsmArray:
-    """A non-torch array in USM memory, as validation and the launch see it: a dpctl
-    usm_ndarray, a dpnp array, any ``__sycl_usm_array_interface__`` object, or a tensor
-    imported from a kDLOneAPI DLPack capsule. ``source`` is the caller's object (outputs
-    are made of its kind); ``owner`` keeps the memory valid (the source, or the DLPack
-    import whose deleter frees it)."""
-
-    __slots__ = ("source", "owner", "address", "shape", "strides", "dtype", "itemsize",
-                 "device", "allocation", "read_only", "copied")
-
-    def __init__(self, source, owner, address, shape, strides, dtype, itemsize, device,
-                 allocation=None, read_only=False, copied=False):
-        self.source, self.owner, self.address = source, owner, address
-        self.shape, self.strides = tuple(shape), tuple(strides)
-        self.dtype, self.itemsize, self.device = dtype, itemsize, device
-        self.allocation = allocation  # the allocation's dpctl memory object, if known
-        self.read_only, self.copied = read_only, copied
-
-    def stride(self):
-        return self.strides
-
-    def extent(self):
-        """(first, last + 1) byte addresses the view touches."""
-        if any(n == 0 for n in self.shape):
-            return self.address, self.address
-        span = sum((n - 1) * s for n, s in zip(self.shape, self.strides))
-        return self.address, self.address + (span + 1) * self.itemsize
-
-
-def dtype_name(t):
-    """'float32', 'float16', 'bfloat16', ... for a torch tensor or a UsmArray."""
-    if isinstance(t, torch.Tensor):
-        return DTYPE_NAMES.get(t.dtype, str(t.dtype))
-    if isinstance(t, UsmArray):
-        return t.dtype
-    return np.dtype(t.dtype).name
-
-
-def device_of(t):
-    """Where an argument lives: 'cpu', 'xpu:N', or the dpctl filter string of its device."""
-    if isinstance(t, torch.Tensor):
-        return str(t.device)
-    if isinstance(t, UsmArray):
-        return t.device or "a SYCL context"
-    return type(t).__name__
-
-
 _device_ids = {}  # SyclDevice -> DLPack device id; filter strings by DLPack device id
 
 
@@ -165,15 +113,6 @@ def _filter_string_of_dlpack_id(device_id):
                  else f"oneAPI device {device_id}")
         _dlpack_devices[device_id] = found
     return found
-
-
-def _c_strides(shape):
-    """Row-major strides, in elements."""
-    strides, step = [], 1
-    for n in reversed(shape):
-        strides.insert(0, step)
-        step *= max(int(n), 1)
-    return tuple(strides)
 
 
 class _Pointer:
@@ -220,7 +159,7 @@ def _from_usm_interface(obj, name):
     shape = tuple(int(n) for n in iface["shape"])
     strides = iface.get("strides")
     if strides is None:
-        strides = _c_strides(shape)
+        strides = arrays.c_strides(shape)
     syclobj = iface.get("syclobj")
     device = getattr(syclobj, "sycl_device", None)
     address = iface["data"][0] + int(iface.get("offset", 0) or 0) * dt.itemsize
@@ -245,16 +184,6 @@ def _from_dlpack(obj, name, source=None):
                     read_only=t.read_only, copied=t.copied)
 
 
-def is_device_array(t):
-    """A non-torch array jitconv can take zero-copy (USM interface or kDLOneAPI DLPack)."""
-    if isinstance(t, UsmArray) or hasattr(t, "__sycl_usm_array_interface__"):
-        return True
-    try:
-        return hasattr(t, "__dlpack__") and t.__dlpack_device__()[0] == KDL_ONEAPI
-    except (AttributeError, TypeError, ValueError):
-        return False
-
-
 def normalize(t, name):
     """torch tensors as they are; every other array (dpctl, dpnp, any USM-interface or
     kDLOneAPI DLPack producer) as a ``UsmArray``, zero-copy."""
@@ -262,7 +191,7 @@ def normalize(t, name):
         return t
     if hasattr(t, "__sycl_usm_array_interface__"):
         arr = _from_usm_interface(t, name)
-    elif is_device_array(t):
+    elif arrays.is_device_array(t):
         arr = _from_dlpack(t, name)
     else:
         raise TypeError(f"{name}: expected a torch tensor, dpnp array, dpctl usm_ndarray or"
@@ -373,7 +302,7 @@ def _copy_in(t, name, writable, queue, written=None):
     if host.nbytes:
         queue.memcpy(memory, host.reshape(-1).view(np.uint8), host.nbytes)
     _counts["to_device"] += 1
-    view = DeviceView(memory, 0, tuple(host.shape), _c_strides(host.shape), host.itemsize,
+    view = DeviceView(memory, 0, tuple(host.shape), arrays.c_strides(host.shape), host.itemsize,
                       memory)
     if not writable:
         return view, None
@@ -414,17 +343,6 @@ def host_array(t, name):
     return np.ndarray(arr.shape, dt, raw, 0, [s * dt.itemsize for s in arr.strides]).copy()
 
 
-def _namespace(source):
-    """The module that makes arrays of ``source``'s kind (dpctl.tensor for a usm_ndarray,
-    dpnp for a dpnp array), or None. Never imported here: a caller holding such an array
-    has imported it already."""
-    if not hasattr(source, "__sycl_usm_array_interface__"):
-        return None
-    if hasattr(source, "__array_namespace__"):
-        return source.__array_namespace__()
-    return sys.modules.get(type(source).__module__.partition(".")[0])
-
-
 def empty_like_output(x, shape, dtype_str):
     """A new output tensor of the same kind as ``x``: torch XPU / CUDA -> the same device,
     torch CPU -> ``jitconv.empty`` (a torch CUDA-simulator tensor when the current device
@@ -436,7 +354,7 @@ def empty_like_output(x, shape, dtype_str):
             return torch.empty(shape, dtype=x.dtype, device=x.device)
         return usm.empty(shape, x.dtype)
     source = x.source if isinstance(x, UsmArray) else x
-    xp = _namespace(source)
+    xp = arrays.namespace(source)
     if xp is not None and hasattr(xp, "empty") and hasattr(source, "device"):
         return xp.empty(shape, dtype=source.dtype, device=source.device)
     return usm.empty(shape, DTYPE_TORCH[dtype_str])
@@ -447,74 +365,21 @@ def address_of(t):
     return t.data_ptr() if isinstance(t, torch.Tensor) else normalize(t, "out").address
 
 
-def has_unit_channel_stride(t):
-    """True if the last dimension is contiguous (or has a single element)."""
-    return t.shape[-1] <= 1 or t.stride()[-1] == 1
-
-
 def channels_contiguous(t, name="x"):
     """``t`` itself if its channels (last dimension) are contiguous, else a copy that is
     (made by t's own library; raises TypeError for a foreign array it cannot copy)."""
-    if has_unit_channel_stride(t):
+    if arrays.has_unit_channel_stride(t):
         return t
     if isinstance(t, torch.Tensor):
         return t.contiguous()
-    xp = _namespace(t.source)
+    xp = arrays.namespace(t.source)
     if xp is None or not hasattr(xp, "copy"):
         raise TypeError(f"{name}: channels (last dimension) must be contiguous for a "
                         f"{type(t.source).__name__}, got strides {t.strides}")
     return normalize(xp.copy(t.source, order="C"), name)
 
 
-def can_assign(out):
-    """Whether results can be copied into ``out`` (when the kernel had to write a
-    separate buffer): torch tensors, and arrays whose library supports ``out[...] =``."""
-    return isinstance(out, torch.Tensor) or hasattr(out.source, "__setitem__")
-
-
-def assign(out, result):
-    """out[...] = result, for the kinds ``can_assign`` accepts."""
-    if isinstance(out, torch.Tensor):
-        out.copy_(result)
-    else:
-        out.source[...] = result
-
-
-def byte_extent(t):
-    """(first, last + 1) byte addresses a tensor's view touches, or None when it has no
-    elements (or is None). Strides are non-negative (validated)."""
-    if t is None:
-        return None
-    if isinstance(t, UsmArray):
-        lo, hi = t.extent()
-        return (lo, hi) if hi > lo else None
-    span = 0
-    for n, s in zip(t.shape, t.stride()):
-        if n == 0:
-            return None
-        span += (n - 1) * s
-    start = t.data_ptr()
-    return start, start + (span + 1) * t.element_size()
-
-
-def extents_meet(ea, eb):
-    """Whether two byte extents (from ``byte_extent``) share a byte."""
-    return ea is not None and eb is not None and ea[0] < eb[1] and eb[0] < ea[1]
-
-
 def normalize_all(x, weight, bias, conv_state, out):
     """``normalize`` for the five tensor arguments of the ops, in that order."""
     return [normalize(t, n) for t, n in zip((x, weight, bias, conv_state, out),
                                             ("x", "weight", "bias", "conv_state", "out"))]
-
-
-def strides_may_overlap(shape, strides):
-    """False when the strides prove that no two elements share memory (each dimension,
-    by increasing stride, steps over everything the smaller ones span); True otherwise."""
-    span = 0
-    for n, s in sorted(((n, s) for n, s in zip(shape, strides) if n > 1),
-                       key=lambda d: d[1]):
-        if s <= span:
-            return True
-        span += (n - 1) * s
-    return False

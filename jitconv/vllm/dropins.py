@@ -1,0 +1,434 @@
+"""The vLLM drop-ins' eager implementations (``jitconv.vllm`` has the public functions,
+which route to custom ops while torch.compile traces: ``jitconv.vllm.custom_ops``).
+
+vLLM's GDN and Mamba layers call ``causal_conv1d_fn`` (prefill, x channel-major) and
+``causal_conv1d_update`` (decode / spec verify) from
+``vllm.model_executor.layers.mamba.ops.causal_conv1d``. The two functions here have the
+same signatures, argument order and defaults as vLLM 0.33's, and follow vLLM's batch
+conventions (null block 0 and zero-length sequences skipped, batch taken from
+``conv_state_indices``, update written into x when ``out`` is None);
+``jitconv.vllm.conventions`` translates those into the core ops' arguments, so the core's
+validation still applies. ``gdn_conv_step`` goes further: the conv of a whole engine step
+(prefill chunks, decodes and spec verify sequences) straight from vLLM's
+``GDNAttentionMetadata``, in one launch.
+
+``causal_conv1d_update`` and ``causal_conv1d_fn`` with CUDA (or XPU) tensors and their
+metadata on x's device (vLLM's calls) leave the metadata there: each runs a
+``jitconv.device_plan`` kept per set of metadata buffers (``jitconv.api.device_calls``),
+so they never wait for the device and a CUDA graph may capture them; bad values there are
+skipped and recorded (``jitconv.check_errors`` raises them), not raised by the call.
+Every other call reads the metadata on the host.
+
+Output rows that no sequence computes (rows of skipped sequences, rows of x beyond the
+batch) hold zeros here, also when the result is written into x; vLLM's kernels leave
+them as they were. jitconv writes them so that no stale or uninitialised value flows on.
+"""
+
+import numpy as np
+import torch
+
+from jitconv.api import device_calls, ops, validation
+from jitconv.api.plan import SplitOutputs
+from jitconv.api.validation import host_ints
+from jitconv.vllm import conventions
+from jitconv.vllm.conventions import NULL_BLOCK_ID, PAD_SLOT_ID
+
+
+def activation_name(activation):
+    if isinstance(activation, bool):
+        return "silu" if activation else None
+    return activation
+
+
+# Arguments of vLLM's conv ops (in some releases or revisions) that jitconv does not
+# implement: what each asks for, and the vLLM setting that makes vLLM pass it. The
+# drop-ins take them and refuse any value but the default before anything runs; the
+# plugin reads which of them the installed vLLM's ops take.
+PREFIX_CACHING_ALL = ("per-block conv-state checkpoints, which vLLM asks for with prefix "
+                      "caching in 'all' mode (--enable-prefix-caching --mamba-cache-mode "
+                      "all)")
+NOT_IMPLEMENTED = {
+    "block_idx_first_scheduled_token": PREFIX_CACHING_ALL,
+    "block_idx_last_scheduled_token": PREFIX_CACHING_ALL,
+    "initial_state_idx": PREFIX_CACHING_ALL,
+    "num_computed_tokens": PREFIX_CACHING_ALL,
+    "block_size_to_align": PREFIX_CACHING_ALL,
+    "retrieve_parent_token": ("windows along a draft-token tree, which vLLM asks for with "
+                              "EAGLE tree verify (tree-shaped speculative drafts)"),
+    "cache_seqlens": ("a circular conv-state buffer (each line's write position), which "
+                      "callers of the Dao-AILab/causal-conv1d convention pass"),
+}
+
+
+def refuse_fn_arguments(cache_indices, block_idx_first_scheduled_token,
+                        block_idx_last_scheduled_token, initial_state_idx,
+                        num_computed_tokens, block_size_to_align):
+    """``causal_conv1d_fn``'s arguments that jitconv does not implement, refused."""
+    _refuse(block_idx_first_scheduled_token=block_idx_first_scheduled_token,
+            block_idx_last_scheduled_token=block_idx_last_scheduled_token,
+            initial_state_idx=initial_state_idx, num_computed_tokens=num_computed_tokens,
+            block_size_to_align=block_size_to_align)
+    if cache_indices is not None and getattr(cache_indices, "ndim", 1) != 1:
+        raise NotImplementedError(
+            f"cache_indices: a {cache_indices.ndim}-D block table (shape "
+            f"{tuple(cache_indices.shape)}) is not implemented by jitconv: "
+            f"{PREFIX_CACHING_ALL}. Expected shape (batch,)")
+
+
+def refuse_update_arguments(block_idx_last_scheduled_token, initial_state_idx,
+                            retrieve_parent_token, cache_seqlens):
+    """``causal_conv1d_update``'s arguments that jitconv does not implement, refused."""
+    _refuse(block_idx_last_scheduled_token=block_idx_last_scheduled_token,
+            initial_state_idx=initial_state_idx,
+            retrieve_parent_token=retrieve_parent_token, cache_seqlens=cache_seqlens)
+
+
+def _refuse(**given):
+    """NotImplementedError for the first argument of ``NOT_IMPLEMENTED`` given a value
+    other than its default (None, or 0 for block_size_to_align)."""
+    for name, value in given.items():
+        off = value is None or (name == "block_size_to_align"
+                                and isinstance(value, int) and value == 0)
+        if not off:
+            raise NotImplementedError(
+                f"{name}: not implemented by jitconv: {NOT_IMPLEMENTED[name]}. Expected "
+                f"{'0' if name == 'block_size_to_align' else 'None'}; turn that setting "
+                f"off, or run vLLM's own conv op")
+
+
+def _to_state_dtype(conv_state, *tensors):
+    """vLLM's kernels compute in the conv cache's dtype (mamba_cache_dtype may differ from
+    the model's): x, weight and bias are converted to it. Weights are tiny; None stays
+    None."""
+    return [None if t is None else t.to(conv_state.dtype) for t in tensors]
+
+
+def causal_conv1d_fn(x, weight, bias, conv_states, query_start_loc, cache_indices=None,
+                     has_initial_state=None, activation="silu", pad_slot_id=PAD_SLOT_ID,
+                     null_block_id=NULL_BLOCK_ID, metadata=None, validate_data=False, *,
+                     block_idx_first_scheduled_token=None,
+                     block_idx_last_scheduled_token=None, initial_state_idx=None,
+                     num_computed_tokens=None, block_size_to_align=0):
+    """vLLM's prefill op. x: (dim, cu_seqlen) (usually a transposed token-major view);
+    conv_states: (lines, dim, state_len) view, updated in place; the batch is
+    ``query_start_loc.size(0) - 1``. A sequence is skipped (state untouched, output
+    zeros) when its line equals ``null_block_id`` or ``pad_slot_id`` (either may be None)
+    or it has no tokens. ``cache_indices`` None: sequence i uses line i, none skipped for
+    its line. Columns of x beyond ``query_start_loc[-1]`` come out zero. Returns a new
+    (dim, cu_seqlen) tensor in x's dtype. ``metadata`` only tunes vLLM's Triton launch and
+    is ignored; jitconv always validates (``validate_data`` is accepted and ignored).
+
+    The prefix-caching arguments of vLLM 0.32's op (``block_idx_*``,
+    ``initial_state_idx``, ``num_computed_tokens``, ``block_size_to_align``, and a 2-D
+    ``cache_indices``) raise NotImplementedError unless left at their defaults.
+    """
+    refuse_fn_arguments(cache_indices, block_idx_first_scheduled_token,
+                        block_idx_last_scheduled_token, initial_state_idx,
+                        num_computed_tokens, block_size_to_align)
+    null_block_id = conventions.check_skipped_id(null_block_id, "null_block_id")
+    pad_slot_id = conventions.check_skipped_id(pad_slot_id, "pad_slot_id")
+    if hasattr(query_start_loc, "__len__") and len(query_start_loc) > 0:
+        # vLLM's kernel reads the first batch entries of these: longer ones are padded
+        batch = len(query_start_loc) - 1
+        cache_indices = conventions.leading_entries(cache_indices, batch, "cache_indices")
+        has_initial_state = conventions.leading_entries(has_initial_state, batch,
+                                                        "has_initial_state")
+    if _on_device(x, cache_indices, query_start_loc, has_initial_state) and \
+            x.dtype == conv_states.dtype:
+        return _device_fn(x, weight, bias, conv_states, query_start_loc, cache_indices,
+                          has_initial_state, activation, pad_slot_id, null_block_id)
+    original_dtype = x.dtype
+    # (cu_seqlen, dim): a view when no conversion is needed
+    tokens, weight, bias = _to_state_dtype(conv_states, x.transpose(0, 1), weight, bias)
+    num_lines = int(conv_states.shape[0])
+    qsl = conventions.query_start_loc(query_start_loc, None, "query_start_loc")
+    batch = len(qsl) - 1
+    if cache_indices is None:
+        lines, skipped = np.arange(batch), ()
+    else:
+        lines, skipped = host_ints(cache_indices, "cache_indices"), \
+            (null_block_id, pad_slot_id)
+    lines = conventions.skip_sequences(lines, qsl, "cache_indices", num_lines, skipped)
+    rows = conventions.leading_rows(int(qsl[-1]), int(tokens.shape[0]), "query_start_loc")
+    out = ops.causal_conv1d_fn(tokens, weight, bias, conv_states, qsl, lines,
+                               has_initial_state, activation=activation_name(activation),
+                               pad_slot_id=conventions.CORE_PAD, token_indx=rows)
+    return out.transpose(0, 1).to(original_dtype)
+
+
+def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None,
+                         conv_state_indices=None, num_accepted_tokens=None,
+                         query_start_loc=None, max_query_len=-1,
+                         null_block_id=conventions.DEFAULT, validate_data=False, out=None,
+                         pad_slot_id=None, *, block_idx_last_scheduled_token=None,
+                         initial_state_idx=None, retrieve_parent_token=None,
+                         cache_seqlens=None):
+    """vLLM's decode / spec-verify op. x: (batch, dim) (one token each), (batch, dim,
+    seqlen), or varlen (num_tokens, dim) with ``query_start_loc``. conv_state: (lines,
+    dim, state_len) view. The batch is ``conv_state_indices.size(0)`` ((batch,) or
+    vLLM's (batch, K) table, column 0 used); ``query_start_loc`` and
+    ``num_accepted_tokens`` may be longer and x may have extra rows (ignored, those rows
+    come out zero). Lines equal to ``null_block_id`` (None: no such line) and
+    zero-length sequences are skipped; ``conv_state_indices`` None: sequence i uses line
+    i, none skipped for its line. With ``num_accepted_tokens`` the spec-decode
+    sliding-window rule applies. The result goes into ``out``, or into x when ``out`` is
+    None, and that tensor is returned. ``max_query_len`` (> 0), with metadata on the
+    device, declares the longest sequence (the short kernels; a longer one is a bad
+    value); host metadata gives lengths from ``query_start_loc``. ``validate_data`` is
+    accepted and ignored.
+
+    vLLM before its null block (up to 0.19) passes ``pad_slot_id`` (PAD_SLOT_ID = -1)
+    instead: sequences on that line are skipped, and with no ``null_block_id`` given line
+    0 is then a cache line like any other (that convention had no null block).
+
+    Arguments some vLLM releases or revisions take and jitconv does not implement
+    (``block_idx_last_scheduled_token`` and ``initial_state_idx``: prefix caching in
+    'all' mode; ``retrieve_parent_token``: EAGLE tree verify; ``cache_seqlens``: a
+    circular state buffer) raise NotImplementedError unless None.
+    """
+    refuse_update_arguments(block_idx_last_scheduled_token, initial_state_idx,
+                            retrieve_parent_token, cache_seqlens)
+    null_block_id, pad_slot_id = conventions.skipped_ids(null_block_id, pad_slot_id)
+    target = x if out is None else out
+    if _on_device(x, conv_state_indices, query_start_loc, num_accepted_tokens) and \
+            (out is None or (out.shape == x.shape and out.dtype == x.dtype)) and \
+            x.dtype == conv_state.dtype:
+        return _device_update(x, conv_state, weight, bias, activation, conv_state_indices,
+                              num_accepted_tokens, query_start_loc, max_query_len,
+                              null_block_id, target, pad_slot_id)
+    if out is not None:
+        if tuple(out.shape) != tuple(x.shape):
+            raise ValueError(f"out: expected shape {tuple(x.shape)} (same as x), got "
+                             f"{tuple(out.shape)}")
+        if out.dtype != x.dtype:
+            raise TypeError(f"out: dtype must match x ({x.dtype}), got {out.dtype}")
+    x, weight, bias = _to_state_dtype(conv_state, x, weight, bias)
+    num_lines = int(conv_state.shape[0])
+    batch_form = None  # (batch, seqlen, dim) when x is (batch, dim, seqlen)
+    if query_start_loc is not None:
+        if x.dim() != 2:
+            raise ValueError(f"x: expected shape (num_tokens, dim) with query_start_loc, "
+                             f"got {tuple(x.shape)}")
+        if conv_state_indices is None:
+            raise ValueError("conv_state_indices: required with query_start_loc (the "
+                             "batch is its size)")
+        tokens, skipped = x, (null_block_id, pad_slot_id)
+        lines = conventions.column_zero(conv_state_indices, "conv_state_indices")
+        qsl = conventions.query_start_loc(query_start_loc, len(lines), "query_start_loc")
+    else:
+        size = int(x.shape[0])
+        if x.dim() == 2:
+            tokens, seqlen = x, 1
+        elif x.dim() == 3:
+            _, dim, seqlen = (int(s) for s in x.shape)
+            # (batch, dim, seqlen) -> token-major (batch * seqlen, dim); reshape copies
+            # only when the strides do not allow a view.
+            tokens = x.transpose(1, 2).reshape(size * seqlen, dim)
+            batch_form = (size, seqlen, dim)
+        else:
+            raise ValueError(f"x: expected (batch, dim), (batch, dim, seqlen) or, with "
+                             f"query_start_loc, (num_tokens, dim); got {tuple(x.shape)}")
+        if conv_state_indices is None:  # sequence i on line i: no index marks a pad
+            lines, skipped = np.arange(size), ()
+        else:
+            lines, skipped = conventions.column_zero(conv_state_indices,
+                                                     "conv_state_indices"), \
+                (null_block_id, pad_slot_id)
+            if len(lines) > size:
+                raise ValueError(f"conv_state_indices: {len(lines)} entries (the batch), "
+                                 f"but x holds only {size} sequences")
+        qsl = np.arange(0, len(lines) * seqlen + 1, seqlen)
+    batch = len(lines)
+    lines = conventions.skip_sequences(lines, qsl, "conv_state_indices", num_lines, skipped)
+    accepted = None
+    if num_accepted_tokens is not None:
+        accepted = conventions.first_entries(num_accepted_tokens, batch,
+                                             "num_accepted_tokens")
+    rows = conventions.leading_rows(int(qsl[-1]), int(tokens.shape[0]), "query_start_loc")
+    direct = x.dim() == 2 and target.dtype == conv_state.dtype
+    result = ops.causal_conv1d_update(
+        tokens, weight, bias, conv_state, lines, query_start_loc=qsl,
+        num_accepted_tokens=accepted, activation=activation_name(activation),
+        pad_slot_id=conventions.CORE_PAD, token_indx=rows,
+        out=target if direct else None)
+    if not direct:  # another dtype or a (batch, dim, seqlen) form: copy into place
+        target.copy_(result if batch_form is None
+                     else result.reshape(batch_form).transpose(1, 2))
+    return target
+
+
+def _on_device(x, first, *metadata):
+    """Whether a drop-in call takes the device-metadata path
+    (``device_calls.on_device``); ``first`` (the cache lines) must be given: without it
+    sequence i uses line i, which needs the batch on the host."""
+    return first is not None and device_calls.on_device(x, first, *metadata)
+
+
+def _device_update(x, conv_state, weight, bias, activation, conv_state_indices,
+                   num_accepted_tokens, query_start_loc, max_query_len, null_block_id,
+                   target, pad_slot_id):
+    """``causal_conv1d_update`` with its metadata left on the device (never read back):
+    a ``jitconv.device_plan`` per set of metadata tensors, kept (engines pass the same
+    persistent buffers, or the same slices of them, at every layer and step), run on
+    torch's stream; a CUDA graph may capture the call. The same conventions: the batch
+    is conv_state_indices' length (column 0 of a 2-D table), longer query_start_loc and
+    num_accepted_tokens are cut to it, the null block and empty sequences are skipped,
+    rows of x after the batch's tokens come out zero."""
+    num_lines, _dim, state_len = (int(s) for s in conv_state.shape)
+    width = int(weight.shape[-1])
+    declared = int(max_query_len) if max_query_len is not None and max_query_len > 0 else None
+    # Keyed by the arguments as given (slices of them are new objects at every call).
+    key = ("vllm update", device_calls.describe(conv_state_indices),
+           device_calls.describe(query_start_loc), device_calls.describe(num_accepted_tokens),
+           x.get_device(), int(x.shape[0]), num_lines, state_len, width, null_block_id,
+           pad_slot_id, declared)
+    plan = device_calls.kept_plan(key, lambda: _device_update_plan(
+        x, conv_state_indices, num_accepted_tokens, query_start_loc, declared,
+        null_block_id, pad_slot_id, (num_lines, state_len, width)))
+    if weight.dtype != conv_state.dtype or (bias is not None and bias.dtype != weight.dtype):
+        weight, bias = _to_state_dtype(conv_state, weight, bias)
+    # Straight into target when the plan allows it (x itself included: every sequence
+    # in one block), else a new output copied there.
+    result = plan.run(x, weight, bias, conv_state, out=target if plan.in_place else None,
+                      activation=activation_name(activation))
+    if result is not target:
+        target.copy_(result)
+    return target
+
+
+def _device_fn(x, weight, bias, conv_states, query_start_loc, cache_indices,
+               has_initial_state, activation, pad_slot_id, null_block_id):
+    """``causal_conv1d_fn`` with its metadata left on the device, as ``_device_update``:
+    a device plan per set of metadata tensors (lengths from query_start_loc, no bound
+    declared: the planner's block search), the null block, ``pad_slot_id`` and empty
+    sequences skipped, columns of x beyond the batch's tokens zero."""
+    tokens = x.transpose(0, 1)  # (cu_seqlen, dim)
+    num_lines, _dim, state_len = (int(s) for s in conv_states.shape)
+    width = int(weight.shape[-1])
+    key = ("vllm fn", device_calls.describe(query_start_loc),
+           device_calls.describe(cache_indices), device_calls.describe(has_initial_state),
+           x.get_device(), int(tokens.shape[0]), num_lines, state_len, width, null_block_id,
+           pad_slot_id)
+    plan = device_calls.kept_plan(key, lambda: device_calls.build(
+        _geometry(int(tokens.shape[0]), num_lines, state_len, width, pad_slot_id),
+        dict(device_calls.NO_ARRAYS, ns_qsl=query_start_loc, ns_lines=cache_indices,
+             ns_init=has_initial_state), ops.FN_DEVICE_NAMES, null_block_id=null_block_id,
+        skip_empty=True))
+    if weight.dtype != conv_states.dtype or (bias is not None and bias.dtype != weight.dtype):
+        weight, bias = _to_state_dtype(conv_states, weight, bias)
+    return plan.run(tokens, weight, bias, conv_states,
+                    activation=activation_name(activation)).transpose(0, 1)
+
+
+def _device_update_plan(x, conv_state_indices, num_accepted_tokens, query_start_loc,
+                        declared, null_block_id, pad_slot_id, geometry):
+    lines = conv_state_indices
+    if lines.dim() == 2:
+        if lines.shape[1] == 0:
+            raise ValueError(f"conv_state_indices: expected shape (batch,) or (batch, K) "
+                             f"with K >= 1, got {tuple(lines.shape)}")
+        lines = lines[:, 0]
+    batch = lines.shape[0]
+    qsl, accepted = query_start_loc, num_accepted_tokens
+    for name, t, need in (("query_start_loc", qsl, batch + 1),
+                          ("num_accepted_tokens", accepted, batch)):
+        if t is not None and (t.dim() != 1 or t.shape[0] < need):
+            raise ValueError(f"{name}: expected at least {need} entries (the batch being "
+                             f"conv_state_indices' {batch}), got shape {tuple(t.shape)}")
+    qsl = None if qsl is None else qsl[:batch + 1]
+    accepted = None if accepted is None else accepted[:batch]
+    if accepted is not None and qsl is None:  # one token per sequence
+        qsl = torch.arange(batch + 1, dtype=lines.dtype, device=x.device)
+    given = (dict(device_calls.NO_ARRAYS, sp_qsl=qsl, sp_lines=lines, sp_accepted=accepted)
+             if accepted is not None
+             else dict(device_calls.NO_ARRAYS, ns_qsl=qsl, ns_lines=lines))
+    return device_calls.build(_geometry(int(x.shape[0]), *geometry, pad_slot_id), given,
+                              ops.UPDATE_DEVICE_NAMES, max_query_len=declared,
+                              null_block_id=null_block_id, skip_empty=True)
+
+
+def _geometry(num_tokens, num_lines, state_len, width, pad_slot_id):
+    # Lines that are neither the null block nor vLLM <= 0.19's pad must be real cache
+    # lines (_NO_LINE: a value no int32 line can equal).
+    return validation.check_geometry(num_tokens, num_lines, state_len, width,
+                                     _NO_LINE if pad_slot_id is None else pad_slot_id)
+
+
+_NO_LINE = -(2 ** 40)
+
+
+def gdn_conv_step(mixed_qkv, weight, bias, conv_state, attn_metadata, activation="silu",
+                  null_block_id=NULL_BLOCK_ID, non_spec_num_accepted_tokens=None,
+                  split=False):
+    """The conv of one GDN layer for a whole engine step, from vLLM 0.33's
+    GDNAttentionMetadata, in ONE launch (prefill chunks, decodes and spec verify
+    sequences together).
+
+    mixed_qkv: (num_tokens, conv_dim) projection output; rows no sequence uses (beyond
+    ``num_actual_tokens``, or of skipped sequences) come out zero. conv_state: the
+    layer's conv cache as vLLM hands it to its conv ops, viewed as (lines, conv_dim,
+    state_len): ``kv_cache[0].transpose(-1, -2)`` for the state-major layout,
+    ``kv_cache[0]`` as is when dim-first (``conv_state_view`` does this). The metadata is
+    read as vLLM's layer reads it (``vllm_conventions.gdn_step_arguments``). Computes in
+    conv_state's dtype like vLLM's ops; returns a new (num_tokens, conv_dim) tensor in
+    mixed_qkv's dtype.
+
+    ``non_spec_num_accepted_tokens`` (opt-in, one per non-spec sequence): a prefill
+    chunk or decode that follows a spec step which accepted a tokens reads its window at
+    column a-1 (vLLM's kernels read column 0 there: a stale window).
+
+    ``split``: return ``jitconv.SplitOutputs(spec, non_spec)`` instead, each part's rows
+    in a tensor of its own, written by the same launch: what vLLM's layer gets from
+    ``mixed_qkv.index_select(0, spec_token_indx)`` / ``(0, non_spec_token_indx)``
+    followed by its conv calls, without the gathers (None for a part without tokens).
+
+    The plan (validated metadata and kernel tables) is built by the first layer of a
+    step and kept on the metadata object; the step's other layers reuse it.
+    """
+    null_block_id = conventions.check_skipped_id(null_block_id, "null_block_id")
+    original_dtype = mixed_qkv.dtype
+    mixed_qkv, weight, bias = _to_state_dtype(conv_state, mixed_qkv, weight, bias)
+    lines, _dim, state_len = (int(s) for s in conv_state.shape)
+    geometry = (int(mixed_qkv.shape[0]), lines, state_len, int(weight.shape[-1]),
+                null_block_id)
+
+    def arguments():
+        return conventions.gdn_step_arguments(attn_metadata, geometry[0], lines,
+                                              null_block_id, non_spec_num_accepted_tokens)
+    plan = _step_plan(attn_metadata, geometry, non_spec_num_accepted_tokens, arguments)
+    if split:
+        parts = plan.run(mixed_qkv, weight, bias, conv_state,
+                         activation=activation_name(activation), split=True)
+        return SplitOutputs(*(None if t is None else t.to(original_dtype) for t in parts))
+    out = plan.run(mixed_qkv, weight, bias, conv_state, activation=activation_name(activation))
+    return out.to(original_dtype)
+
+
+def conv_state_view(conv_cache, dim_first):
+    """A layer's conv cache (vLLM: ``kv_cache[0]``) as the (lines, dim, state_len) view
+    the conv ops take: vLLM stores it state-major, (lines, state_len, dim), unless its
+    conv-state layout is dim-first (``is_conv_state_dim_first()``, env
+    VLLM_SSM_CONV_STATE_LAYOUT=DS), which is passed as is."""
+    return conv_cache if dim_first else conv_cache.transpose(-1, -2)
+
+
+def _step_plan(attn_metadata, geometry, extra, arguments):
+    """The plan of this step for this geometry: built by the first layer that asks, kept
+    on the metadata object (vLLM builds a new one every step), reused by every later
+    layer, so the metadata is read back, translated and validated once per step, not
+    once per layer. Objects that take no new attributes just get a plan per call."""
+    plans = getattr(attn_metadata, "_jitconv_plans", None)
+    if plans is None:
+        plans = {}
+        try:
+            attn_metadata._jitconv_plans = plans
+        except AttributeError:
+            pass
+    cached = plans.get(geometry)
+    if cached is not None and cached[0] is extra:
+        return cached[1]
+    num_tokens, lines, state_len, width, _null_block_id = geometry
+    plan = ops.plan(num_tokens, lines, state_len, width, pad_slot_id=conventions.CORE_PAD,
+                    **arguments())
+    plans[geometry] = (extra, plan)  # `extra`: the plan is valid for this object only
+    return plan
