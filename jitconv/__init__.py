@@ -1,7 +1,11 @@
-"""jitconv: fused causal-conv1d + conv-state update for hybrid LLMs on SYCL devices.
+"""jitconv: the fused causal-conv1d + conv-state update of hybrid LLMs' Gated DeltaNet and
+Mamba layers, any mix of prefill chunks, decodes and spec-decode verify in one launch.
 
-Kernels are written in Python with numba-dpex and JIT-compiled for the device dpctl
-selects (an Intel GPU through Level Zero, or the Intel OpenCL CPU device).
+Kernels are written in Python: one template, JIT-compiled with numba-dpex for the SYCL
+device dpctl selects (an Intel GPU through Level Zero, or the Intel OpenCL CPU device; the
+package ships them as SPIR-V) or with numba-cuda for NVIDIA GPUs. The public names are
+below; the vLLM drop-ins and plugin are ``jitconv.vllm``, the float64 contract
+``jitconv.reference``.
 """
 
 from jitconv.version import __version__  # noqa: E402,F401
@@ -16,7 +20,7 @@ from jitconv.backends.sycl.bridge import (CopyRequiredError, copy_counts,  # noq
                                           reset_copy_counts, set_allow_copies)
 from jitconv.backends.sycl.usm import pool_bytes, set_pool_limit  # noqa: E402
 from jitconv.kernels.abi import SUPPORTED_WIDTHS  # noqa: E402
-from jitconv.api.ops import plan  # noqa: E402
+from jitconv.api.ops import clear_caches, plan  # noqa: E402
 # The public ops: eager jitconv.api.ops, custom ops under torch.compile.
 from jitconv.integrations.torch_ops import (causal_conv1d_fn, causal_conv1d_mixed,  # noqa: E402
                                             causal_conv1d_update)
@@ -26,13 +30,12 @@ from jitconv.api.device_errors import check_errors  # noqa: E402
 from jitconv.backends.sycl.device_check import DeviceCheckError  # noqa: E402
 # Submodules as attributes: `jitconv.vllm.gdn_conv_step` works after `import jitconv`.
 from jitconv import reference
-from jitconv.testing import steps
 from jitconv import vllm  # noqa: E402
 
 __all__ = [
     "causal_conv1d_fn", "causal_conv1d_update", "causal_conv1d_mixed", "plan", "StepPlan",
-    "SplitOutputs", "device_plan", "DevicePlan", "check_errors", "devices",
+    "clear_caches", "SplitOutputs", "device_plan", "DevicePlan", "check_errors", "devices",
     "get_device", "set_device", "get_queue", "empty", "zeros", "copy_counts",
     "reset_copy_counts", "set_allow_copies", "set_pool_limit", "pool_bytes", "CopyRequiredError",
-    "DeviceNotFoundError", "DeviceCheckError", "SUPPORTED_WIDTHS", "reference", "steps", "vllm",
+    "DeviceNotFoundError", "DeviceCheckError", "SUPPORTED_WIDTHS", "reference", "vllm",
 ]

@@ -19,6 +19,7 @@ from jitconv.backends.sycl import (bootstrap, device_check, kernel_cache, launch
                                    source)
 from jitconv.bench import cpu as benchmark
 from jitconv.testing.steps import mixed_step, split_step
+from jitconv.backends.sycl.state import STATE as SYCL_STATE
 
 
 def info(_args):
@@ -33,14 +34,15 @@ def info(_args):
         except PackageNotFoundError:
             print(f"  {pkg:16s} not installed")
     print(f"runtime libraries: {bootstrap.runtime_lib_dir()} "
-          f"({len(bootstrap.preloaded)} preloaded by jitconv)")
+          f"({len(bootstrap.RUNTIME.preloaded)} preloaded by jitconv)")
     for var in ("JITCONV_DEVICE", "ONEAPI_DEVICE_SELECTOR", "OCL_ICD_FILENAMES",
                 "LD_LIBRARY_PATH", bootstrap.CPU_TARGET_VARIABLE):
         print(f"  {var}={os.environ.get(var, '')}")
     vendor, flags = bootstrap.host_cpu()
     target = bootstrap.cpu_target_arch(vendor, flags) if vendor else None
+    set_by_us = bootstrap.RUNTIME.cpu_target_set
     print(f"host CPU: {vendor or 'unknown'}; CPU runtime target: "
-          + (f"{bootstrap.cpu_target_set} (set by jitconv)" if bootstrap.cpu_target_set
+          + (f"{set_by_us} (set by jitconv)" if set_by_us
              else f"{os.environ[bootstrap.CPU_TARGET_VARIABLE]} (set before jitconv; "
                   f"jitconv's choice would be {target or 'none'})"
              if bootstrap.CPU_TARGET_VARIABLE in os.environ
@@ -64,7 +66,7 @@ def info(_args):
     for width, dtype, wide, fast, types, where in fused_origins(compiler):
         print(f"  width {width} {dtype:9s} {_math_name(fast)} {'wide ' if wide else ''}"
               f"{_types_name(types)} {where}")
-    for path, reason in kernel_cache.rejected:
+    for path, reason in SYCL_STATE.rejected:
         print(f"  ignored {path}: {reason}")
     return 0
 
@@ -191,7 +193,7 @@ def demo(args):
         timings[name] = (time.perf_counter() - t0) / reps
     num_tokens = step["x"].shape[0]
     moved = 2 * num_tokens * args.dim * out.element_size()  # read x, write out
-    how = ("includes the JIT compile" if launching.stats["compiled"]
+    how = ("includes the JIT compile" if SYCL_STATE.stats["compiled"]
            else "kernel loaded from the SPIR-V cache")
     print(f"time: first call {cold * 1e3:.0f} ms ({how}); warm one call "
           f"{timings['one call'] * 1e3:.2f} ms ({moved / timings['one call'] / 1e9:.2f} "
@@ -260,10 +262,10 @@ def check(args):
     origins = sorted({where.split(" (")[0] for w, d, _wide, _fast, where in kernel_origins(False)
                       if (str(w), d) in used})
     print(f"dpctl {dpctl.__version__}, device {jitconv.get_device()}, kernels: "
-          f"{launching.stats['cache_hits']} from the SPIR-V cache ({', '.join(origins)}), "
-          f"{launching.stats['compiled']} compiled; numba-dpex imported: "
-          f"{'numba_dpex' in sys.modules}; ignored cache entries: {kernel_cache.rejected}")
-    if args.require_prebuilt and launching.stats["compiled"]:
+          f"{SYCL_STATE.stats['cache_hits']} from the SPIR-V cache ({', '.join(origins)}), "
+          f"{SYCL_STATE.stats['compiled']} compiled; numba-dpex imported: "
+          f"{'numba_dpex' in sys.modules}; ignored cache entries: {SYCL_STATE.rejected}")
+    if args.require_prebuilt and SYCL_STATE.stats["compiled"]:
         print("check: FAILED (--require-prebuilt, but kernels were compiled)")
         return 1
     print("check: OK" if not failures else f"check: {failures} FAILED")

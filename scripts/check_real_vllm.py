@@ -26,9 +26,9 @@ import numpy as np
 import torch
 
 import jitconv  # noqa: F401  (before dpctl, for the runtime bootstrap)
-from jitconv.backends.sycl import launching
 from jitconv.vllm import plugin as vllm_plugin
 from jitconv.reference import causal_conv1d_reference
+from jitconv.backends.sycl.state import STATE as SYCL_STATE
 
 import vllm.forward_context as forward_context
 import vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn as gdn
@@ -97,7 +97,7 @@ def main(mode):
         spec_query_start_loc=meta.spec_query_start_loc, spec_state_indices=[3, -1, 6],
         spec_token_indx=order[n_ns:], num_accepted_tokens=meta.num_accepted_tokens)
     null_before = cache[0].clone()
-    launches = launching.stats["submitted"]
+    launches = SYCL_STATE.stats["submitted"]
     try:
         with torch.no_grad():
             layer._forward_core(mixed_qkv=x, b=torch.zeros(19, 2), a=torch.zeros(19, 2),
@@ -106,7 +106,7 @@ def main(mode):
         if "stopped after the conv stage" not in str(exc):
             raise
     checks = {
-        "launches": launching.stats["submitted"] - launches == (
+        "launches": SYCL_STATE.stats["submitted"] - launches == (
             1 if mode == "whole_step" else 2),
         "conv state bit-exact": torch.equal(torch.from_numpy(ref_state).float(), conv_state),
         "null block untouched": torch.equal(null_before, cache[0]),

@@ -135,9 +135,9 @@ def pytest_sessionfinish(session, exitstatus):
     import sys
 
     import jitconv
-    from jitconv.backends.sycl import launching
+    from jitconv.backends.sycl.state import STATE as SYCL_STATE
     with open(path, "w") as f:
-        json.dump({"jitconv_file": jitconv.__file__, "stats": launching.stats,
+        json.dump({"jitconv_file": jitconv.__file__, "stats": SYCL_STATE.stats,
                    "numba_dpex": "numba_dpex" in sys.modules,
                    "dpctl_tensor": "dpctl.tensor" in sys.modules,
                    "sys_path": sys.path, "cwd": os.getcwd()}, f)

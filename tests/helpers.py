@@ -3,6 +3,7 @@ demo and the benchmark use too), state layouts, and the comparisons every kernel
 makes (outputs against the float64 reference within the dtype's tolerance, states
 bit-exact)."""
 
+import contextvars
 import hashlib
 import itertools
 import os
@@ -201,12 +202,16 @@ def tune(monkeypatch, **values):
     """Tuning values other than the table's (``jitconv.kernels.tuning``) for one test,
     checked as ``tuning.override`` checks them; a value None restores the table's."""
     from jitconv.kernels import tuning
+    current = dict(tuning.overrides())
     for name, value in values.items():
         if value is None:
-            monkeypatch.delitem(tuning._overrides, name, raising=False)
+            current.pop(name, None)
         else:
-            tuning._check(name, value)
-            monkeypatch.setitem(tuning._overrides, name, value)
+            tuning.check(name, value)
+            current[name] = value
+    # a variable of the test's own, whose default is these values (restored after it)
+    monkeypatch.setattr(tuning, "OVERRIDES", contextvars.ContextVar(
+        "jitconv_tuning_overrides_test", default=tuple(sorted(current.items()))))
 
 
 # ------------------------------------------------------------------ split outputs

@@ -10,8 +10,9 @@ from jitconv.testing.steps import cumulative
 
 def part(lengths, rows, spec=False):
     n = len(lengths)
-    return Part(cumulative(lengths).numpy().astype(np.int64), np.arange(n), np.asarray(rows),
-                np.zeros(n, np.int64), np.ones(n, bool), spec)
+    return Part(query_start_loc=cumulative(lengths).numpy().astype(np.int64),
+                lines=np.arange(n), rows=np.asarray(rows), offsets=np.zeros(n, np.int64),
+                initial=np.ones(n, bool), spec=spec)
 
 
 def test_blocks_cover_each_token_once_and_flag_contiguous_rows():

@@ -28,6 +28,7 @@ from jitconv.backends.cuda import launching as cuda_backend
 from jitconv.kernels import tuning
 from jitconv.reference import causal_conv1d_reference
 from jitconv.testing.steps import mixed_step
+from jitconv.backends.cuda.state import STATE as CUDA_STATE
 
 from helpers import (DTYPES, GRID, POISON, assert_outputs_close, assert_state_exact, bits,
                      build_mixed, check_grid_case, check_mixed_equals_split, cumulative,
@@ -105,7 +106,7 @@ def test_thread_block_shapes(cuda_device, monkeypatch, threads, dim, dtype_name)
     argument, reads blockDim and keeps the guard (tuning: compact_args, fixed_block and
     exact_grid False), on a general and a short (decode) launch."""
     tune(monkeypatch, threads=threads, channels=2)
-    monkeypatch.setattr(cuda_backend, "_layouts", set())
+    monkeypatch.setattr(CUDA_STATE, "layouts", set())
     calls = _spy_get_kernel(monkeypatch)
     dtype = DTYPES[dtype_name]
     for seed, (ns, sp) in enumerate((([3, 17, 1, 0], [2, 4]), ([1, 1, 1, 1, 1], []))):
@@ -294,7 +295,7 @@ def test_layout_compiled_in(cuda_device, monkeypatch, dtype_name):
     and, bit for bit, those of tuning constant_layout False (the values read as
     arguments). Past MAX_LAYOUTS layouts a process runs the argument-reading kernel."""
     from jitconv.backends.cuda.source import LAYOUT_ARGS
-    monkeypatch.setattr(cuda_backend, "_layouts", set())  # earlier tests' layouts count
+    monkeypatch.setattr(CUDA_STATE, "layouts", set())  # earlier tests' layouts count
     calls = _spy_get_kernel(monkeypatch)
     dtype = DTYPES[dtype_name]
     seen = set()
@@ -326,7 +327,7 @@ def test_layout_compiled_in(cuda_device, monkeypatch, dtype_name):
         seen.add(constant)
     assert len(seen) == 4
     # Past MAX_LAYOUTS, new layouts read their values as arguments; known ones keep theirs.
-    monkeypatch.setattr(cuda_backend, "MAX_LAYOUTS", len(cuda_backend._layouts))
+    monkeypatch.setattr(cuda_backend, "MAX_LAYOUTS", len(CUDA_STATE.layouts))
     tune(monkeypatch, constant_layout=None)
     case = build_mixed(71, dtype=dtype, width=4, dim=DIM + 4, usm=True)
     run_and_check(case, dtype=dtype)
@@ -338,23 +339,24 @@ def test_layout_compiled_in(cuda_device, monkeypatch, dtype_name):
     assert calls[-1]["layout"] in seen
 
 
-def test_layout_needs_every_parameter_once():
-    """with_layout binds each of LAYOUT_ARGS at the body's top and drops it from the
-    kernel's parameter list (compact: the kernel takes the per-call arguments only), or
-    keeps it renamed and unused; a source where one is missing (or there twice) is
+def test_layout_binds_every_parameter_once():
+    """A compiled-in layout binds each of LAYOUT_ARGS at the body's top and drops it from
+    the kernel's parameter list (compact: the kernel takes the per-call arguments only),
+    or keeps it renamed and unused; a constant for a parameter the kernel lacks is
     refused, not half bound."""
-    from jitconv.backends.cuda.source import LAYOUT_ARGS, with_layout
-    values = range(len(LAYOUT_ARGS))
-    source = f"def k(x, {', '.join(LAYOUT_ARGS)}, n):\n    return dim\n"
-    bound = with_layout(source, values)
-    assert bound.startswith("def k(x, n):\n")
-    assert f"    dim = {LAYOUT_ARGS.index('dim')}\n" in bound
-    kept = with_layout(source, values, compact=False)
-    assert kept.startswith(f"def k(x, {', '.join('_' + p for p in LAYOUT_ARGS)}, n):\n")
-    assert f"    dim = {LAYOUT_ARGS.index('dim')}\n" in kept
-    for params in (LAYOUT_ARGS[1:], LAYOUT_ARGS + ("dim",)):
-        with pytest.raises(ValueError, match="parameter"):
-            with_layout(f"def k(x, {', '.join(params)}):\n    return dim\n", values)
+    from jitconv.backends.cuda.source import CALL_ARGS, CUDA, LAYOUT_ARGS
+    from jitconv.kernels.template import kernel_source
+    values = range(1, len(LAYOUT_ARGS) + 1)
+    bound = kernel_source(4, "k", CUDA, constants=tuple(
+        (p, v, False) for p, v in zip(LAYOUT_ARGS, values)))
+    assert bound.startswith(f"\ndef k({', '.join(CALL_ARGS)}):\n")
+    assert f"    dim = {LAYOUT_ARGS.index('dim') + 1}\n" in bound
+    kept = kernel_source(4, "k", CUDA, constants=tuple(
+        (p, v, True) for p, v in zip(LAYOUT_ARGS, values)))
+    assert "def k(x, _x_offset, _x_row_stride, out, " in kept
+    assert f"    dim = {LAYOUT_ARGS.index('dim') + 1}\n" in kept
+    with pytest.raises(ValueError, match="parameter 'no_such' found 0 times"):
+        kernel_source(4, "k", CUDA, constants=(("no_such", 1, False),))
 
 
 # Layouts of test_row_groups: (x: skip, row stride; out: skip, row stride; tuning
@@ -536,7 +538,7 @@ def test_bf16_rounding_instruction_only_where_the_gpu_has_it(monkeypatch):
     rounding (the simulator always does: it runs Python)."""
     monkeypatch.setattr(cuda_devices, "simulating", lambda: False)
     for capability, expected in (((7, 5), False), ((8, 0), True), ((9, 0), True)):
-        monkeypatch.setattr(cuda_devices, "_capability", {})
+        monkeypatch.setattr(CUDA_STATE, "capability", {})
         monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d, c=capability: c)
         assert cuda_devices.native_bf16(torch.device("cuda:0")) is expected, capability
 

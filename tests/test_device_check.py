@@ -16,7 +16,7 @@ import jitconv
 from jitconv.backends.sycl import bootstrap
 from jitconv.backends.sycl import device_check
 from jitconv.backends.sycl import launching
-from jitconv.backends.sycl import run_cache
+from jitconv.backends.sycl.state import STATE as SYCL_STATE
 
 from helpers import bits, mixed_step, poisoned, usm_copy
 
@@ -52,7 +52,7 @@ def test_host_cpu_reads_cpuinfo(tmp_path):
 CHILD = """
 import json, os, jitconv
 from jitconv.backends.sycl import bootstrap
-print(json.dumps([os.environ.get("CL_CONFIG_CPU_TARGET_ARCH"), bootstrap.cpu_target_set,
+print(json.dumps([os.environ.get("CL_CONFIG_CPU_TARGET_ARCH"), bootstrap.RUNTIME.cpu_target_set,
                   jitconv.devices()]))
 """
 
@@ -92,12 +92,12 @@ def fresh_checks(monkeypatch, tmp_path):
     tmp_path/checks (the kernel cache stays, so no kernel is compiled again), and a
     refusal planted by a test ends with it."""
     monkeypatch.setattr(device_check, "ENABLED", True)
-    monkeypatch.setattr(device_check, "_passed", set())
-    monkeypatch.setattr(device_check, "_refused", {})
+    monkeypatch.setattr(SYCL_STATE, "checks_passed", set())
+    monkeypatch.setattr(SYCL_STATE, "refused", {})
     monkeypatch.setattr(device_check, "verdict_dir", lambda: tmp_path / "checks")
-    monkeypatch.setattr(launching, "_built", {})
-    monkeypatch.setattr(launching, "_unavailable", set())  # a planted miss ends here too
-    monkeypatch.setattr(run_cache, "_entries", type(run_cache._entries)())
+    monkeypatch.setattr(SYCL_STATE, "kernels", {})
+    monkeypatch.setattr(SYCL_STATE, "unavailable", set())  # a planted miss ends here too
+    monkeypatch.setattr(SYCL_STATE, "runs", {})
     return tmp_path / "checks"
 
 
@@ -115,11 +115,11 @@ def _perturb(monkeypatch):
 
 
 def test_first_launch_runs_the_check_once(sycl_device, fresh_checks):
-    before = dict(device_check.stats)
+    before = dict(SYCL_STATE.check_stats)
     step = _step()
     jitconv.causal_conv1d_mixed(**step)
     jitconv.causal_conv1d_mixed(**_step(seed=1))
-    assert device_check.stats["checked"] == before["checked"] + 1
+    assert SYCL_STATE.check_stats["checked"] == before["checked"] + 1
     (verdict,) = fresh_checks.glob("*.json")
     record = json.loads(verdict.read_text())
     assert record["passed"] is True and record["kernel"]["width"] == 4
@@ -139,7 +139,7 @@ def test_planted_wrong_answer_refuses_the_device(sycl_device, fresh_checks, monk
     step = _step(torch.bfloat16)
     out = poisoned(step["x"].shape, torch.bfloat16, usm=True)
     state_before, out_before = bits(step["conv_state"]), bits(out)
-    submitted, stored = launching.stats["submitted"], device_check.stats["stored"]
+    submitted, stored = SYCL_STATE.stats["submitted"], SYCL_STATE.check_stats["stored"]
     with pytest.raises(device_check.DeviceCheckError) as error:
         jitconv.causal_conv1d_mixed(**step, out=out)
     message = str(error.value)
@@ -149,7 +149,7 @@ def test_planted_wrong_answer_refuses_the_device(sycl_device, fresh_checks, monk
         assert needle in message, needle
     assert torch.equal(bits(step["conv_state"]), state_before)
     assert torch.equal(bits(out), out_before)
-    assert device_check.stats["stored"] == stored  # nothing cached as passed
+    assert SYCL_STATE.check_stats["stored"] == stored  # nothing cached as passed
     assert not [p for p in fresh_checks.glob("*.json")
                 if json.loads(p.read_text())["kernel"]["dtype"] == "bfloat16"]
     # Nothing more is launched on this device: not the refused kernel, not the kernel
@@ -159,7 +159,7 @@ def test_planted_wrong_answer_refuses_the_device(sycl_device, fresh_checks, monk
                  lambda: plan.run(**plan_args)):
         with pytest.raises(device_check.DeviceCheckError):
             call()
-    assert launching.stats["submitted"] == submitted
+    assert SYCL_STATE.stats["submitted"] == submitted
     assert torch.equal(bits(step["conv_state"]), state_before)
 
 
@@ -210,16 +210,16 @@ def test_a_device_plans_fused_kernel_is_checked(sycl_device, fresh_checks, monke
     """A device plan's first run builds its fused kernel and checks it first (its own
     verdict, with the metadata's types); a planted wrong answer refuses the device
     before anything of the run is launched."""
-    before = device_check.stats["checked"]
+    before = SYCL_STATE.check_stats["checked"]
     plan, layer = _device_plan_step(seed=1)
     plan.run(**layer)
     plan.check_errors()
     records = [json.loads(p.read_text())["kernel"] for p in fresh_checks.glob("*.json")]
     assert [r["record_types"] for r in records if "record_types" in r] == \
         [list(plan.element_types)], records
-    assert device_check.stats["checked"] == before + 1
-    monkeypatch.setattr(launching, "_built", {})
-    monkeypatch.setattr(device_check, "_passed", set())
+    assert SYCL_STATE.check_stats["checked"] == before + 1
+    monkeypatch.setattr(SYCL_STATE, "kernels", {})
+    monkeypatch.setattr(SYCL_STATE, "checks_passed", set())
     monkeypatch.setattr(device_check, "verdict_dir", lambda: fresh_checks / "other")
     _perturb(monkeypatch)
     plan, layer = _device_plan_step(seed=2)
@@ -251,7 +251,7 @@ def test_stored_verdicts_are_per_device_and_kernel(sycl_device, fresh_checks, mo
     launch = launching._known_answer_launch(kernel, queue, "float32", False)
     assert device_check.verify(queue, 4, "float32", False, spirv, launch) == "checked"
     assert device_check.verify(queue, 4, "float32", False, spirv, launch) == "passed"
-    monkeypatch.setattr(device_check, "_passed", set())  # a new process, same machine
+    monkeypatch.setattr(SYCL_STATE, "checks_passed", set())  # a new process, same machine
     assert device_check.verify(queue, 4, "float32", False, spirv, launch) == "stored"
     # Another kernel (other SPIR-V) or another driver is not trusted: checked again.
     assert device_check.verify(queue, 4, "float32", False, spirv + b"\0\0\0\0",
@@ -263,7 +263,7 @@ def test_stored_verdicts_are_per_device_and_kernel(sycl_device, fresh_checks, mo
     # A stored verdict that does not say "passed" is not trusted.
     for path in fresh_checks.glob("*.json"):
         path.write_text(json.dumps(dict(json.loads(path.read_text()), passed=False)))
-    monkeypatch.setattr(device_check, "_passed", set())
+    monkeypatch.setattr(SYCL_STATE, "checks_passed", set())
     assert device_check.verify(queue, 4, "float32", False, spirv, launch) == "checked"
 
 

@@ -14,14 +14,15 @@ import pytest
 import torch
 
 import jitconv
-from jitconv.api import device_calls, device_errors, plan_cache, validation
+from jitconv.api import device_calls, plan_cache, validation
 from jitconv.backends.cuda import devices as cuda_devices
 from jitconv.backends.cuda import launching as cuda_launching
 from jitconv.backends.cuda import source as cuda_source
 from jitconv.backends.sycl import launching as sycl_launching
-from jitconv.backends.sycl import run_cache as sycl_run_cache
 from jitconv.kernels import planner, tuning
 from jitconv.reference import causal_conv1d_reference
+from jitconv.backends.sycl.state import STATE as SYCL_STATE
+from jitconv.backends.cuda.state import STATE as CUDA_STATE
 
 from helpers import (DTYPES, POISON, assert_outputs_close, assert_state_exact, bits,
                      cumulative, make_state, randn)
@@ -57,12 +58,12 @@ def device(request):
         pytest.skip(f"SYCL device plans: the device under test is {name}")
     jitconv.set_device(name)
     # remembered launches keep their kernel: none may cross from one variant to the other
-    sycl_run_cache.clear()
+    SYCL_STATE.runs.clear()
     with pytest.MonkeyPatch.context() as patch:
         if request.param == "sycl-planner":
             patch.setattr(sycl_launching, "fused_kernel", lambda *args: None)
         yield torch.device("cpu")
-    sycl_run_cache.clear()
+    SYCL_STATE.runs.clear()
 
 
 @pytest.fixture(scope="module", params=["planner", "fused"])
@@ -244,7 +245,7 @@ def test_spec_kernel_shares_its_record(device, dtype_name, monkeypatch):
     data = layer(gen, dtype, num_tokens, num_lines, state_len, width, device, dim=dim)
     # layouts compiled in are capped per process (MAX_LAYOUTS; earlier tests may have
     # used them all): without one no thread block shape is compiled in, nor the record
-    monkeypatch.setattr(cuda_launching, "_layouts", set())
+    monkeypatch.setattr(CUDA_STATE, "layouts", set())
     used, real = [], cuda_launching.get_kernel
     monkeypatch.setattr(cuda_launching, "get_kernel", lambda spec: used.append(spec) or
                         real(spec))
@@ -334,7 +335,7 @@ def test_sycl_submits(device, metadata, monkeypatch):
     real = sycl_launching.submit_planner
     monkeypatch.setattr(sycl_launching, "submit_planner",
                         lambda *a, **k: planners.append(1) or real(*a, **k))
-    before = sycl_launching.stats["submitted"]
+    before = SYCL_STATE.stats["submitted"]
     for step in range(3):  # checked and packed, then remembered
         if step:
             new = random_metadata(gen, "mixed", 4, num_tokens, num_lines, state_len, width,
@@ -342,11 +343,11 @@ def test_sycl_submits(device, metadata, monkeypatch):
             for k, v in new.items():
                 live[k].copy_(v)
         run_checked(plan, data, live, torch.bfloat16)
-    assert sycl_launching.stats["submitted"] - before == 3
+    assert SYCL_STATE.stats["submitted"] - before == 3
     assert len(planners) == (0 if fused else 3)
     if fused:  # the kernel built for these metadata types
-        assert plan.element_types in [k[-1] for k in sycl_launching._built], \
-            list(sycl_launching._built)
+        assert plan.element_types in [k[-1] for k in SYCL_STATE.kernels], \
+            list(SYCL_STATE.kernels)
 
 
 @pytest.mark.parametrize("width", [2, 3, 5])
@@ -785,7 +786,7 @@ def test_first_device_call_in_a_capture_is_refused(cuda_device, monkeypatch):
     inside a CUDA graph capture it is refused by name (made there, the words would be
     zeroed by every replay). After one eager call the same capture works."""
     device = cuda_device
-    monkeypatch.setattr(device_errors, "_words", {})
+    monkeypatch.setattr(CUDA_STATE, "error_words", {})
     plan_cache.clear()
     gen = torch.Generator().manual_seed(12)
     x, w, b, state = layer(gen, torch.float32, 3, 8, 3, 4, device)
@@ -903,7 +904,7 @@ def test_vllm_update_keeps_metadata_on_the_device(cuda_device, monkeypatch, spec
     the host-metadata drop-in bit for bit, and can be captured: a replay after the
     buffers are rewritten equals the host drop-in on the new values."""
     device = cuda_device
-    from jitconv import vllm as drop_in
+    from jitconv.vllm import dropins as drop_in
     gen = torch.Generator().manual_seed(21 + spec)
     batch, each, num_lines, dim = 8, 4 if spec else 1, 20, DIM
     state_len = 3 + each - 1
@@ -963,7 +964,7 @@ def test_vllm_fn_keeps_metadata_on_the_device(cuda_device):
     following query_start_loc, cache lines (null block, pad) and flags rewritten in
     place."""
     device = cuda_device
-    from jitconv import vllm as drop_in
+    from jitconv.vllm import dropins as drop_in
     gen = torch.Generator().manual_seed(31)
     batch, tokens, num_lines, dim, state_len = 5, 60, 16, DIM, 3
     qsl = torch.zeros(batch + 1, dtype=torch.int32, device=device)

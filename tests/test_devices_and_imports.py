@@ -111,7 +111,7 @@ def test_import_preloads_only_what_dpctl_needs():
             "import jitconv\n"
             "from jitconv.backends.sycl import bootstrap\n"
             "jitconv.devices()\n"
-            "before = mkl(), [n for n in bootstrap.preloaded if 'mkl' in n]\n"
+            "before = mkl(), [n for n in bootstrap.RUNTIME.preloaded if 'mkl' in n]\n"
             "import dpnp\n"
             "dpnp.arange(3, device=jitconv.get_queue())\n"
             "print(before == ([], []), len(mkl()) > 0, 'numba_dpex' in sys.modules)\n")

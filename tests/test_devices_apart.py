@@ -20,6 +20,7 @@ import jitconv
 from jitconv.backends.sycl import launching, tables
 from jitconv.backends.sycl.usm import DeviceArray
 from jitconv.reference import causal_conv1d_reference
+from jitconv.backends.sycl.state import STATE as SYCL_STATE
 
 from helpers import (DATA_KEYS, TransposedView, assert_outputs_close, assert_state_exact,
                      bits, mixed_step)
@@ -101,10 +102,10 @@ def test_one_plan_in_two_contexts_from_two_threads(two_contexts):
     uploaded = tables._of(plan)["tables"]
     for queue in two_contexts:
         assert queue.sycl_context in uploaded, "a context's tables were not its own"
-    built = {key[1] for key in launching._built}
+    built = {key[1] for key in SYCL_STATE.kernels}
     assert all(q.sycl_context in built for q in two_contexts), "a context's kernel is missing"
     names = {launching.devices.name_of(q.sycl_device) for q in two_contexts}
-    assert len(names) == 2 and {key[0] for key in launching._built} >= names
+    assert len(names) == 2 and {key[0] for key in SYCL_STATE.kernels} >= names
 
 
 def test_memory_of_another_context_is_refused_by_name(two_contexts):
@@ -119,7 +120,7 @@ def test_memory_of_another_context_is_refused_by_name(two_contexts):
     for name in ("x", "state", "all"):
         arrays = other if name == "all" else dict(mine, **{name: other[name]})
         before = bits(arrays["state"].to_tensor())
-        submitted = launching.stats["submitted"]
+        submitted = SYCL_STATE.stats["submitted"]
         with pytest.raises(ValueError) as err:
             plan.run(arrays["x"], arrays["weight"], arrays["bias"],
                      TransposedView(arrays["state"]))
@@ -129,5 +130,5 @@ def test_memory_of_another_context_is_refused_by_name(two_contexts):
         assert message.startswith(arg) and all(
             launching.devices.name_of(q.sycl_device) in message for q in two_contexts), \
             message
-        assert launching.stats["submitted"] == submitted
+        assert SYCL_STATE.stats["submitted"] == submitted
         assert torch.equal(bits(arrays["state"].to_tensor()), before)

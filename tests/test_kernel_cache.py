@@ -12,13 +12,14 @@ import sys
 import pytest
 
 from jitconv.backends.sycl import kernel_cache
+from jitconv.backends.sycl.state import STATE as SYCL_STATE
 
 # A child process: one update call, then what the launcher did, as JSON.
 CHILD = """
 import json, sys, time, torch
 import jitconv
 from jitconv.backends.sycl import kernel_cache
-from jitconv.backends.sycl import launching
+from jitconv.backends.sycl.state import STATE as SYCL_STATE
 x, w, st = torch.randn(3, 40), torch.randn(40, 4), torch.randn(3, 40, 3)
 ref, ref_state = jitconv.reference.causal_conv1d_reference(
     x, w, None, st, non_spec_query_start_loc=[0, 1, 2, 3], non_spec_state_indices=[0, 1, 2])
@@ -27,10 +28,10 @@ out = jitconv.causal_conv1d_update(x, w, None, st, torch.arange(3, dtype=torch.i
 first_call = time.perf_counter() - t0
 rtol, atol = jitconv.reference.TOLERANCE["float32"]
 close = bool((abs(out.double().numpy() - ref) <= atol + rtol * abs(ref)).all())
-print(json.dumps(dict(launching.stats, first_call=first_call,
+print(json.dumps(dict(SYCL_STATE.stats, first_call=first_call,
                       numba_dpex="numba_dpex" in sys.modules,
                       correct=close and torch.equal(st, torch.from_numpy(ref_state).float()),
-                      rejected=[r for _, r in kernel_cache.rejected])))
+                      rejected=[r for _, r in SYCL_STATE.rejected])))
 """
 
 
@@ -93,7 +94,7 @@ def test_stale_metadata_is_rejected(tmp_path, monkeypatch, field, value, reason)
     data[field] = value
     meta.write_text(json.dumps(data))
     assert kernel_cache.load(4, "float32") is None
-    assert reason in kernel_cache.rejected[-1][1]
+    assert reason in SYCL_STATE.rejected[-1][1]
 
 
 def test_unreadable_metadata_is_rejected(tmp_path, monkeypatch):
@@ -103,7 +104,7 @@ def test_unreadable_metadata_is_rejected(tmp_path, monkeypatch):
     meta, _ = _entry(tmp_path)
     meta.write_text("{ not json")
     assert kernel_cache.load(4, "float32") is None
-    assert "unreadable" in kernel_cache.rejected[-1][1]
+    assert "unreadable" in SYCL_STATE.rejected[-1][1]
 
 
 def _store_old_entry(tmp_path, monkeypatch):
@@ -202,7 +203,7 @@ def test_entry_from_another_compiler_version_is_not_used(tmp_path, monkeypatch, 
     monkeypatch.setattr(kernel_cache, "compiler_versions", lambda: newer)
     assert kernel_cache.key(4, "float32") == old_key
     assert kernel_cache.load(4, "float32") is None
-    assert f"built by {tool}" in kernel_cache.rejected[-1][1]
+    assert f"built by {tool}" in SYCL_STATE.rejected[-1][1]
     kernel_cache.store(4, "float32", b"new-spirv", "new_kernel")
     assert kernel_cache.load(4, "float32")[:2] == (b"new-spirv", "new_kernel")
 
@@ -254,5 +255,5 @@ def test_a_rejected_entry_does_not_hide_a_good_one_further_on(tmp_path, monkeypa
     meta.write_text(json.dumps(data))
     monkeypatch.setattr(kernel_cache, "search_dirs", lambda: [first, second])
     found = kernel_cache.load(4, "float32")
-    assert "built by numba-dpex 0.0.1" in kernel_cache.rejected[-1][1]
+    assert "built by numba-dpex 0.0.1" in SYCL_STATE.rejected[-1][1]
     assert found is not None and found[2].parent == second

@@ -160,3 +160,57 @@ def test_the_checks_can_fail(check, monkeypatch):
         ("jitconv.api.ops", "jitconv.kernels.abi", False)], raising=True)
     with pytest.raises(AssertionError):
         check()
+
+
+# What the package keeps between calls, outside constant tables: each backend's state
+# object (owned by its backend object), the current device, the USM pool, the runtime
+# bootstrap's record, the one-shot ops' plan cache, and two context variables (per thread
+# or task, not shared). A new module-level cache, lock or counter fails here: it belongs
+# in a backend's state.
+STATE_NAMES = {
+    "jitconv.backends.sycl.state": {"STATE"}, "jitconv.backends.cuda.state": {"STATE"},
+    "jitconv.backends.sycl.backend": {"BACKEND"}, "jitconv.backends.cuda.backend": {"BACKEND"},
+    "jitconv.backends.devices": {"_current"}, "jitconv.backends.sycl.usm": {"_pool"},
+    "jitconv.backends.sycl.bootstrap": {"RUNTIME"}, "jitconv.api.plan_cache": {"_plans"},
+    "jitconv.kernels.tuning": {"OVERRIDES"}, "jitconv.vllm.plugin": {"_conv_done"},
+    "jitconv.vllm.conventions": {"DEFAULT"},  # an immutable sentinel
+}
+_MUTABLE_CALLS = {"dict", "list", "set", "Lock", "RLock", "local", "WeakKeyDictionary",
+                  "WeakSet", "WeakValueDictionary", "OrderedDict", "defaultdict",
+                  "ContextVar", "deque"}
+
+
+def _state_names():
+    """(module, name) of every module-level binding that may hold state: a lowercase name
+    bound to a container, a lock, a weak collection, a context variable or an instance of
+    a class of the module (UPPER_CASE names bound to literals are constant tables)."""
+    found = set()
+    for module, path in MODULES.items():
+        tree = ast.parse(path.read_text())
+        classes = {n.name for n in tree.body if isinstance(n, ast.ClassDef)}
+        for node in tree.body:
+            if not isinstance(node, (ast.Assign, ast.AnnAssign)) or node.value is None:
+                continue
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            value = node.value
+            call = getattr(value.func, "attr", getattr(value.func, "id", "")) \
+                if isinstance(value, ast.Call) else None
+            for target in targets:
+                if not isinstance(target, ast.Name) or target.id.startswith("__"):
+                    continue
+                name = target.id
+                constant = name.lstrip("_")[:1].isupper()
+                literal = isinstance(value, (ast.Dict, ast.List, ast.Set))
+                if (literal and not constant) or call in _MUTABLE_CALLS - {"dict"} or \
+                        call in classes or (call == "dict" and not constant) or \
+                        (isinstance(value, ast.Constant) and value.value is None
+                         and not constant):
+                    found.add((module, name))
+    return found
+
+
+def test_state_lives_in_the_backend_objects():
+    allowed = {(m, n) for m, names in STATE_NAMES.items() for n in names}
+    extra = sorted(_state_names() - allowed)
+    assert not extra, f"module-level state outside the backends' state objects: {extra}"
+    assert len(allowed) <= 12

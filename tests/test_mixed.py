@@ -7,8 +7,8 @@ import torch
 
 import jitconv
 from jitconv.backends.sycl import launching
-from jitconv.backends.sycl import run_cache
 from jitconv.reference import causal_conv1d_reference
+from jitconv.backends.sycl.state import STATE as SYCL_STATE
 
 from helpers import (DTYPES, GRID, assert_outputs_close, assert_state_exact, bits,
                      build_mixed, check_grid_case, check_mixed_equals_split, cumulative,
@@ -163,7 +163,7 @@ def test_wide_kernel_equals_one_channel_kernel(sycl_device, monkeypatch, dtype_n
     dtype = DTYPES[dtype_name]
     results = []
     for wide in (True, False):
-        run_cache.clear()  # the second case may get the first one's addresses
+        SYCL_STATE.runs.clear()  # the second case may get the first one's addresses
         case = build_mixed(width, dtype=dtype, width=width, dim=dim, usm=True)
         if not wide:
             monkeypatch.setattr(launching, "wide_fits", lambda *args: False)
@@ -180,9 +180,9 @@ def test_wide_kernel_equals_one_channel_kernel(sycl_device, monkeypatch, dtype_n
 def test_one_launch_for_the_whole_step(sycl_device, dtype_name):
     case = build_mixed(3, dtype=DTYPES[dtype_name], width=4, dim=64)
     jitconv.causal_conv1d_mixed(**case)  # compile outside the count
-    before = launching.stats["submitted"]
+    before = SYCL_STATE.stats["submitted"]
     jitconv.causal_conv1d_mixed(**case)
-    assert launching.stats["submitted"] == before + 1
+    assert SYCL_STATE.stats["submitted"] == before + 1
 
 
 @pytest.mark.parametrize("dtype_name", list(DTYPES))

@@ -17,6 +17,7 @@ from jitconv.backends.sycl import devices as sycl_devices
 from jitconv.backends.sycl import launching
 from jitconv.reference import causal_conv1d_reference
 from jitconv.backends.sycl.usm import DeviceArray
+from jitconv.backends.sycl.state import STATE as SYCL_STATE
 
 from helpers import (DATA_KEYS, DTYPES, TransposedView, assert_outputs_close,
                      assert_state_exact, bits,
@@ -58,14 +59,14 @@ def test_one_plan_many_layers(sycl_device, dtype_name, usm):
     dtype = DTYPES[dtype_name]
     gen, step, meta = step_and_meta(1, dtype, usm=usm)
     plan = plan_for(step, meta)
-    before = launching.stats["submitted"]
+    before = SYCL_STATE.stats["submitted"]
     for _ in range(LAYERS):
         layer = layer_tensors(gen, step, dtype, usm)
         ref_out, ref_state = causal_conv1d_reference(**layer, **meta)
         out = plan.run(**layer)
         assert_outputs_close(out, ref_out, dtype)
         assert_state_exact(layer["conv_state"], ref_state)
-    assert launching.stats["submitted"] == before + LAYERS, "one launch per layer"
+    assert SYCL_STATE.stats["submitted"] == before + LAYERS, "one launch per layer"
 
 
 def test_run_with_out_and_no_activation(sycl_device):
@@ -200,9 +201,9 @@ def test_run_on_an_explicit_in_order_queue_with_device_arrays(sycl_device):
     stored = step["conv_state"].transpose(1, 2)  # (lines, state_len, dim), contiguous
     state = DeviceArray(stored, queue)
     out = DeviceArray(torch.full(tuple(step["x"].shape), float("nan")), queue)
-    before = launching.stats["submitted"]
+    before = SYCL_STATE.stats["submitted"]
     plan.run(arrays["x"], arrays["weight"], arrays["bias"], TransposedView(state), out=out)
-    assert launching.stats["submitted"] == before + 1
+    assert SYCL_STATE.stats["submitted"] == before + 1
     assert_outputs_close(out.to_tensor(), ref_out, torch.float32)
     assert_state_exact(state.to_tensor().transpose(1, 2), ref_state)
 
@@ -215,8 +216,8 @@ def test_gdn_conv_step_plans_once_per_metadata_object(sycl_device, monkeypatch):
     from jitconv.api import ops
     from jitconv import vllm
     built = []
-    real_plan = ops.plan
-    monkeypatch.setattr(ops, "plan", lambda *a, **k: built.append(1) or real_plan(*a, **k))
+    real_plan = ops.plan_from
+    monkeypatch.setattr(ops, "plan_from", lambda *a, **k: built.append(1) or real_plan(*a, **k))
     gen, step, meta = step_and_meta(9, spec_columns=1, pads=0)
     layers = [layer_tensors(gen, step, torch.float32) for _ in range(3)]
 

@@ -46,12 +46,12 @@ def test_shipped_entries_are_intact():
 CHILD = """
 import json, sys, torch
 import jitconv
-from jitconv.backends.sycl import launching
+from jitconv.backends.sycl.state import STATE as SYCL_STATE
 x, w, st = torch.randn(3, 40), torch.randn(40, 4), torch.randn(3, 40, 3)
 ref, _ = jitconv.reference.causal_conv1d_reference(
     x, w, None, st, non_spec_query_start_loc=[0, 1, 2, 3], non_spec_state_indices=[0, 1, 2])
 out = jitconv.causal_conv1d_update(x, w, None, st, torch.arange(3, dtype=torch.int32))
-print(json.dumps(dict(launching.stats, numba_dpex="numba_dpex" in sys.modules,
+print(json.dumps(dict(SYCL_STATE.stats, numba_dpex="numba_dpex" in sys.modules,
                       correct=bool(abs(out.double().numpy() - ref).max() < 1e-3))))
 """
 

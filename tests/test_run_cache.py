@@ -18,6 +18,7 @@ from jitconv.backends.sycl import launching
 from jitconv.backends.sycl import run_cache
 from jitconv.api import validation
 from jitconv.reference import causal_conv1d_reference
+from jitconv.backends.sycl.state import STATE as SYCL_STATE
 
 from helpers import (DATA_KEYS, assert_outputs_close, assert_state_exact, bits, wide_choices,
                      mixed_step, randn)
@@ -58,9 +59,9 @@ class _CountChecks:
 
 @pytest.fixture(autouse=True)
 def _empty_cache():
-    run_cache.clear()
+    SYCL_STATE.runs.clear()
     yield
-    run_cache.clear()
+    SYCL_STATE.runs.clear()
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])  # bfloat16: wide kernel
@@ -96,7 +97,7 @@ def test_a_new_output_that_a_wide_launch_cannot_take_is_checked_again(sycl_devic
     _gen, data, meta = _step(2, dtype=torch.bfloat16)
     plan = _plan(data, meta)
     plan.run(**data)  # remembered, wide
-    (entry,) = run_cache._entries.values()
+    (entry,) = SYCL_STATE.runs.values()
     assert entry.groups == data["x"].shape[1] // launching.WIDE_CHANNELS["bfloat16"]
     checks = _CountChecks(monkeypatch)
     fresh = bridge.empty_like_output
@@ -209,4 +210,4 @@ def test_launches_that_copied_an_argument_are_never_remembered(sycl_device, monk
         got = plan.run(**data)
         assert_outputs_close(got, ref_out, torch.float32)
         assert_state_exact(data["conv_state"], ref_state)
-    assert checks.calls == 2 and not run_cache._entries
+    assert checks.calls == 2 and not SYCL_STATE.runs

@@ -9,7 +9,8 @@ import torch
 import jitconv
 
 from jitconv.api import validation
-from jitconv.backends.sycl import launching, run_cache
+from jitconv.backends.sycl import launching
+from jitconv.backends.sycl.state import STATE as SYCL_STATE
 
 from helpers import (DTYPES, bits, build_mixed, check_split_outputs, part_tokens, poisoned,
                      token_rows)
@@ -61,7 +62,7 @@ def test_new_split_outputs_are_remembered_per_layer(sycl_device, monkeypatch):
     """split=True runs of a layer after the first skip the checks (a remembered launch),
     also through another plan of the same geometry (the next step's), and stay
     bit-exact; a one-output run of the same tensors is not served by the split launch."""
-    run_cache.clear()
+    SYCL_STATE.runs.clear()
     dtype = torch.bfloat16
     checks = []
     original = validation.check_tensors
@@ -86,7 +87,7 @@ def test_new_split_outputs_are_remembered_per_layer(sycl_device, monkeypatch):
     state.copy_(state0)
     assert torch.equal(bits(plan.run(conv_state=state, **layer)), bits(full))
     assert len(checks) == 1, "a one-output run took the split launch"
-    run_cache.clear()
+    SYCL_STATE.runs.clear()
 
 
 def _bad_split_cases(case):

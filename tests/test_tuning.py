@@ -50,7 +50,7 @@ def test_bad_override_is_refused_by_name(values, name):
     with pytest.raises(ValueError, match=name):
         with tuning.override(**values):
             pass
-    assert tuning._overrides == {}
+    assert tuning.overrides() == ()
 
 
 def test_channels_and_lookahead_rules():
@@ -80,9 +80,10 @@ def test_each_kind_asks_for_its_kernel(dtype_name):
 def test_kernel_spec_normalizes_what_has_no_effect():
     """One kernel, one spec: the bf16 instruction only for bfloat16, compact arguments
     only with a layout, the exact grid only with a fixed block."""
-    assert KernelSpec(4, "float32", native_bf16=True) == KernelSpec(4, "float32")
-    assert KernelSpec(4, "bfloat16", native_bf16=True).native_bf16
-    assert not KernelSpec(4, "float32", compact_args=True).compact_args
-    assert not KernelSpec(4, "float32", exact_grid=True).exact_grid
-    spec = KernelSpec(4, "float32", layout=(1, 2), block=(32, 1))
+    assert KernelSpec(width=4, dtype_name="float32", native_bf16=True) == \
+        KernelSpec(width=4, dtype_name="float32")
+    assert KernelSpec(width=4, dtype_name="bfloat16", native_bf16=True).native_bf16
+    assert not KernelSpec(width=4, dtype_name="float32", compact_args=True).compact_args
+    assert not KernelSpec(width=4, dtype_name="float32", exact_grid=True).exact_grid
+    spec = KernelSpec(width=4, dtype_name="float32", layout=(1, 2), block=(32, 1))
     assert spec.compact_args and spec.exact_grid

@@ -25,9 +25,9 @@ import numpy as np
 import pytest
 import torch
 
-from jitconv.backends.sycl import launching
 from jitconv.vllm import installed, plugin as vllm_plugin
 from jitconv.reference import causal_conv1d_reference
+from jitconv.backends.sycl.state import STATE as SYCL_STATE
 
 from helpers import (assert_outputs_close, assert_state_exact, bits, cumulative, randn,
                      run_checked)
@@ -293,11 +293,11 @@ def test_gdn_layer_runs_on_jitconv(cpu_tensor_device, standin, whole_step, dim_f
         **reference)
     context._context.attn_metadata = {"layers.0": meta}
     before = bits(conv_state)
-    launches = launching.stats["submitted"]
+    launches = SYCL_STATE.stats["submitted"]
     result = {}
     # vLLM's custom op calls it with keywords
     layer._forward_core(mixed_qkv=mixed_qkv, b=None, a=None, core_attn_out=result)
-    assert launching.stats["submitted"] - launches == (1 if whole_step else 2)
+    assert SYCL_STATE.stats["submitted"] - launches == (1 if whole_step else 2)
     assert result["gathered"] == [0 if whole_step else DIM] * 2
     assert_outputs_close(result["spec"], ref_out[reference["spec_token_indx"].numpy()],
                          torch.float32)

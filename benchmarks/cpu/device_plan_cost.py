@@ -28,7 +28,8 @@ import time
 import torch
 
 import jitconv
-from jitconv.backends.sycl import launching, planner, run_cache, tables
+from jitconv.backends.sycl import launching, planner, tables
+from jitconv.backends.sycl.state import STATE as SYCL_STATE
 
 WORKLOADS = {  # name: (decode sequences, spec sequences of 1 + 3 tokens)
     "decode 64": (64, 0),
@@ -92,9 +93,9 @@ def main():
         host_plan, device_plan, (x, w, b, state) = step(decodes, specs, args.dim, dtype,
                                                        torch.Generator().manual_seed(0))
         out = usm(torch.zeros(tuple(x.shape), dtype=dtype))
-        run_cache.clear()
+        SYCL_STATE.runs.clear()
         host_plan.run(x, w, b, state, out=out)  # checked, packed, remembered
-        (entry,) = run_cache._entries.values()
+        (entry,) = SYCL_STATE.runs.values()
         values = launching.with_tables(entry.values, tables.tables_on(host_plan, entry.queue))
         grid = (host_plan.num_blocks, entry.groups)
 
@@ -117,7 +118,7 @@ def main():
         planner_and_conv()
         launching.fused_kernel = fused_kernel
         device()  # checked, packed, remembered: the fused kernel's launch
-        (fused,) = [e for e in run_cache._entries.values()
+        (fused,) = [e for e in SYCL_STATE.runs.values()
                     if len(e.values) > launching.CONV_PARAMS]
         table_args, record, _copies = planner.record_on(device_plan, fused.queue)
         fused_values = launching.with_record(fused.values, table_args, record)

@@ -23,7 +23,7 @@ def compile_variant(width, dtype_name, queue, **options):
     import dpctl.program as dpp
     from numba.core.target_extension import target_override
     from jitconv.backends.sycl.kernels import make_conv_kernel
-    launching._prepare_numba_dpex(queue)
+    launching.prepare_numba_dpex(queue)
     dispatcher = make_conv_kernel(width, dtype_name, **options)
     with target_override("dpex"):
         module = dispatcher.get_compile_result(

@@ -5,36 +5,33 @@ The one-shot ops (``jitconv.causal_conv1d_fn`` / ``_update`` / ``_mixed``) and t
 on the host: they run a device plan that checks each sequence on the device, skips a bad
 one (its output rows zeros, its cache line untouched) and sets a word of its kind
 (``kernels.planner.ERRORS``). The plans these calls keep come and go (``plan_cache``), so
-their words are not the plan's but one set per device, kept here; ``check_errors`` reads
-them. A ``jitconv.device_plan`` built by the caller has words of its own
+their words are not the plan's but one set per device, kept in the backend's state;
+``check_errors`` reads them. A ``jitconv.device_plan`` built by the caller has words of its own
 (``DevicePlan.check_errors``).
 """
 
-import threading
-
 import torch
 
+from jitconv.backends import registry
 from jitconv.kernels import planner
-
-_lock = threading.Lock()
-_words = {}  # (backend name, torch device) -> (backend, int32 tensor of planner.ERRORS words)
 
 
 def words_for(backend, device):
-    """The error words of ``device`` (a torch device of ``backend``), made on first use."""
-    key = (backend.name, device)
-    found = _words.get(key)
+    """The error words of ``device`` (a torch device of ``backend``), made on first use and
+    kept in the backend's state."""
+    words = backend.state.error_words
+    found = words.get(device)
     if found is None:
         if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             # made inside the capture, the words would be zeroed by every replay
             raise RuntimeError(f"the first call with metadata on {device} is being "
                                f"captured in a CUDA graph; make one such call eagerly "
                                f"before capturing (engines warm up first)")
-        with _lock:
-            found = _words.get(key)
+        with backend.state.errors_lock:
+            found = words.get(device)
             if found is None:
-                found = _words[key] = (backend, backend.new_error_words(device))
-    return found[1]
+                found = words[device] = backend.new_error_words(device)
+    return found
 
 
 def check_errors(device=None) -> None:
@@ -53,12 +50,13 @@ def check_errors(device=None) -> None:
                            "does not allow; call it after the replay")
     wanted = None if device is None else torch.device(device)
     found = []
-    for (_name, where), (backend, words) in list(_words.items()):
-        if wanted is not None and not _same(wanted, where):
-            continue
-        values = backend.read_error_words(words)
-        if any(values):
-            found.append((where, values))
+    for backend in registry.BACKENDS:
+        for where, words in list(backend.state.error_words.items()):
+            if wanted is not None and not _same(wanted, where):
+                continue
+            values = backend.read_error_words(words)
+            if any(values):
+                found.append((where, values))
     if found:
         raise ValueError(_message(found))
 

@@ -25,7 +25,8 @@ from typing import Any, Optional
 
 import torch
 
-from jitconv.api import device_errors, validation
+from jitconv.api import device_errors, metadata, validation
+from jitconv.api.metadata import StepMetadata
 from jitconv.api.plan import StepPlan
 from jitconv.backends import registry
 from jitconv.kernels import planner
@@ -60,10 +61,8 @@ class DevicePlan(StepPlan):
 
     on_device = True
 
-    def __init__(self, geometry, arrays, names, counts, max_len, null_line, skip_empty,
+    def __init__(self, *, geometry, arrays, names, counts, max_len, null_line, skip_empty,
                  device, backend, spec_first=False, error_words=None):
-        self.derived = {}  # (StepPlan's)
-        self.geometry = geometry
         self.arrays = arrays  # planner.METADATA_ARRAYS name -> (tensor, element stride)
         # every METADATA_ARRAYS name -> (tensor, stride), and the argument name it came as
         self.kernel_arrays, self.names = _with_placeholders(arrays, names)
@@ -81,25 +80,25 @@ class DevicePlan(StepPlan):
         # device that ``jitconv.check_errors`` reads (plans the one-shot ops keep)
         self.error_words = error_words
         self.planner_scalars = planner.scalars(  # the planner's (planner.PLAN_ARGS)
-            self.num_ns, self.num_sp, self.ns_implicit, "ns_init" in arrays,
-            "ns_accepted" in arrays, geometry.num_tokens, geometry.num_lines,
-            geometry.state_len, geometry.width, geometry.pad_slot_id, null_line, skip_empty,
-            max_len, spec_first)
+            num_ns=self.num_ns, num_sp=self.num_sp, ns_implicit=self.ns_implicit,
+            has_ns_init="ns_init" in arrays, has_ns_accepted="ns_accepted" in arrays,
+            num_tokens=geometry.num_tokens, num_lines=geometry.num_lines,
+            state_len=geometry.state_len, width=geometry.width,
+            pad_line=geometry.pad_slot_id, null_line=null_line, skip_empty=skip_empty,
+            max_len=max_len, spec_first=spec_first)
         self.one_slot = bool(self.planner_scalars["one_slot"])
-        self.in_place = self.one_slot  # (StepPlan.in_place)
-        self.num_blocks = self.planner_scalars["capacity"]
         self.tail_first = self.planner_scalars["tail_first"]
         bound = max_len if max_len is not None else geometry.num_tokens
-        self.longest_block = min(planner.BLOCK, bound)
         ns_max = (1 if self.ns_implicit else bound) if self.num_ns else 0
-        self.longest_sequences = (ns_max, bound if self.num_sp else 0)
-        self.uniform_decode = (self.ns_implicit and self.num_ns > 0 and not self.num_sp
-                               and "ns_accepted" not in arrays)
-        self.queue = None
-        self.lines = range(geometry.num_lines)  # any line may be written
-        self.written_lines = None  # so a copied conv_state is copied back whole
-        self.fit = (geometry.num_tokens, geometry.num_lines, geometry.state_len,
-                    geometry.width)
+        self._init_common(
+            geometry=geometry, lines=range(geometry.num_lines),  # any line may be written
+            written_lines=None,  # so a copied conv_state is copied back whole
+            num_blocks=self.planner_scalars["capacity"],
+            longest_block=min(planner.BLOCK, bound),
+            longest_sequences=(ns_max, bound if self.num_sp else 0),
+            uniform_decode=(self.ns_implicit and self.num_ns > 0 and not self.num_sp
+                            and "ns_accepted" not in arrays),
+            in_place=self.one_slot, queue=None)
 
     def check_errors(self) -> None:
         """Raise ValueError if a run since the last check met bad metadata values (which
@@ -167,23 +166,16 @@ def device_plan(num_tokens: int, num_cache_lines: int, state_len: int, width: in
         ``run(x, weight, bias, conv_state, out=None, activation="silu", math=None)``;
         ``check_errors()``.
     """
+    meta = StepMetadata.of({n: v for n, v in locals().items() if n in metadata.NAMES})
     geo = validation.check_geometry(num_tokens, num_cache_lines, state_len, width,
                                     pad_slot_id)
-    given = dict(ns_qsl=non_spec_query_start_loc, ns_lines=non_spec_state_indices,
-                 ns_init=has_initial_state, ns_accepted=non_spec_num_accepted_tokens,
-                 sp_qsl=spec_query_start_loc, sp_lines=spec_state_indices,
-                 sp_accepted=num_accepted_tokens)
-    return build(geo, given, ARGUMENT_NAMES, max_query_len=max_query_len,
+    return build(geo, meta.device_arrays(), ARGUMENT_NAMES, max_query_len=max_query_len,
                  null_block_id=null_block_id, skip_empty=skip_empty,
                  spec_rows_first=spec_rows_first)
 
 
 # The argument names of ``device_plan`` by ``planner.METADATA_ARRAYS`` name.
-ARGUMENT_NAMES = dict(ns_qsl="non_spec_query_start_loc", ns_lines="non_spec_state_indices",
-                      ns_init="has_initial_state",
-                      ns_accepted="non_spec_num_accepted_tokens",
-                      sp_qsl="spec_query_start_loc", sp_lines="spec_state_indices",
-                      sp_accepted="num_accepted_tokens")
+ARGUMENT_NAMES = metadata.DEVICE_ARRAYS
 
 
 def build(geo, given, names, *, max_query_len=None, null_block_id=None, skip_empty=False,
@@ -263,9 +255,10 @@ def build(geo, given, names, *, max_query_len=None, null_block_id=None, skip_emp
     if implicit and num_ns and max_query_len is None:
         max_query_len = 1 if not num_sp else None
     words = device_errors.words_for(backend, device) if shared_errors else None
-    return DevicePlan(geo, arrays, {k: names[k] for k in arrays},
-                      (num_ns, num_sp, implicit), max_query_len, null_block_id, skip_empty,
-                      device, backend, spec_rows_first, words)
+    return DevicePlan(geometry=geo, arrays=arrays, names={k: names[k] for k in arrays},
+                      counts=(num_ns, num_sp, implicit), max_len=max_query_len,
+                      null_line=null_block_id, skip_empty=skip_empty, device=device,
+                      backend=backend, spec_first=spec_rows_first, error_words=words)
 
 
 def _with_placeholders(arrays, names):

@@ -1,7 +1,7 @@
 """Public ops: validate everything on the host, then one kernel launch.
 
 All ops share one path: metadata -> ``batch.Part``s (one per kind of sequence) -> a
-``step_plan.StepPlan`` -> ONE launch of the mixed kernel, whatever mix of prefill chunks, plain
+``api.plan.StepPlan`` -> ONE launch of the mixed kernel, whatever mix of prefill chunks, plain
 decodes, spec verify sequences and pads the step holds. ``jitconv.plan`` builds the plan
 once for many layers; ``causal_conv1d_fn``, ``causal_conv1d_update`` and
 ``causal_conv1d_mixed`` are a plan plus one run.
@@ -22,6 +22,7 @@ from jitconv.backends import registry
 from jitconv.api import device_calls, device_plan, plan_cache
 from jitconv.api import validation
 from jitconv.kernels.batch import Part
+from jitconv.api.metadata import NAMES as METADATA_NAMES, StepMetadata
 from jitconv.api.plan import StepPlan, split_request
 from jitconv.api.validation import Geometry
 
@@ -104,7 +105,8 @@ def non_spec_part(query_start_loc, state_indices, has_initial_state, token_indx,
                              f"sequence), got {len(initial)}")
         initial = initial != 0
     offsets = _window_offsets(num_accepted_tokens, names.get("accepted"), real, geo)
-    return Part(qsl, np.where(real, lines, -1), rows, offsets, initial, spec=False)
+    return Part(query_start_loc=qsl, lines=np.where(real, lines, -1), rows=rows,
+                offsets=offsets, initial=initial, spec=False)
 
 
 def spec_part(query_start_loc, state_indices, token_indx, num_accepted_tokens, names, geo,
@@ -123,8 +125,8 @@ def spec_part(query_start_loc, state_indices, token_indx, num_accepted_tokens, n
         raise ValueError(f"conv_state: state_len={geo.state_len} is too small for spec "
                          f"sequence {i} with {int(lengths[i])} tokens (need state_len >= "
                          f"width - 2 + tokens = {geo.width - 2 + int(lengths[i])})")
-    return Part(qsl, np.where(real, lines, -1), rows, offsets,
-                np.ones(len(lines), bool), spec=True)
+    return Part(query_start_loc=qsl, lines=np.where(real, lines, -1), rows=rows,
+                offsets=offsets, initial=np.ones(len(lines), bool), spec=True)
 
 
 def _prepare(x, weight, bias, conv_state, out, activation, math, pad_slot_id):
@@ -137,8 +139,8 @@ def _prepare(x, weight, bias, conv_state, out, activation, math, pad_slot_id):
     tensors = registry.normalize_all(x, weight, bias, conv_state, out)
     _dim, width, dtype = validation.check_tensors(*tensors)
     num_lines, _, state_len = validation.shape_of(tensors[3])
-    geo = Geometry(validation.shape_of(tensors[0])[0], num_lines, state_len, width,
-                   int(pad_slot_id))
+    geo = Geometry(num_tokens=validation.shape_of(tensors[0])[0], num_lines=num_lines,
+                   state_len=state_len, width=width, pad_slot_id=int(pad_slot_id))
     return geo, (tensors, dtype)
 
 
@@ -393,23 +395,27 @@ def causal_conv1d_mixed(x: Array, weight: Array, bias: Optional[Array], conv_sta
 
     Keyword names follow vLLM's GDN metadata; the rule is docs/SEMANTICS.md.
     """
-    split = split_request(split, out_spec, out_non_spec)
-    arrays = dict(ns_qsl=non_spec_query_start_loc, ns_lines=non_spec_state_indices,
-                  ns_init=has_initial_state, ns_accepted=non_spec_num_accepted_tokens,
-                  sp_qsl=spec_query_start_loc, sp_lines=spec_state_indices,
-                  sp_accepted=num_accepted_tokens)
-    if split is None and non_spec_token_indx is None and spec_token_indx is None and \
-            device_calls.on_device(x, *arrays.values()):
+    meta = StepMetadata.of({n: v for n, v in locals().items() if n in METADATA_NAMES})
+    return mixed(x, weight, bias, conv_state, meta, activation=activation,
+                 pad_slot_id=pad_slot_id, out=out, math=math,
+                 split=split_request(split, out_spec, out_non_spec))
+
+
+def mixed(x, weight, bias, conv_state, meta, *, activation="silu", pad_slot_id=-1, out=None,
+          math=None, split=None):
+    """``causal_conv1d_mixed`` with its metadata as one ``StepMetadata`` and ``split`` from
+    ``plan.split_request``: one plan (kept by the metadata's content, or on the device
+    for metadata tensors there) and one run."""
+    arrays = meta.device_arrays()
+    no_maps = meta.non_spec_token_indx is None and meta.spec_token_indx is None
+    if split is None and no_maps and device_calls.on_device(x, *arrays.values()):
         return _run_on_device("mixed", (x, weight, bias, conv_state, out), activation, math,
                               pad_slot_id, tuple(arrays.values()), lambda geo: device_calls.build(
                                   geo, arrays, device_plan.ARGUMENT_NAMES))
     geo, checked = _prepare(x, weight, bias, conv_state, out, activation, math,
                            pad_slot_id)
-    metadata = (non_spec_query_start_loc, non_spec_state_indices, has_initial_state,
-                non_spec_token_indx, spec_query_start_loc, spec_state_indices,
-                spec_token_indx, num_accepted_tokens, non_spec_num_accepted_tokens)
-    plan = plan_cache.plan_for(plan_cache.key("mixed", geo, metadata),
-                               lambda: _mixed_plan(geo, None, *metadata))
+    plan = plan_cache.plan_for(plan_cache.key("mixed", geo, meta.values()),
+                               lambda: plan_from(meta, geo))
     return plan.run_checked((x, weight, bias, conv_state, out), activation, checked, math,
                             split)
 
@@ -445,41 +451,37 @@ def plan(num_tokens: int, num_cache_lines: int, state_len: int, width: int, *,
         math=None)`` does the conv of one layer.
     """
     geo = validation.check_geometry(num_tokens, num_cache_lines, state_len, width, pad_slot_id)
-    return _mixed_plan(geo, queue, non_spec_query_start_loc, non_spec_state_indices,
-                       has_initial_state, non_spec_token_indx, spec_query_start_loc,
-                       spec_state_indices, spec_token_indx, num_accepted_tokens,
-                       non_spec_num_accepted_tokens)
+    meta = StepMetadata.of({n: v for n, v in locals().items() if n in METADATA_NAMES})
+    return plan_from(meta, geo, queue)
 
 
-def _mixed_plan(geo, queue, non_spec_query_start_loc, non_spec_state_indices,
-                has_initial_state, non_spec_token_indx, spec_query_start_loc,
-                spec_state_indices, spec_token_indx, num_accepted_tokens,
-                non_spec_num_accepted_tokens):
-    """The parts of a mixed step (names as in causal_conv1d_mixed) as a StepPlan."""
-    no_maps = non_spec_token_indx is None and spec_token_indx is None
+def plan_from(meta, geo, queue=None):
+    """The StepPlan of a step's ``StepMetadata`` for a checked Geometry (``jitconv.plan``
+    once its geometry is checked): each part validated, errors naming the metadata
+    keywords."""
+    m = meta
+    no_maps = m.non_spec_token_indx is None and m.spec_token_indx is None
     parts = []
-    given = {"non_spec_state_indices": non_spec_state_indices,
-             "has_initial_state": has_initial_state,
-             "non_spec_token_indx": non_spec_token_indx,
-             "non_spec_num_accepted_tokens": non_spec_num_accepted_tokens}
-    if non_spec_query_start_loc is None:
-        _reject_orphans(given, "non_spec_query_start_loc")
+    if m.non_spec_query_start_loc is None:
+        _reject_orphans(m, ("non_spec_state_indices", "has_initial_state",
+                            "non_spec_token_indx", "non_spec_num_accepted_tokens"),
+                        "non_spec_query_start_loc")
     else:
         parts.append(non_spec_part(
-            non_spec_query_start_loc, non_spec_state_indices, has_initial_state,
-            non_spec_token_indx, non_spec_num_accepted_tokens,
+            m.non_spec_query_start_loc, m.non_spec_state_indices, m.has_initial_state,
+            m.non_spec_token_indx, m.non_spec_num_accepted_tokens,
             {"qsl": "non_spec_query_start_loc", "lines": "non_spec_state_indices",
              "init": "has_initial_state", "rows": "non_spec_token_indx",
              "accepted": "non_spec_num_accepted_tokens"},
-            geo, whole_x=no_maps and spec_query_start_loc is None))
-    given = {"spec_state_indices": spec_state_indices, "spec_token_indx": spec_token_indx,
-             "num_accepted_tokens": num_accepted_tokens}
-    if spec_query_start_loc is None:
-        _reject_orphans(given, "spec_query_start_loc")
+            geo, whole_x=no_maps and m.spec_query_start_loc is None))
+    if m.spec_query_start_loc is None:
+        _reject_orphans(m, ("spec_state_indices", "spec_token_indx", "num_accepted_tokens"),
+                        "spec_query_start_loc")
     else:
         first = int(parts[0].query_start_loc[-1]) if parts else 0
         parts.append(spec_part(
-            spec_query_start_loc, spec_state_indices, spec_token_indx, num_accepted_tokens,
+            m.spec_query_start_loc, m.spec_state_indices, m.spec_token_indx,
+            m.num_accepted_tokens,
             {"qsl": "spec_query_start_loc", "lines": "spec_state_indices",
              "rows": "spec_token_indx", "accepted": "num_accepted_tokens"},
             geo, first_row=first, whole_x=no_maps))
@@ -488,7 +490,18 @@ def _mixed_plan(geo, queue, non_spec_query_start_loc, non_spec_state_indices,
                     line_names="non_spec_state_indices/spec_state_indices")
 
 
-def _reject_orphans(given, owner):
-    for name, value in given.items():
-        if value is not None:
+def _reject_orphans(meta, names, owner):
+    for name in names:
+        if getattr(meta, name) is not None:
             raise ValueError(f"{name}: given without {owner}; pass {owner} too, or drop it")
+
+
+def clear_caches() -> None:
+    """Forget everything jitconv keeps between calls in this process: the one-shot ops'
+    plans (``plan_cache``) and, per backend, compiled kernels and planners, tables copied
+    to devices, remembered launches, device-check verdicts, error words not yet read by
+    ``check_errors`` and counters (``jitconv.backends.*.state``). For tests and long-lived
+    processes; whatever is needed again is made again (kernels from the disk cache). Plans
+    the caller holds stay valid. Not for use while other threads run jitconv calls."""
+    plan_cache.clear()
+    registry.clear_caches()

@@ -44,24 +44,21 @@ class StepPlan:
 
     def __init__(self, parts, geometry, *, queue=None, row_names="token_indx",
                  line_names="state_indices"):
-        self.derived = {}  # (see the module docstring)
-        geo = self.geometry = geometry
+        geo = geometry
         all_rows = np.concatenate([p.rows for p in parts] + [np.zeros(0, np.int64)])
         validation.check_unique(all_rows, row_names, "row", geo.num_tokens)
         all_lines = np.concatenate([p.lines for p in parts] + [np.zeros(0, np.int64)])
-        self.lines = all_lines[all_lines >= 0]  # the cache lines a run writes
-        validation.check_unique(self.lines, line_names, "cache line", geo.num_lines)
-        self.written_lines = self.lines.tolist()  # what a copy-back of conv_state writes
+        lines = all_lines[all_lines >= 0]  # the cache lines a run writes
+        validation.check_unique(lines, line_names, "cache line", geo.num_lines)
         batch = build_batch(parts, geo.num_tokens)
-        self.num_blocks = batch.num_blocks
-        # tokens of the longest block (a backend may pick its code by it)
-        self.longest_block = int(batch.blk_len.max(initial=0))
-        self.longest_sequences = batch.longest_sequences()  # (non-spec, spec)
-        self.uniform_decode = batch.uniform_decode()
-        # Every sequence with a cache line in one block: then each element of x is read
-        # and its output written by one work-item, reads first, so out may be x itself.
-        self.in_place = max(self.longest_sequences) <= DEFAULT_BLOCK_TOKENS
-        self.queue = queue  # None: chosen per run (torch's stream, or the current device)
+        longest_sequences = batch.longest_sequences()
+        self._init_common(
+            geometry=geo, lines=lines, written_lines=lines.tolist(),
+            num_blocks=batch.num_blocks, longest_block=int(batch.blk_len.max(initial=0)),
+            longest_sequences=longest_sequences, uniform_decode=batch.uniform_decode(),
+            # Every sequence with a cache line in one block: then each element of x is
+            # read and its output written by one work-item, reads first, so out may be x.
+            in_place=max(longest_sequences) <= DEFAULT_BLOCK_TOKENS, queue=queue)
         self.host_tables = batch.tables()  # the kernel's int32 tables (kernels.abi.TABLES)
         # Tokens per part (spec, non-spec: validation.SPLIT_NAMES' order) and the spec
         # part's first token slot: what split outputs need. The non-spec part's slots
@@ -73,8 +70,24 @@ class StepPlan:
             raise ValueError("plan: the non-spec part must come before the spec part")
         self.part_tokens = (counts[True], counts[False])
         self.spec_slot0 = counts[False]
+
+    def _init_common(self, *, geometry, lines, written_lines, num_blocks, longest_block,
+                     longest_sequences, uniform_decode, in_place, queue):
+        """The fields every plan has (host and device plans alike), set by both
+        constructors through this one call."""
+        self.derived = {}  # (see the module docstring)
+        self.geometry = geometry
+        self.lines = lines  # the cache lines a run may write
+        self.written_lines = written_lines  # what a copy-back of conv_state writes (None: all)
+        self.num_blocks = num_blocks
+        self.longest_block = longest_block  # tokens of the longest block (picks code)
+        self.longest_sequences = longest_sequences  # (non-spec, spec)
+        self.uniform_decode = uniform_decode
+        self.in_place = in_place  # out may be x itself
+        self.queue = queue  # None: chosen per run (torch's stream, or the current device)
         # what a remembered launch compares: the geometry its tensors were checked against
-        self.fit = (geo.num_tokens, geo.num_lines, geo.state_len, geo.width)
+        self.fit = (geometry.num_tokens, geometry.num_lines, geometry.state_len,
+                    geometry.width)
 
     # ---------------------------------------------------------------- per layer
 
@@ -178,9 +191,11 @@ class StepPlan:
             return result
         # A part without tokens writes no row: the backend passes x in its place.
         x = registry.channels_contiguous(x)
-        backend.launch(self, Launch(x, weight, bias, conv_state, None, out_non_spec, silu,
-                                    math, dtype, extents, False, None, SPLIT_PARTS,
-                                    out_spec, self.spec_slot0))
+        backend.launch(self, Launch(x=x, weight=weight, bias=bias, conv_state=conv_state,
+                                    out=None, target=out_non_spec, silu=silu, math=math,
+                                    dtype=dtype, extents=extents, zero_copy=False, key=None,
+                                    split=SPLIT_PARTS, out2=out_spec,
+                                    spec_slot0=self.spec_slot0))
         return result
 
     def _launch(self, backend, tensors, silu, math, dtype, key, split=SPLIT_NONE):
@@ -211,8 +226,10 @@ class StepPlan:
         if dim == 0 or self.num_blocks == 0:
             return _finish(out, target)
         zero_copy = x is x_given and (target is out or out is None)
-        backend.launch(self, Launch(x, weight, bias, conv_state, out, target, silu, math,
-                                    dtype, extents, zero_copy, key, split))
+        backend.launch(self, Launch(x=x, weight=weight, bias=bias, conv_state=conv_state,
+                                    out=out, target=target, silu=silu, math=math, dtype=dtype,
+                                    extents=extents, zero_copy=zero_copy, key=key,
+                                    split=split))
         return _finish(out, target)
 
 

@@ -190,7 +190,7 @@ def check_unique(values, name, what, bound):
 
 # ---------------------------------------------------------------- plans
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Geometry:
     """What the metadata checks need to know about the data tensors of a step."""
     num_tokens: int   # rows of x (and out)
@@ -217,8 +217,9 @@ def check_geometry(num_tokens, num_cache_lines, state_len, width, pad_slot_id):
     if values["state_len"] < values["width"] - 1:
         raise ValueError(f"state_len: must be >= width - 1 = {values['width'] - 1}, "
                          f"got {state_len}")
-    return Geometry(values["num_tokens"], values["num_cache_lines"], values["state_len"],
-                    values["width"], values["pad_slot_id"])
+    return Geometry(num_tokens=values["num_tokens"], num_lines=values["num_cache_lines"],
+                    state_len=values["state_len"], width=values["width"],
+                    pad_slot_id=values["pad_slot_id"])
 
 
 def check_pad_slot_id(pad_slot_id):

@@ -11,10 +11,12 @@ prepared launches) it keeps in the plan's ``derived`` dict under names of its ow
 itself keyed by the plan; the plan's other fields are never written after it is built.
 """
 
-from typing import NamedTuple, Protocol
+from dataclasses import dataclass
+from typing import Protocol
 
 
-class Launch(NamedTuple):
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Launch:
     """One run's checked tensors, as the plan hands them to a backend."""
     x: object          # channels contiguous (a copy of the caller's x if they were not)
     weight: object
@@ -39,9 +41,10 @@ class Launch(NamedTuple):
 
 
 class Backend(Protocol):
-    """What every backend implements."""
+    """What every backend implements; the public layer calls nothing else on one."""
 
     name: str
+    state: object  # everything the backend keeps between calls, with a ``clear()``
 
     def devices(self) -> list:
         """The device names this backend runs on ("opencl:cpu:0", "cuda:0", ...)."""
@@ -58,3 +61,24 @@ class Backend(Protocol):
 
     def launch(self, plan, launch: Launch) -> None:
         """Run ``plan`` on the checked tensors of ``launch``, writing ``launch.target``."""
+
+    def empty_output(self, x, shape, dtype):
+        """A new output of ``shape`` for a call whose x is ``x`` (its kind and device)."""
+
+    def empty(self, shape, dtype, device):
+        """A new tensor on ``device`` (one of this backend's) its kernels use with no copy."""
+
+    def read_errors(self, plan) -> list:
+        """A device plan's own error words (``kernels.planner.ERRORS``), cleared."""
+
+    def new_error_words(self, device):
+        """Zeroed error words shared by the device plans of one-shot calls on ``device``."""
+
+    def read_error_words(self, words) -> list:
+        """Those words' values, cleared where set (waits for the plans that write them)."""
+
+    def forget_runs(self) -> None:
+        """Drop every remembered launch."""
+
+    def clear(self) -> None:
+        """Forget every cache and counter the backend keeps (``state.clear()``)."""

@@ -5,7 +5,7 @@ memory: only the SYCL backend reads them (``normalize``, ``host_array``)."""
 import torch
 
 from jitconv.backends import devices
-from jitconv.backends.cuda.backend import BACKEND as CUDA
+from jitconv.backends.cuda.backend import BACKEND as CUDA, current_is_cuda
 from jitconv.backends.cuda.devices import is_cuda_name
 from jitconv.backends.sycl.backend import BACKEND as SYCL
 
@@ -14,10 +14,19 @@ TENSOR_NAMES = ("x", "weight", "bias", "conv_state", "out")
 
 
 def for_call(x):
+    """The backend that runs a call whose x is ``x``. A torch CPU tensor while a CUDA GPU
+    is the current device is refused: its memory is not the GPU's."""
     for backend in BACKENDS:
         if backend.takes(x):
+            if backend is SYCL and isinstance(x, torch.Tensor) and x.is_cpu and \
+                    current_is_cuda():
+                name = devices.get_device()
+                raise TypeError(f"x: a CPU tensor, but the current device is {name}: pass "
+                                f"torch CUDA tensors (x.to('{name}')) or select a SYCL "
+                                f"device")
             return backend
-    raise TypeError(f"x: no backend runs a {type(x).__name__}")
+    raise TypeError(f"x: expected a torch tensor (CPU, XPU or CUDA), a dpnp array, a dpctl "
+                    f"usm_ndarray or a oneAPI DLPack producer, got {type(x).__name__}")
 
 
 def for_device(name):
@@ -81,3 +90,9 @@ def zeros(shape, dtype=torch.float32, device=None):
 def all_devices():
     """Every device of every backend: SYCL devices first, then CUDA GPUs."""
     return SYCL.devices() + CUDA.devices()
+
+
+def clear_caches():
+    """Forget what every backend keeps between calls (``Backend.clear``)."""
+    for backend in BACKENDS:
+        backend.clear()

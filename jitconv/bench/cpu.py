@@ -25,9 +25,9 @@ import torch
 import jitconv
 from jitconv.backends.sycl import launching
 from jitconv.api import plan_cache
-from jitconv.backends.sycl import run_cache
 from jitconv.testing.baseline import causal_conv1d_mixed_torch
 from jitconv.testing.steps import DATA_KEYS, mixed_step, random_values, split_step
+from jitconv.backends.sycl.state import STATE as SYCL_STATE
 from jitconv.backends.sycl.usm import DeviceArray
 
 MTP_K = 3
@@ -276,7 +276,7 @@ def layer_loop(name, dim, dtype, layers=48, distinct=4, reps=3):
         plan = plan_of(step, queue)
         for i in range(layers):
             if checked:  # as if every layer's tensors were new this step
-                run_cache.clear()
+                SYCL_STATE.runs.clear()
             plan.run(**sets[i % distinct])
 
     def one_shot():
@@ -339,7 +339,7 @@ def tiny_run_cost(runs=1000):
 
     def one_shot_new():  # as if metadata and tensors were new: validate, build, check
         plan_cache.clear()
-        run_cache.clear()
+        SYCL_STATE.runs.clear()
         jitconv.causal_conv1d_mixed(**data, **meta, out=out)
 
     one_shot_new_s = loop(one_shot_new, runs // 4)
@@ -355,7 +355,7 @@ def tiny_run_cost(runs=1000):
         t0 = time.perf_counter()
         for _ in range(runs):
             if checked:  # as if the tensors were new: every run is checked and packed
-                run_cache.clear()
+                SYCL_STATE.runs.clear()
             qplan.run(**device, out=device_out)
         queue.wait()
         return (time.perf_counter() - t0) / runs

@@ -18,8 +18,8 @@ buffers, timed the same way (its own row per workload), over the row's time: wha
 launches of a few microseconds, which a 1 GiB copy's bandwidth does not reach either.
 
 Rows per workload: jitconv one launch for C channels per thread (``--channels``: "auto",
-cuda_backend's own choice per launch, and 1, 2, 4),
-L tokens of lookahead ("auto", cuda_backend's own choice per launch, unless
+the CUDA backend's own choice per launch, and 1, 2, 4),
+L tokens of lookahead ("auto", the CUDA backend's own choice per launch, unless
 ``--lookaheads`` names others; "auto" among them keeps it), G channels per access of
 a row (``--row-groups``: the tuning's row_group, "auto" the table's) and each math of
 silu in ``MODES`` (``--modes``); jitconv as two calls (mixed
@@ -571,12 +571,12 @@ def main(argv=None):
     parser.add_argument("--workload", action="append", help="only these (repeatable)")
     parser.add_argument("--dim", type=int, action="append")
     parser.add_argument("--channels", default="auto,1,2,4",
-                        help="C values, comma-separated, 'auto' among them (cuda_backend's "
+                        help="C values, comma-separated, 'auto' among them (the CUDA backend's "
                              "choice per launch)")
     parser.add_argument("--lookaheads", help="L values, comma-separated, 'auto' among them "
-                        "(default: auto, cuda_backend's choice per launch)")
+                        "(default: auto, the CUDA backend's choice per launch)")
     parser.add_argument("--row-groups", help="G values (the tuning's row_group), comma-"
-                        "separated, 'auto' among them (default: auto, cuda_backend's choice)")
+                        "separated, 'auto' among them (default: auto, the CUDA backend's choice)")
     parser.add_argument("--modes", default=",".join(MODES),
                         help=f"silu's math, comma-separated among {', '.join(MODES)}")
     args = parser.parse_args(argv)

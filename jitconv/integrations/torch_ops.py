@@ -27,6 +27,7 @@ from torch import Tensor
 from torch.library import custom_op
 
 from jitconv.api import ops, validation
+from jitconv.api.metadata import NAMES, StepMetadata
 from jitconv.api.plan import SplitOutputs, split_request
 
 
@@ -35,36 +36,21 @@ def _fake_rows(x):
     return torch.empty(tuple(x.shape), dtype=x.dtype, device=x.device)
 
 
-# causal_conv1d_mixed's metadata keywords, in the ops' argument order.
-MIXED_METADATA = ("non_spec_query_start_loc", "non_spec_state_indices", "has_initial_state",
-                  "non_spec_token_indx", "spec_query_start_loc", "spec_state_indices",
-                  "spec_token_indx", "num_accepted_tokens", "non_spec_num_accepted_tokens")
+def _mixed(x, weight, bias, conv_state, values, activation, pad_slot_id, math, split=None):
+    """The eager op of the mixed custom ops: ``values`` the metadata in NAMES order."""
+    return ops.mixed(x, weight, bias, conv_state, StepMetadata(**dict(zip(NAMES, values))),
+                     activation=activation, pad_slot_id=pad_slot_id, math=math, split=split)
 
 
-def _mixed(x, weight, bias, conv_state, metadata, activation, pad_slot_id, math, **outputs):
-    return ops.causal_conv1d_mixed(x, weight, bias, conv_state,
-                                   **dict(zip(MIXED_METADATA, metadata)),
-                                   activation=activation, pad_slot_id=pad_slot_id,
-                                   math=math, **outputs)
+_METADATA_SCHEMA = "".join(f"Tensor? {name}, " for name in NAMES)
 
 
-@custom_op("jitconv::causal_conv1d_mixed", mutates_args=("conv_state",))
-def mixed_op(x: Tensor, weight: Tensor, bias: Optional[Tensor],
-             conv_state: Tensor, non_spec_query_start_loc: Optional[Tensor],
-             non_spec_state_indices: Optional[Tensor],
-             has_initial_state: Optional[Tensor],
-             non_spec_token_indx: Optional[Tensor],
-             spec_query_start_loc: Optional[Tensor],
-             spec_state_indices: Optional[Tensor],
-             spec_token_indx: Optional[Tensor],
-             num_accepted_tokens: Optional[Tensor],
-             non_spec_num_accepted_tokens: Optional[Tensor],
-             activation: Optional[str], pad_slot_id: int,
-             math: Optional[str]) -> Tensor:
-    return _mixed(x, weight, bias, conv_state, (
-        non_spec_query_start_loc, non_spec_state_indices, has_initial_state,
-        non_spec_token_indx, spec_query_start_loc, spec_state_indices, spec_token_indx,
-        num_accepted_tokens, non_spec_num_accepted_tokens), activation, pad_slot_id, math)
+@custom_op("jitconv::causal_conv1d_mixed", mutates_args=("conv_state",),
+           schema="(Tensor x, Tensor weight, Tensor? bias, Tensor(a!) conv_state, "
+                  + _METADATA_SCHEMA + "str? activation, int pad_slot_id, str? math) -> Tensor")
+def mixed_op(x, weight, bias, conv_state, *rest):
+    values, (activation, pad_slot_id, math) = rest[:-3], rest[-3:]
+    return _mixed(x, weight, bias, conv_state, values, activation, pad_slot_id, math)
 
 
 @mixed_op.register_fake
@@ -76,16 +62,16 @@ def _(x, *args):
 # after conv_state; nothing returned.
 _SPLIT_SCHEMA = ("(Tensor x, Tensor weight, Tensor? bias, Tensor(a!) conv_state, "
                  "Tensor(b!)? out_spec, Tensor(c!)? out_non_spec, "
-                 + "".join(f"Tensor? {name}, " for name in MIXED_METADATA)
+                 + _METADATA_SCHEMA
                  + "str? activation, int pad_slot_id, str? math) -> ()")
 
 
 @custom_op("jitconv::causal_conv1d_mixed_split",
            mutates_args=("conv_state", "out_spec", "out_non_spec"), schema=_SPLIT_SCHEMA)
 def mixed_split_op(x, weight, bias, conv_state, out_spec, out_non_spec, *rest):
-    metadata, (activation, pad_slot_id, math) = rest[:-3], rest[-3:]
-    _mixed(x, weight, bias, conv_state, metadata, activation, pad_slot_id, math,
-           out_spec=out_spec, out_non_spec=out_non_spec)
+    values, (activation, pad_slot_id, math) = rest[:-3], rest[-3:]
+    _mixed(x, weight, bias, conv_state, values, activation, pad_slot_id, math,
+           split=(out_spec, out_non_spec))
 
 
 @mixed_split_op.register_fake
@@ -100,11 +86,12 @@ def mixed_split(x, weight, bias, conv_state, split, activation, pad_slot_id, mat
     lengths of the parts' token maps (the traced graph cannot read the query_start_loc
     values): a part with sequences needs its map."""
     validation.check_no_out(out)
-    metadata = tuple(as_tensor(m) for m in metadata)
+    m = StepMetadata(**{n: as_tensor(v) for n, v in zip(NAMES, metadata)})
     if split is True:
         parts = []
-        for name, loc, rows in (("spec_token_indx", metadata[4], metadata[6]),
-                                ("non_spec_token_indx", metadata[0], metadata[3])):
+        for name, loc, rows in (
+                ("spec_token_indx", m.spec_query_start_loc, m.spec_token_indx),
+                ("non_spec_token_indx", m.non_spec_query_start_loc, m.non_spec_token_indx)):
             if loc is None:
                 parts.append(None)
             elif rows is None:
@@ -117,7 +104,7 @@ def mixed_split(x, weight, bias, conv_state, split, activation, pad_slot_id, mat
                              else None)
         split = tuple(parts)
     torch.ops.jitconv.causal_conv1d_mixed_split(x, weight, bias, conv_state, *split,
-                                                *metadata, activation, pad_slot_id, math)
+                                                *m.values(), activation, pad_slot_id, math)
     return SplitOutputs(*split)
 
 
@@ -206,11 +193,7 @@ def _traced_update(x, weight, bias, conv_state, conv_state_indices, query_start_
 def _traced_mixed(x, weight, bias, conv_state, *, activation="silu", pad_slot_id=-1,
                   out=None, math=None, split=False, out_spec=None, out_non_spec=None,
                   **metadata):
-    unknown = set(metadata) - set(MIXED_METADATA)
-    if unknown:
-        raise TypeError(f"causal_conv1d_mixed() got an unexpected keyword argument "
-                        f"{sorted(unknown)[0]!r}")
-    values = tuple(metadata.get(name) for name in MIXED_METADATA)
+    values = StepMetadata.of(metadata).values()
     split = split_request(split, out_spec, out_non_spec)
     if split is not None:
         return mixed_split(x, weight, bias, conv_state, split, activation, int(pad_slot_id),

@@ -37,7 +37,7 @@ STORAGE = {"float32": np.float32, "float16": np.int16, "bfloat16": np.int16}
 
 # The SYCL backend's "wide" kernels (16-bit dtypes): C channels per work-item, and every
 # access to a row of x, out or the conv state covers those C channels as one 64-bit word
-# (kernel_template's row_group). A compiler that vectorizes across work-items (the OpenCL
+# (the template's row_group). A compiler that vectorizes across work-items (the OpenCL
 # CPU device) then reads 8 bytes of contiguous memory per lane instead of 2: on
 # opencl:cpu (AVX2, 8 lanes) bfloat16 1.21-1.73x and float16 1.01-1.40x faster on every
 # benchmark workload in same-run comparisons (docs/design.md). The host launches one

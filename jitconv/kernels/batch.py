@@ -23,7 +23,7 @@ DEFAULT_BLOCK_TOKENS = 16
 
 
 
-@dataclass
+@dataclass(frozen=True, kw_only=True)
 class Batch:
     rows: np.ndarray
     seq_tok: np.ndarray
@@ -75,14 +75,14 @@ class Batch:
                     and (self.seq_off[real] == 0).all())
 
     def tables(self):
-        """The int32 arrays in the kernel's argument order (kernel_abi.TABLES): the rows,
+        """The int32 arrays in the kernel's argument order (kernels.abi.TABLES): the rows,
         padded to whole records so that the records start aligned, then the records."""
         pad = -len(self.rows) % len(BLOCK_FIELDS)
         rows = np.concatenate([self.rows, np.zeros(pad, np.int32)]).astype(np.int32)
         return [rows, self.block_records().reshape(-1)]
 
 
-@dataclass
+@dataclass(frozen=True, kw_only=True)
 class Part:
     """One kind of sequences (non-spec or spec), validated, as host int64 arrays."""
     query_start_loc: np.ndarray  # (n+1,)
@@ -95,7 +95,7 @@ class Part:
 
 def build_batch(parts, num_tokens, block_tokens=DEFAULT_BLOCK_TOKENS):
     # A later block finds its whole window in x, and the first block is the sole reader
-    # of the old state (kernel_template): blocks of at least width - 1 tokens.
+    # of the old state (kernels.template): blocks of at least width - 1 tokens.
     if block_tokens < max(SUPPORTED_WIDTHS) - 1:
         raise ValueError(f"block_tokens must be >= {max(SUPPORTED_WIDTHS) - 1} (the widest "
                          f"window), got {block_tokens}")
@@ -154,6 +154,7 @@ def build_batch(parts, num_tokens, block_tokens=DEFAULT_BLOCK_TOKENS):
 
     blk_contig, seq_contig = consecutive(blk_tok, blk_len), consecutive(seq_tok, seq_len)
     i32 = lambda a: a.astype(np.int32)  # noqa: E731
-    return Batch(i32(rows), i32(seq_tok), i32(seq_len), i32(seq_line), i32(seq_off),
-                 i32(seq_flags), i32(blk_seq), i32(blk_tok), i32(blk_len),
-                 i32(blk_contig), i32(seq_contig))
+    return Batch(rows=i32(rows), seq_tok=i32(seq_tok), seq_len=i32(seq_len),
+                 seq_line=i32(seq_line), seq_off=i32(seq_off), seq_flags=i32(seq_flags),
+                 blk_seq=i32(blk_seq), blk_tok=i32(blk_tok), blk_len=i32(blk_len),
+                 blk_contig=i32(blk_contig), seq_contig=i32(seq_contig))

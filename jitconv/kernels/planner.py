@@ -63,7 +63,7 @@ def tail_first(num_sequences, num_tokens, one_slot_per_sequence):
                     BLOCK)
 
 
-def scalars(num_ns, num_sp, ns_implicit, has_ns_init, has_ns_accepted, num_tokens,
+def scalars(*, num_ns, num_sp, ns_implicit, has_ns_init, has_ns_accepted, num_tokens,
             num_lines, state_len, width, pad_line, null_line, skip_empty, max_len,
             spec_first):
     """The planner's scalar arguments (``PLAN_ARGS``) for a step of these counts and

@@ -37,13 +37,15 @@ how to reproduce them: docs/design.md):
   per decode or spec work-item).
 """
 
+from dataclasses import dataclass
+
 import numpy as np
-from typing import NamedTuple
 
 from jitconv.kernels.abi import BLOCK_FIELDS
 
 
-class Backend(NamedTuple):
+@dataclass(frozen=True, kw_only=True)
+class Backend:
     """What the template leaves to a backend. ``index`` sets ``c`` (first channel of the
     work-item, from its group times C) and ``b`` (block), formatted with {C}; it may
     return early (bounds guard). ``index_arg``: leading parameter(s) (SYCL's item);
@@ -56,6 +58,12 @@ class Backend(NamedTuple):
     early_record: bool = False
     reuse_state_loads: bool = False
     split_window: bool = False
+    # A record shared by a thread block (``kernel_source``'s ``shared_record``): an array
+    # of {n} record words in shared memory, the test of the block's first work-item, and
+    # the barrier after which the others read what it wrote. None: not supported.
+    shared_array: str = None
+    first_in_group: str = None
+    barrier: str = None
 
 
 def window_value(x, x_at, x_row_stride, state, state_at, tables, rows, first_slot, base, p,
@@ -87,21 +95,16 @@ def window_value(x, x_at, x_row_stride, state, state_at, tables, rows, first_slo
 # store may alias x (it cannot know that out, state and x never overlap), so a load
 # placed after a store waits for it, and on a GPU every such wait is a memory latency.
 _TEMPLATE = """
-def {name}({index_arg}x, x_offset, x_row_stride, out, out_offset, out_row_stride,
-           weight, weight_offset, weight_stride_c, weight_stride_k,
-           bias, bias_offset, bias_stride,
-           state, state_offset, state_stride_line, state_stride_c, state_stride_col,
-           tables, rows, blocks, has_bias, silu, out2, out2_offset, out2_row_stride, split,
-           spec_slot0{extra_args}):
+{signature}
     # rows, blocks: offsets of the per-call tables inside `tables` (kernel_abi.TABLES);
     # a block's record holds BLOCK_FIELDS, its sequence's fields included.
 {index}
-    blk = blocks + b * {NF}
-    t0 = tables[U(blk)]
-    nb = tables[U(blk + 1)]
-    line = tables[U(blk + 4)]
-    flags = tables[U(blk + 6)]
-    r0 = tables[U(blk + 7)]  # the row of the block's first token (consecutive rows)
+{record}
+    t0 = {tok}
+    nb = {len}
+    line = {line}
+    flags = {flags}
+    r0 = {row0}  # the row of the block's first token (consecutive rows)
 {early_record}{channel_offsets}
     o = out  # the array this block's outputs go to, and its row stride
     ors = out_row_stride
@@ -133,6 +136,16 @@ def {name}({index_arg}x, x_offset, x_row_stride, out, out_offset, out_row_stride
 {late_weights}{window_to_float}
 {tokens}
 """
+
+
+# The kernel's parameters: CONV_ARGS (abi), after the backend's index argument(s) and
+# before its extra ones; a fused kernel's record arguments follow (``kernel_source``).
+_PARAMETERS = """{index_arg}x, x_offset, x_row_stride, out, out_offset, out_row_stride,
+           weight, weight_offset, weight_stride_c, weight_stride_k,
+           bias, bias_offset, bias_stride,
+           state, state_offset, state_stride_line, state_stride_c, state_stride_col,
+           tables, rows, blocks, has_bias, silu, out2, out2_offset, out2_row_stride, split,
+           spec_slot0{extra_args}{record_args}"""
 
 
 # The state window and the state update; in its own template because a backend with
@@ -182,7 +195,8 @@ _SHORT_STATE_PART = """{state_offsets}
 
 def kernel_source(width, name, backend, channels=1, lookahead=1, word_taps=False,
                   state_chunk=None, short_tokens=0, row_group=1, early_weights=False,
-                  group_state=False, vector_taps=False, uniform_decode=False):
+                  group_state=False, vector_taps=False, uniform_decode=False,
+                  record_args=None, shared_record=False, constants=()):
     """The Python source of the conv kernel for one width, backend, channel count and
     lookahead (tokens whose loads are issued before the first of their stores).
     ``word_taps`` (width 4, 16-bit storage, a backend with ``unit_stride_reads`` that
@@ -203,6 +217,18 @@ def kernel_source(width, name, backend, channels=1, lookahead=1, word_taps=False
     alignment allow them. ``uniform_decode`` (with T = 1): every sequence with a cache
     line holds one token and its window starts at column 0 (see the module docstring);
     the host picks it only for steps that are so.
+
+    ``record_args`` (the fused kernel of a device plan): the block record computed by
+    ``slot_record(b, *record_args)`` (``kernels.planner``, a device function the backend
+    supplies) instead of read from the tables, those arguments appended to the
+    parameters: what a device plan launches instead of its planner and the plain kernel
+    (``tables`` is then never read: every record says rows are consecutive, but it must
+    be valid memory). ``shared_record`` (with ``record_args``, a backend with
+    ``shared_array``): the record computed once per thread block, by its first
+    work-item, and read by the others after a barrier. ``constants``: ((parameter,
+    value, keep), ...): each parameter bound to its int value at the body's top, in
+    that order, and dropped from the parameters (``keep``: kept, renamed with a leading
+    underscore, unused); the parameters are then written on one line.
     """
     if uniform_decode and short_tokens != 1:
         raise ValueError(f"uniform_decode needs short_tokens 1, got {short_tokens}")
@@ -211,9 +237,11 @@ def kernel_source(width, name, backend, channels=1, lookahead=1, word_taps=False
                          f"{channels}, got {row_group}")
     if vector_taps and width != 4:
         raise ValueError(f"vector_taps needs width 4, got {width}")
+    if shared_record and (record_args is None or backend.shared_array is None):
+        raise ValueError("shared_record needs record_args and a backend with shared_array")
     return _Kernel(width, backend, channels, lookahead, word_taps, state_chunk, short_tokens,
-                   row_group, early_weights, group_state, vector_taps,
-                   uniform_decode).source(name)
+                   row_group, early_weights, group_state, vector_taps, uniform_decode,
+                   record_args, shared_record).source(name, constants)
 
 
 IND = " " * 4  # one level of indentation in the generated source
@@ -242,12 +270,13 @@ class _Kernel:
 
     def __init__(self, width, backend, channels, lookahead, word_taps, state_chunk,
                  short_tokens, row_group, early_weights, group_state, vector_taps,
-                 uniform_decode):
+                 uniform_decode, record_args, shared_record):
         self.width, self.backend, self.channels, self.lookahead = (width, backend, channels,
                                                                    lookahead)
         self.word_taps, self.short_tokens, self.early_weights = (word_taps, short_tokens,
                                                                  early_weights)
         self.vector_taps, self.uniform_decode = vector_taps, uniform_decode
+        self.record_args, self.shared_record = record_args, shared_record
         self.G = row_group
         self.S = width - 1  # window columns
         self.K = state_chunk or self.S  # new-state values loaded per round
@@ -548,7 +577,7 @@ class _Kernel:
         """The record's fields that the state part and the tokens need (the first ones,
         read before the pad check, are in _TEMPLATE)."""
         fields = ["p0 = 0  # one block per sequence" if self.short_tokens else
-                  "p0 = tables[U(blk + 2)]  # position of the block's first token in its "
+                  f"p0 = {self.field('pos')}  # position of the block's first token in its "
                   "sequence"]
         if self.uniform_decode:
             fields += ["# Every sequence with a cache line holds one token and its window "
@@ -559,18 +588,64 @@ class _Kernel:
                        "record.",
                        "n = 1", "off = 0"]
         else:
-            fields += ["n = tables[U(blk + 3)]", "off = tables[U(blk + 5)]"]
+            fields += [f"n = {self.field('seq_len')}", f"off = {self.field('off')}"]
         return "\n".join(_indent(fields, 1))
 
     # ------------------------------------------------------------ the whole kernel
 
-    def source(self, name):
+    def field(self, name):
+        """The expression of one field of the block's record (``abi.BLOCK_FIELDS``): a
+        read of the tables, or with ``record_args`` the variable ``slot_record`` set."""
+        k = BLOCK_FIELDS.index(name)
+        if self.record_args is not None:
+            return f"rec{k}"
+        return "tables[U(blk)]" if k == 0 else f"tables[U(blk + {k})]"
+
+    def record(self):
+        """Where the block's record comes from: its offset in the tables, or computed by
+        ``slot_record`` (by one work-item of a thread block with ``shared_record``)."""
+        if self.record_args is None:
+            return f"{IND}blk = blocks + b * {len(BLOCK_FIELDS)}"
+        names = [f"rec{k}" for k in range(len(BLOCK_FIELDS))]
+        call = f"slot_record(b, {', '.join(self.record_args)})"
+        if not self.shared_record:
+            return f"{IND}{', '.join(names)} = {call}"
+        b = self.backend
+        lines = [f"shared_record = {b.shared_array.format(n=len(names))}",
+                 f"if {b.first_in_group}:",
+                 f"{IND}{', '.join('q' + n for n in names)} = {call}"]
+        lines += [f"{IND}shared_record[{k}] = q{n}" for k, n in enumerate(names)]
+        lines += [b.barrier] + [f"{n} = shared_record[{k}]" for k, n in enumerate(names)]
+        return "\n".join(_indent(lines, 1))
+
+    def signature(self, name, constants):
+        """The def line (with ``constants``: see ``kernel_source``) and the bindings."""
+        backend = self.backend
+        record_args = "" if self.record_args is None else ", " + ", ".join(self.record_args)
+        parameters = _PARAMETERS.format(index_arg=backend.index_arg,
+                                        extra_args=backend.extra_args,
+                                        record_args=record_args)
+        if not constants:
+            return f"def {name}({parameters}):"
+        names = [p.strip() for p in parameters.split(",")]
+        for param, _value, _keep in constants:
+            if names.count(param) != 1:
+                raise ValueError(f"kernel source: parameter {param!r} found "
+                                 f"{names.count(param)} times")
+        kept = {param for param, _value, keep in constants if keep}
+        dropped = {param for param, _value, keep in constants if not keep}
+        names = [f"_{p}" if p in kept else p for p in names if p not in dropped]
+        return f"def {name}({', '.join(names)}):\n" + "\n".join(
+            f"{IND}{param} = {int(value)}" for param, value, _keep in constants)
+
+    def source(self, name, constants=()):
         backend, S = self.backend, self.S
         record, weights = self.block_fields(), self.weights_and_bias()
         early_record, early_weights = backend.early_record, self.early_weights
         return _TEMPLATE.format(
-            name=name, NF=len(BLOCK_FIELDS), index_arg=backend.index_arg,
-            extra_args=backend.extra_args, index=backend.index.format(C=self.channels),
+            signature=self.signature(name, constants), record=self.record(),
+            **{f: self.field(f) for f in ("tok", "len", "line", "flags", "row0")},
+            index=backend.index.format(C=self.channels),
             channel_offsets=self.each("xc{J} = x_offset + {CH}      # this channel in x and "
                                       "out\noc{J} = out_offset + {CH}"),
             split_offsets=self.each("oc{J} = out2_offset + {CH}", 3),
@@ -582,27 +657,3 @@ class _Kernel:
             late_weights="" if early_weights else weights + "\n",
             window_to_float=self.per_tap("f{k}{J} = load(u{k}{J})", S),
             tokens=self.tokens())
-
-
-def with_fused_plan(source, record_args):
-    """``source`` (a kernel of this template) as a kernel that plans its own block: the
-    block record computed by ``slot_record(b, *record_args)`` (``kernels.planner``, a
-    device function the backend supplies) instead of read from the tables, and
-    ``record_args`` appended to the parameters. What a device plan launches instead of
-    its planner and this kernel (one launch per run); ``tables`` is then never read (every
-    record says rows are consecutive), but must still be valid memory."""
-    head, body = source.split("):\n", 1)  # the def's parameter list ends here
-    record = ", ".join(f"rec{k}" for k in range(len(BLOCK_FIELDS)))
-    call = f"{record} = slot_record(b, {', '.join(record_args)})"
-    lines = []
-    for line in body.split("\n"):
-        if line.strip().startswith("blk = blocks + b *"):
-            line = line[:len(line) - len(line.lstrip())] + call
-        for k in range(len(BLOCK_FIELDS)):
-            line = line.replace("tables[U(blk)]" if k == 0 else f"tables[U(blk + {k})]",
-                                f"rec{k}")
-        lines.append(line)
-    body = "\n".join(lines)
-    if call not in body or "tables[U(blk" in body:
-        raise ValueError("kernel source: the block record's reads were not all found")
-    return f"{head}, {', '.join(record_args)}):\n" + body

@@ -12,10 +12,11 @@ are properties of the kernels themselves: the wide kernels' channel counts, silu
 """
 
 import contextlib
+import contextvars
 import dataclasses
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class CudaTuning:
     channels: int = 2            # contiguous channels per thread (halved until it divides dim)
     lookahead: int = 0           # tokens loaded before their stores; 0: automatic, below
@@ -68,7 +69,15 @@ CHOICES = {  # what each value may be (override checks)
     "row_group": (1, 2, 4),
 }
 
-_overrides = {}  # name -> value, over every entry of TABLE (``override``)
+# Values over every entry of TABLE (``override``): per context (thread, task), as a
+# sorted tuple of (name, value), so that one thread's override is no other's.
+OVERRIDES = contextvars.ContextVar("jitconv_tuning_overrides", default=())
+
+
+def overrides():
+    """The overrides in force here, as a sorted tuple of (name, value) (hashable: a CUDA
+    run's key holds it)."""
+    return OVERRIDES.get()
 
 
 def _matches(pattern, value):
@@ -82,11 +91,11 @@ def cuda(arch, dtype_name, kind):
         if backend == "cuda" and _matches(a, arch) and _matches(d, dtype_name) and \
                 _matches(k, kind):
             values.update(entry)
-    values.update(_overrides)
+    values.update(OVERRIDES.get())
     return CudaTuning(**values)
 
 
-def _check(name, value):
+def check(name, value):
     fields = {f.name: f for f in dataclasses.fields(CudaTuning)}
     if name not in fields:
         raise ValueError(f"{name}: not a tuning value; expected one of {sorted(fields)}")
@@ -100,13 +109,13 @@ def _check(name, value):
 @contextlib.contextmanager
 def override(**values):
     """Tuning values other than the table's, for the block (benchmarks, experiments):
-    ``with tuning.override(lookahead=16, row_group=1): ...``. Checked by name and value."""
+    ``with tuning.override(lookahead=16, row_group=1): ...``. Checked by name and value.
+    In force in this thread (context) only: threads started inside the block do not see
+    it."""
     for name, value in values.items():
-        _check(name, value)
-    saved = dict(_overrides)
-    _overrides.update(values)
+        check(name, value)
+    token = OVERRIDES.set(tuple(sorted(dict(OVERRIDES.get(), **values).items())))
     try:
         yield
     finally:
-        _overrides.clear()
-        _overrides.update(saved)
+        OVERRIDES.reset(token)

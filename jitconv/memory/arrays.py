@@ -27,7 +27,7 @@ class UsmArray:
     __slots__ = ("source", "owner", "address", "shape", "strides", "dtype", "itemsize",
                  "device", "allocation", "read_only", "copied")
 
-    def __init__(self, source, owner, address, shape, strides, dtype, itemsize, device,
+    def __init__(self, *, source, owner, address, shape, strides, dtype, itemsize, device,
                  allocation=None, read_only=False, copied=False):
         self.source, self.owner, self.address = source, owner, address
         self.shape, self.strides = tuple(shape), tuple(strides)

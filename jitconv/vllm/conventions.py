@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from jitconv.api import validation
+from jitconv.api.metadata import StepMetadata
 
 NULL_BLOCK_ID = 0   # vLLM's padding cache line (vllm.v1.attention.backends.utils)
 PAD_SLOT_ID = -1    # vLLM's PAD_SLOT_ID: causal_conv1d_fn skips it too
@@ -145,9 +146,9 @@ def _rows(token_indx, count, num_rows, name):
     return np.arange(count)
 
 
-def gdn_step_arguments(m, num_rows, num_lines, null_block_id,
-                       non_spec_num_accepted_tokens=None):
-    """``jitconv.plan`` keyword arguments of one engine step, read from vLLM 0.33's
+def gdn_step_metadata(m, num_rows, num_lines, null_block_id,
+                      non_spec_num_accepted_tokens=None):
+    """The ``StepMetadata`` of one engine step (what ``jitconv.plan`` takes), read from vLLM 0.33's
     GDNAttentionMetadata ``m`` the way its GDN layer (``_forward_core``) reads it:
 
     - spec part when ``spec_sequence_masks`` is set: the first ``num_spec_decodes``
@@ -188,7 +189,7 @@ def gdn_step_arguments(m, num_rows, num_lines, null_block_id,
         qsl = np.arange(len(lines) + 1)
         initial = None  # decodes continue from their state
     else:
-        return kwargs
+        return StepMetadata(**kwargs)
     batch = len(qsl) - 1
     kwargs.update(
         non_spec_query_start_loc=qsl,
@@ -200,4 +201,4 @@ def gdn_step_arguments(m, num_rows, num_lines, null_block_id,
     if non_spec_num_accepted_tokens is not None:
         kwargs["non_spec_num_accepted_tokens"] = first_entries(
             non_spec_num_accepted_tokens, batch, "non_spec_num_accepted_tokens")
-    return kwargs
+    return StepMetadata(**kwargs)

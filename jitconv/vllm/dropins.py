@@ -369,7 +369,7 @@ def gdn_conv_step(mixed_qkv, weight, bias, conv_state, attn_metadata, activation
     layer's conv cache as vLLM hands it to its conv ops, viewed as (lines, conv_dim,
     state_len): ``kv_cache[0].transpose(-1, -2)`` for the state-major layout,
     ``kv_cache[0]`` as is when dim-first (``conv_state_view`` does this). The metadata is
-    read as vLLM's layer reads it (``vllm_conventions.gdn_step_arguments``). Computes in
+    read as vLLM's layer reads it (``conventions.gdn_step_metadata``). Computes in
     conv_state's dtype like vLLM's ops; returns a new (num_tokens, conv_dim) tensor in
     mixed_qkv's dtype.
 
@@ -392,10 +392,10 @@ def gdn_conv_step(mixed_qkv, weight, bias, conv_state, attn_metadata, activation
     geometry = (int(mixed_qkv.shape[0]), lines, state_len, int(weight.shape[-1]),
                 null_block_id)
 
-    def arguments():
-        return conventions.gdn_step_arguments(attn_metadata, geometry[0], lines,
-                                              null_block_id, non_spec_num_accepted_tokens)
-    plan = _step_plan(attn_metadata, geometry, non_spec_num_accepted_tokens, arguments)
+    def metadata():
+        return conventions.gdn_step_metadata(attn_metadata, geometry[0], lines,
+                                             null_block_id, non_spec_num_accepted_tokens)
+    plan = _step_plan(attn_metadata, geometry, non_spec_num_accepted_tokens, metadata)
     if split:
         parts = plan.run(mixed_qkv, weight, bias, conv_state,
                          activation=activation_name(activation), split=True)
@@ -412,7 +412,7 @@ def conv_state_view(conv_cache, dim_first):
     return conv_cache if dim_first else conv_cache.transpose(-1, -2)
 
 
-def _step_plan(attn_metadata, geometry, extra, arguments):
+def _step_plan(attn_metadata, geometry, extra, metadata):
     """The plan of this step for this geometry: built by the first layer that asks, kept
     on the metadata object (vLLM builds a new one every step), reused by every later
     layer, so the metadata is read back, translated and validated once per step, not
@@ -428,7 +428,7 @@ def _step_plan(attn_metadata, geometry, extra, arguments):
     if cached is not None and cached[0] is extra:
         return cached[1]
     num_tokens, lines, state_len, width, _null_block_id = geometry
-    plan = ops.plan(num_tokens, lines, state_len, width, pad_slot_id=conventions.CORE_PAD,
-                    **arguments())
+    plan = ops.plan_from(metadata(), validation.check_geometry(
+        num_tokens, lines, state_len, width, conventions.CORE_PAD))
     plans[geometry] = (extra, plan)  # `extra`: the plan is valid for this object only
     return plan

@@ -33,7 +33,7 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine core 
 import torch  # noqa: E402
 
 import jitconv  # noqa: E402  (before dpctl / vLLM: the SYCL runtime bootstrap)
-from jitconv.backends.sycl import launching  # noqa: E402
+from jitconv.backends.sycl.state import STATE as SYCL_STATE  # noqa: E402
 from jitconv.vllm import installed, plugin  # noqa: E402
 
 PROMPT_LENGTHS = (5, 17, 33, 64, 101, 9)
@@ -121,13 +121,13 @@ def run_mamba2(root, side):
         for name in calls:  # count what the layer calls (the installed ops)
             op = getattr(mixer, name)
             setattr(mixer, name, _counted(op, calls, name))
-    launches = launching.stats["submitted"]
+    launches = SYCL_STATE.stats["submitted"]
     llm = LLM(model=str(root / "mamba2"), dtype="float32", **ENGINE)
     decode_steps, result["steps"] = _record_decode_metadata(llm)
     started = time.perf_counter()
     result["tokens"] = generate(llm, 512)
     result["generate_s"] = time.perf_counter() - started
-    result["launches"] = launching.stats["submitted"] - launches
+    result["launches"] = SYCL_STATE.stats["submitted"] - launches
     if side == "jitconv":
         result["padded"] = padded_decode_batch(llm, decode_steps, vllm_update,
                                                mixer.causal_conv1d_update)
@@ -228,9 +228,9 @@ def run_gdn(root):
         routes.add(plugin.gdn_route(layer)[1])
         cache = layer.kv_cache[0]
         before = cache.clone()
-        launches = launching.stats["submitted"]
+        launches = SYCL_STATE.stats["submitted"]
         ours = _jitconv_conv_stage(gdn, layer, mixed_qkv.clone(), b, a)
-        stats["launches"] += launching.stats["submitted"] - launches
+        stats["launches"] += SYCL_STATE.stats["submitted"] - launches
         ours_state = cache.clone()
         cache.copy_(before)
         theirs = _vllm_conv_stage(vllm_core, layer, m, mixed_qkv, b, a, core_attn_out,

@@ -5,37 +5,35 @@ import torch
 
 from jitconv.backends import devices as current
 from jitconv.backends.cuda import devices, launching
+from jitconv.backends.cuda.state import STATE
 from jitconv.kernels.abi import SPLIT_NONE, SPLIT_PARTS
 
 
 class CudaBackend:
     name = "cuda"
+    state = STATE  # everything the backend keeps between calls (``cuda.state``)
+
+    def clear(self):
+        """Forget every cache of the backend (``CudaState.clear``)."""
+        self.state.clear()
+
+    def forget_runs(self):
+        """Drop every remembered run (the next launch of each is prepared again)."""
+        launching.forget_runs()
 
     def devices(self):
         return devices.devices()
 
     def takes(self, x):
         """A torch CUDA tensor; a torch CPU tensor while a simulated CUDA device is
-        current. A CPU tensor while a real CUDA device is current is an error: its memory
-        is not the GPU's."""
+        current (numba's simulator runs on the host)."""
         # is_cuda, not device.type: a torch.device is built per access (a few hundred ns,
         # on every run's path)
         if not isinstance(x, torch.Tensor):
             return False
         if x.is_cuda:
             return True
-        if not x.is_cpu:
-            return False
-        try:
-            name = current.get_device()
-        except current.DeviceNotFoundError:
-            return False
-        if not devices.is_cuda_name(name):
-            return False
-        if devices.simulating():
-            return True
-        raise TypeError(f"x: a CPU tensor, but the current device is {name}: pass torch "
-                        f"CUDA tensors (x.to('{name}')) or select a SYCL device")
+        return x.is_cpu and devices.simulating() and current_is_cuda()
 
     def remembered(self, plan, args, activation, math, split=SPLIT_NONE):
         if not plan.on_device and args[0].is_cuda and _capturing():
@@ -75,6 +73,14 @@ class CudaBackend:
 
     def read_error_words(self, words):
         return launching.read_error_words(words)
+
+
+def current_is_cuda():
+    """Whether the current device is a CUDA device (False when none can be chosen)."""
+    try:
+        return devices.is_cuda_name(current.get_device())
+    except current.DeviceNotFoundError:
+        return False
 
 
 try:  # torch's own test, without making a Stream object

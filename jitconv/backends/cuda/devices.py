@@ -9,6 +9,8 @@ import os
 
 import torch
 
+from jitconv.backends.cuda.state import STATE
+
 
 @functools.lru_cache(maxsize=None)
 def have_numba_cuda():
@@ -57,13 +59,13 @@ def torch_device(name):
     return torch.device("cpu") if simulating() else torch.device(name)
 
 
-_capability = {}  # device index -> compute capability
 
 
 def _compute_capability(device):
-    found = _capability.get(device.index)
+    found = STATE.capability.get(device.index)
     if found is None:
-        found = _capability.setdefault(device.index, torch.cuda.get_device_capability(device))
+        found = STATE.capability.setdefault(device.index,
+                                            torch.cuda.get_device_capability(device))
     return found
 
 

@@ -18,20 +18,18 @@ other kernel, with these arguments.
 """
 
 import ctypes
-import threading
 
 import torch
 
+from jitconv.backends.cuda.state import STATE
+
 _BUFFER_POINTER, _BUFFER_SIZE, _END = 1, 2, 0  # CU_LAUNCH_PARAM_* of cuda.h
-_lock = threading.Lock()
-_lib = None
 
 
 def _driver():
-    global _lib
-    if _lib is None:
-        with _lock:
-            if _lib is None:
+    if STATE.driver is None:
+        with STATE.lock:
+            if STATE.driver is None:
                 lib = ctypes.CDLL("libcuda.so.1")
                 if not hasattr(lib, "cuLaunchKernelEx"):
                     raise RuntimeError("the CUDA driver has no cuLaunchKernelEx: jitconv "
@@ -43,11 +41,11 @@ def _driver():
                 lib.cuCtxPushCurrent_v2.argtypes = [vp]
                 lib.cuCtxPopCurrent_v2.argtypes = [ctypes.POINTER(vp)]
                 lib.cuGetErrorName.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
-                _lib = lib
-    return _lib
+                STATE.driver = lib
+    return STATE.driver
 
 
-def _address(handle):
+def address(handle):
     """The integer value of a driver handle as numba-cuda holds it (a cuda-bindings
     object, or a ctypes pointer with the ctypes binding)."""
     if isinstance(handle, ctypes.c_void_p):
@@ -92,9 +90,9 @@ class Prepared:
 
     __slots__ = ("function", "grid", "block", "words", "size", "extra", "patch", "configs")
 
-    def __init__(self, kernel, args, grid, block, patch=None):
+    def __init__(self, *, kernel, args, grid, block, patch=None):
         _driver()
-        self.function = ctypes.c_void_p(_address(kernel))
+        self.function = ctypes.c_void_p(address(kernel))
         self.grid = tuple(int(g) for g in grid) + (1,) * (3 - len(grid))
         self.block = tuple(int(b) for b in block) + (1,) * (3 - len(block))
         self.words = (ctypes.c_int64 * len(args))(*(int(a) for a in args))
@@ -126,28 +124,25 @@ class Prepared:
             words = type(self.words).from_buffer_copy(self.words)
             words[self.patch] = value
             extra = self._extra(words)
-        code = _lib.cuLaunchKernelEx(config, self.function, None, extra)
+        code = STATE.driver.cuLaunchKernelEx(config, self.function, None, extra)
         if code:
             _check(code, "cuLaunchKernelEx")
-
-
-_current = threading.local()
 
 
 def in_context(context):
     """Whether ``context`` (an int handle: the device's primary context, which torch and
     numba-cuda share) is the calling thread's current context; if not, it is pushed and
     ``leave_context`` must follow the launches."""
-    found = getattr(_current, "found", None)
+    found = getattr(STATE.thread, "found", None)
     if found is None:  # the thread's (handle, reference to it), made once
         handle = ctypes.c_void_p()
-        found = _current.found = (handle, ctypes.byref(handle))
+        found = STATE.thread.found = (handle, ctypes.byref(handle))
     _driver().cuCtxGetCurrent(found[1])
     if found[0].value == context:
         return True
-    _check(_lib.cuCtxPushCurrent_v2(ctypes.c_void_p(context)), "cuCtxPushCurrent")
+    _check(STATE.driver.cuCtxPushCurrent_v2(ctypes.c_void_p(context)), "cuCtxPushCurrent")
     return False
 
 
 def leave_context():
-    _lib.cuCtxPopCurrent_v2(ctypes.byref(ctypes.c_void_p()))
+    STATE.driver.cuCtxPopCurrent_v2(ctypes.byref(ctypes.c_void_p()))

@@ -1,11 +1,11 @@
-"""The numba-cuda backend of the conv kernel: the template of ``kernel_template``
+"""The numba-cuda backend of the conv kernel: the template of ``kernels.template``
 compiled for NVIDIA GPUs. Only what is CUDA's lives here: the index (thread and block
 ids, and the bounds guard a grid rounded up to whole thread blocks needs), numba-cuda's
 device-function decorator, the vector accesses to rows of x and out (``_row_access``),
 and which conversions run (LLVM intrinsics on a GPU, their
 Python twins under numba's CUDA simulator, NUMBA_ENABLE_CUDASIM=1).
 
-Arguments are ``kernel_abi.CONV_ARGS`` followed by ``EXTRA_ARGS`` (dim and the number of
+Arguments are ``kernels.abi.CONV_ARGS`` followed by ``EXTRA_ARGS`` (dim and the number of
 blocks, for the guard); a kernel with a compiled-in layout (``with_layout``) takes only
 the per-call ones, ``CALL_ARGS``, and may have its thread block's shape compiled in too
 (``cuda_index``: then no blockDim reads, and no guard where the grid is exact). Thread
@@ -20,7 +20,7 @@ call, benchmarks/h200/). The simulator runs Python and keeps numpy arrays.
 
 The silu division is a plain fdiv: numba-cuda compiles with numba's "numpy" error model
 (no zero-divisor check), unlike numba-dpex's default. ``fast_exp`` (the default, see
-``cuda_backend``) makes silu's exp and division the GPU's approximate instructions;
+``backends.cuda``) makes silu's exp and division the GPU's approximate instructions;
 ``fastmath`` compiles the whole kernel with numba's fastmath (measured on the H200, see
 benchmarks/h200/). bfloat16 results are rounded by the GPU's own conversion instruction
 on compute capability 8.0 and later (``_bf16_store``), and the kernel is compiled for at
@@ -37,6 +37,7 @@ if not hasattr(np, "row_stack"):  # numpy 2.x removed it; some numba-cuda releas
 
 from numba import cuda  # noqa: E402
 
+from jitconv.backends.cuda.state import STATE  # noqa: E402
 from jitconv.kernels import bit_conversions, planner  # noqa: E402
 from jitconv.kernels.abi import (CONV_ARGS, FLAG_BLOCK_ROWS, FLAG_INITIAL_STATE, FLAG_SEQ_ROWS,  # noqa: E402
                          FLAG_SPEC, FLAG_UNCOVERED, SPLIT_PARTS, STORAGE)
@@ -70,9 +71,6 @@ def _simulating():
     return bool(config.ENABLE_CUDASIM)
 
 
-_conversions = {}
-
-
 def _intrinsic():
     """numba's ``intrinsic`` decorator for CUDA code: numba-cuda's own extension API
     (newer releases), else numba's."""
@@ -86,20 +84,27 @@ def _intrinsic():
 def _converters(dtype_name, native_bf16=False):
     """(load, store) for the dtype: the intrinsics on a GPU, the Python twins in the
     simulator (where intrinsics cannot run)."""
-    if not _conversions:
-        if _simulating():
-            _conversions.update(bit_conversions.python_converters())
-            _conversions["identity"] = lambda v: v
-        else:
-            _conversions.update(bit_conversions.intrinsics(_intrinsic()))
-            _conversions["identity"] = cuda.jit(device=True)(lambda v: v)
+    conversions = _made("conversions", None, _conversions)
     load, store = bit_conversions.CONVERSIONS[dtype_name]
     if store == "f32_to_bf16" and native_bf16 and not _simulating():
-        return _conversions[load], _bf16_store()
-    return _conversions[load or "identity"], _conversions[store or "identity"]
+        return conversions[load], _bf16_store()
+    return conversions[load or "identity"], conversions[store or "identity"]
 
 
-_cvt = []  # the PTX bf16 rounding, made once
+def _made(what, key, make):
+    """The device function(s) ``make(key)`` gives, made once per process (kept in the
+    backend's state)."""
+    found = STATE.device_functions.get((what, key))
+    if found is None:
+        found = STATE.device_functions.setdefault((what, key), make(key))
+    return found
+
+
+def _conversions(_key):
+    if _simulating():
+        return dict(bit_conversions.python_converters(), identity=lambda v: v)
+    return dict(bit_conversions.intrinsics(_intrinsic()),
+                identity=cuda.jit(device=True)(lambda v: v))
 
 
 def _bf16_store():
@@ -109,44 +114,38 @@ def _bf16_store():
     kernel variant that was not kept: 1.03-1.05x on bf16 prefill and mixed steps,
     benchmarks/h200/). Round to nearest even as well; a NaN becomes the canonical quiet
     NaN 0x7FFF instead of keeping its sign and payload's upper bits."""
-    if not _cvt:
-        from llvmlite import ir
-        from numba import types
+    return _made("bf16 store", None, _make_bf16_store)
 
-        @_intrinsic()
-        def f32_to_bf16_ptx(typingctx, value):
-            def codegen(context, builder, signature, args):
-                cvt = ir.InlineAsm(ir.FunctionType(ir.IntType(16), [ir.FloatType()]),
-                                   "cvt.rn.bf16.f32 $0, $1;", "=h,f")
-                return builder.call(cvt, [args[0]])
-            return types.int16(value), codegen
-        _cvt.append(f32_to_bf16_ptx)
-    return _cvt[0]
+
+def _make_bf16_store(_key):
+    from llvmlite import ir
+    from numba import types
+
+    @_intrinsic()
+    def f32_to_bf16_ptx(typingctx, value):
+        def codegen(context, builder, signature, args):
+            cvt = ir.InlineAsm(ir.FunctionType(ir.IntType(16), [ir.FloatType()]),
+                               "cvt.rn.bf16.f32 $0, $1;", "=h,f")
+            return builder.call(cvt, [args[0]])
+        return types.int16(value), codegen
+    return f32_to_bf16_ptx
 
 
 def _divide(a, b):
     return a / b  # numba-cuda's "numpy" error model: a plain division
 
 
-_fdiv = {}  # fastmath -> the division as a device function compiled with that setting
-
-
 def _fdiv_for(fastmath):
     """The division compiled with the kernel's fastmath setting: a device function keeps
     its own flags, and a precise division inside a fastmath kernel cost the H200 15% on
     bf16 prefill (div.rn instead of the approximate division)."""
-    found = _fdiv.get(fastmath)
-    if found is None:
-        found = _fdiv.setdefault(fastmath, cuda.jit(device=True, fastmath=fastmath)(_divide))
-    return found
+    return _made("division", fastmath,
+                 lambda fast: cuda.jit(device=True, fastmath=fast)(_divide))
 
 
 @cuda.jit(device=True)
 def _element(array, index):
     return array[index]
-
-
-_row_ops = {}  # row group G -> (load_row{G}, store_row{G}), made once per G
 
 
 def _row_access(group):
@@ -155,12 +154,13 @@ def _row_access(group):
     as one vector access (PTX ld/st.global.v2 / .v4), where the kernel's scalar code
     makes G. &array[index] must be aligned to the vector's size: the host picks such a
     kernel only then
-    (``cuda_backend``); a misaligned vector access is a fault on a GPU. The simulator
+    (``backends.cuda``); a misaligned vector access is a fault on a GPU. The simulator
     runs their Python twins, which check that index is a multiple of G (the part of the
     alignment a twin can see: it runs on copies of the arrays)."""
-    found = _row_ops.get(group)
-    if found is not None:
-        return found
+    return _made("row access", group, _make_row_access)
+
+
+def _make_row_access(group):
     if _simulating():
         def load(array, index):
             index = int(index)  # a uint64 + 1 would be a float in numpy
@@ -174,7 +174,7 @@ def _row_access(group):
                 raise IndexError(f"store_row{group} at index {index}")
             for k, value in enumerate(values):
                 array[index + k] = value
-        return _row_ops.setdefault(group, (load, store))
+        return load, store
     from llvmlite import ir
     from numba import types
     intrinsic = _intrinsic()
@@ -206,11 +206,7 @@ def _row_access(group):
         builder.store(vector, pointer, align=size)
         return context.get_dummy_value()
 
-    return _row_ops.setdefault(group, (load, bit_conversions.row_store(intrinsic, group,
-                                                                       store_codegen)))
-
-
-_fast_silu = []  # (exp, division), made once
+    return load, bit_conversions.row_store(intrinsic, group, store_codegen)
 
 
 def _fast_silu_ops():
@@ -218,15 +214,15 @@ def _fast_silu_ops():
     division (libdevice's __expf and __fdividef, as vLLM's Triton kernels use), without
     fastmath's no-NaN / no-inf assumptions. The simulator runs Python, which has
     neither: there they are math.exp and the plain division."""
-    if not _fast_silu:
-        if _simulating():
-            ops = (math.exp, _fdiv_for(False))
-        else:
-            from numba.cuda import libdevice
-            ops = (libdevice.fast_expf,
-                   cuda.jit(device=True)(lambda a, b: libdevice.fast_fdividef(a, b)))
-        _fast_silu.append(ops)
-    return _fast_silu[0]
+    return _made("fast silu", None, _make_fast_silu)
+
+
+def _make_fast_silu(_key):
+    if _simulating():
+        return math.exp, _fdiv_for(False)
+    from numba.cuda import libdevice
+    return (libdevice.fast_expf,
+            cuda.jit(device=True)(lambda a, b: libdevice.fast_fdividef(a, b)))
 
 
 def make_conv_kernel(spec):

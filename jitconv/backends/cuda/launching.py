@@ -27,8 +27,6 @@ arrays), the LLVM conversion intrinsics (it runs their Python twins, see
 """
 
 import functools
-import threading
-import weakref
 
 import numpy as np
 import torch
@@ -36,6 +34,7 @@ import torch
 from jitconv.kernels import planner, tuning
 from jitconv.kernels.abi import CONV_ARGS, SPLIT_NONE, SPLIT_PARTS, rows_aligned
 from jitconv.backends.cuda import driver
+from jitconv.backends.cuda.state import STATE
 from jitconv.backends.cuda.devices import architecture, have_numba_cuda, native_bf16, simulating
 from jitconv.backends.cuda.source import (ARG_NAMES, CALL_ARGS, EXTRA_ARGS, LAYOUT_ARGS,
                                           STATE_CHUNK_EXTRA, KernelSpec, plan_kind,
@@ -43,8 +42,6 @@ from jitconv.backends.cuda.source import (ARG_NAMES, CALL_ARGS, EXTRA_ARGS, LAYO
 
 _SIXTEEN_BIT = (torch.float16, torch.bfloat16)
 
-_lock = threading.Lock()
-_kernels = {}  # source.KernelSpec -> dispatcher
 KINDS = ("general", "decode", "spec")
 
 
@@ -105,13 +102,13 @@ def row_group_for(channels, tune, x, target, conv_state, out2=None):
 
 def get_kernel(spec):
     """The dispatcher of a ``source.KernelSpec``, compiled once per process."""
-    kernel = _kernels.get(spec)
+    kernel = STATE.kernels.get(spec)
     if kernel is None:
-        with _lock:
-            kernel = _kernels.get(spec)
+        with STATE.lock:
+            kernel = STATE.kernels.get(spec)
             if kernel is None:
                 from jitconv.backends.cuda.kernels import make_conv_kernel  # numba-cuda
-                kernel = _kernels[spec] = make_conv_kernel(spec)
+                kernel = STATE.kernels[spec] = make_conv_kernel(spec)
     return kernel
 
 
@@ -132,11 +129,14 @@ def kind_spec(width, dtype_name, kind, arch="sm_90", dim=8192):
     group = tune.row_group
     while group > 1 and channels % group:
         group //= 2
-    return KernelSpec(width, dtype_name, channels, tune.fastmath,
-                      lookahead_for(tune, short_tokens or 2 * tune.long_lookahead),
-                      _fast_exp(tune), tune.max_registers or None, False, short_tokens, group,
-                      None, tune.early_weights, group > 1 and tune.group_state,
-                      width == 4 and tune.vector_taps,
+    return KernelSpec(width=width, dtype_name=dtype_name, channels=channels,
+                      fastmath=tune.fastmath,
+                      lookahead=lookahead_for(tune, short_tokens or 2 * tune.long_lookahead),
+                      fast_exp=_fast_exp(tune), max_registers=tune.max_registers or None,
+                      short_tokens=short_tokens, row_group=group,
+                      early_weights=tune.early_weights,
+                      group_state=group > 1 and tune.group_state,
+                      vector_taps=width == 4 and tune.vector_taps,
                       uniform_decode=short_tokens == 1 and tune.uniform_decode)
 
 
@@ -192,12 +192,9 @@ def _plan_state(plan):
     """What this backend derived from ``plan`` (a dict in ``plan.derived``)."""
     found = plan.derived.get("cuda")
     if found is None:
-        with _lock:
+        with STATE.lock:
             found = plan.derived.setdefault("cuda", {})
     return found
-
-
-_with_runs = weakref.WeakSet()  # plans with remembered runs (``forget_runs``)
 
 
 def _once_per_plan(plan, name, compute):
@@ -271,13 +268,16 @@ def launch(plan, x, weight, bias, conv_state, target, silu, dtype, math=None, ke
         layout = _layout(args) if tune.constant_layout else None
         compact = layout is not None and tune.compact_args
         fixed = block if layout is not None and tune.fixed_block else None
-        spec = KernelSpec(width, dtype, channels, tune.fastmath,
-                          lookahead_for(tune, plan.longest_block), _fast_exp(tune, math),
-                          tune.max_registers or None, native_bf16(x.device), short_tokens,
-                          row_group, layout, tune.early_weights, group_state,
-                          vector_taps_for(weight, tune), fixed, compact, tune.exact_grid,
-                          _uniform_decode(plan, short_tokens, tune), record_types,
-                          tune.shared_record, kind)
+        spec = KernelSpec(
+            width=width, dtype_name=dtype, channels=channels, fastmath=tune.fastmath,
+            lookahead=lookahead_for(tune, plan.longest_block), fast_exp=_fast_exp(tune, math),
+            max_registers=tune.max_registers or None, native_bf16=native_bf16(x.device),
+            short_tokens=short_tokens, row_group=row_group, layout=layout,
+            early_weights=tune.early_weights, group_state=group_state,
+            vector_taps=vector_taps_for(weight, tune), block=fixed, compact_args=compact,
+            exact_grid=tune.exact_grid,
+            uniform_decode=_uniform_decode(plan, short_tokens, tune), fused_plan=record_types,
+            shared_record=tune.shared_record, plan_kind=kind)
         names = CALL_ARGS if compact else ARG_NAMES
         if compact:  # the layout's values are in the kernel: pass the per-call ones
             args = tuple(args[i] for i in _call_at())
@@ -295,7 +295,7 @@ def launch(plan, x, weight, bias, conv_state, target, silu, dtype, math=None, ke
     from numba import cuda
     with cuda.gpus[x.device.index]:
         launches, out_at = kernels_and_args()
-        context = driver._address(cuda.current_context().handle)
+        context = driver.address(cuda.current_context().handle)
         # Each dispatcher's one compiled kernel (source.pointer_signature), launched
         # through the driver with its arguments packed once (``driver``): the
         # dispatcher's call would type the arguments again at every launch (about 65 us
@@ -304,8 +304,9 @@ def launch(plan, x, weight, bias, conv_state, target, silu, dtype, math=None, ke
         for n, (kernel, args, grid_, block_) in enumerate(launches):
             (compiled,) = kernel.overloads.values()
             patch = out_at if new_output and n == len(launches) - 1 else None
-            prepared.append(driver.Prepared(compiled._codelibrary.get_cufunc().handle, args,
-                                            grid_, block_, patch))
+            prepared.append(driver.Prepared(
+                kernel=compiled._codelibrary.get_cufunc().handle, args=args, grid=grid_,
+                block=block_, patch=patch))
     output = (tuple(target.shape), target.dtype, target.device) if new_output else None
     run = Run(tuple(prepared), context, output)
     run.launch(stream, target)
@@ -314,7 +315,7 @@ def launch(plan, x, weight, bias, conv_state, target, silu, dtype, math=None, ke
         if len(runs) >= MAX_RUNS:
             runs.clear()
         runs[key] = run
-        _with_runs.add(plan)
+        STATE.plans_with_runs.add(plan)
 
 
 MAX_RUNS = 64  # remembered launches per plan (a plan serves a step's layers)
@@ -383,7 +384,7 @@ def run_key(args, activation, math, split=SPLIT_NONE):
     index = x.get_device()
     inference = torch.is_inference_mode_enabled()
     # tuning overrides (tests, benchmarks) choose other kernels: part of the key
-    overrides = tuple(sorted(tuning._overrides.items())) if tuning._overrides else ()
+    overrides = tuning.overrides()
     try:
         key = (index, driver.current_stream(index), activation, math, split, inference,
                torch.is_grad_enabled(), overrides,
@@ -403,10 +404,10 @@ def run_key(args, activation, math, split=SPLIT_NONE):
 def forget_runs():
     """Drop every remembered run (tests that watch which kernel a launch chooses: a
     remembered run chooses none)."""
-    with _lock:
-        for plan in list(_with_runs):
+    with STATE.lock:
+        for plan in list(STATE.plans_with_runs):
             _plan_state(plan).pop("runs", None)
-        _with_runs.clear()
+        STATE.plans_with_runs.clear()
 
 
 def run_remembered(plan, args, activation, math, split=SPLIT_NONE):
@@ -493,31 +494,32 @@ def _call_at():
     return tuple(ARG_NAMES.index(n) for n in CALL_ARGS)
 
 
-_LAYOUT_AT = None  # positions of source.LAYOUT_ARGS among the kernel's arguments
-_layouts = set()  # layouts compiled in so far
 MAX_LAYOUTS = 64  # then further layouts run the kernel that reads them as arguments
+
+
+@functools.lru_cache(maxsize=None)
+def _layout_at():
+    """Positions of source.LAYOUT_ARGS among the kernel's arguments."""
+    names = [a[0] for a in CONV_ARGS + EXTRA_ARGS]
+    return tuple(names.index(n) for n in LAYOUT_ARGS)
 
 
 def _layout(args):
     """The launch's values of source.LAYOUT_ARGS, to compile in (None: read from
     the arguments): a layer's layout is the same at every call, so an engine compiles a
     few kernels; past MAX_LAYOUTS distinct layouts in a process, none more."""
-    global _LAYOUT_AT
-    if _LAYOUT_AT is None:
-        names = [a[0] for a in CONV_ARGS + EXTRA_ARGS]
-        _LAYOUT_AT = tuple(names.index(n) for n in LAYOUT_ARGS)
-    layout = tuple(int(args[i]) for i in _LAYOUT_AT)
-    if layout not in _layouts:
-        with _lock:
-            if len(_layouts) >= MAX_LAYOUTS:
+    layout = tuple(int(args[i]) for i in _layout_at())
+    if layout not in STATE.layouts:
+        with STATE.lock:
+            if len(STATE.layouts) >= MAX_LAYOUTS:
                 return None
-            _layouts.add(layout)
+            STATE.layouts.add(layout)
     return layout
 
 
 def _arguments(tables, offsets, plan, x, weight, bias, conv_state, target, silu, dim, sim,
                out2=None, split=SPLIT_NONE, spec_slot0=0):
-    """The kernel's arguments (``kernel_abi.CONV_ARGS`` and ``source.EXTRA_ARGS``)."""
+    """The kernel's arguments (``kernels.abi.CONV_ARGS`` and ``source.EXTRA_ARGS``)."""
     xa, oa, wa, sa = (_as_kernel_arg(t, sim) for t in (x, target, weight, conv_state))
     ba = _as_kernel_arg(bias, sim) if bias is not None else wa  # not read without bias
     # Unless split is SPLIT_PARTS out2 is not read: x stands in on a GPU. The simulator

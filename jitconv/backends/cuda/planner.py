@@ -3,18 +3,15 @@ per block slot, 128 threads a block. Compiled once per combination of the metada
 element types (int32 / int64, and bool / uint8 for the initial-state flags)."""
 
 import inspect
-import threading
 import types
 
 import numpy as np
 from numba import cuda
 
+from jitconv.backends.cuda.state import STATE
 from jitconv.kernels import planner
 
 THREADS = 128
-_lock = threading.RLock()  # get_planner holds it while device_functions takes it
-_kernels = {}  # element types of planner.METADATA_ARRAYS -> dispatcher
-_device = {}  # name -> device function (device_functions)
 
 
 def _simulating():
@@ -28,9 +25,9 @@ def device_functions():
     module's functions whose globals name the device versions. Inlined into their
     callers (NVVM's forceinline, where numba-cuda has it): a fused kernel's constants
     (``source.plan_kind``) then fold into them."""
-    if not _device:
-        with _lock:
-            if not _device:
+    if not STATE.planner_functions:
+        with STATE.planner_lock:
+            if not STATE.planner_functions:
                 namespace = dict(vars(planner))
                 inline = {} if _simulating() or "forceinline" not in inspect.signature(
                     cuda.jit).parameters else {"forceinline": True}
@@ -38,8 +35,8 @@ def device_functions():
                     fn = getattr(planner, name)
                     copy = types.FunctionType(fn.__code__, namespace, name, fn.__defaults__)
                     namespace[name] = cuda.jit(device=True, **inline)(copy)
-                _device.update(namespace)
-    return _device
+                STATE.planner_functions.update(namespace)
+    return STATE.planner_functions
 
 
 _SOURCE = """
@@ -63,10 +60,10 @@ def _signature(element_types):
 def get_planner(element_types):
     """The planner kernel for metadata of these numpy element type names (in
     ``planner.METADATA_ARRAYS`` order)."""
-    kernel = _kernels.get(element_types)
+    kernel = STATE.planners.get(element_types)
     if kernel is None:
-        with _lock:
-            kernel = _kernels.get(element_types)
+        with STATE.planner_lock:
+            kernel = STATE.planners.get(element_types)
             if kernel is None:
                 namespace = {"cuda": cuda, "plan_slot": device_functions()["plan_slot"]}
                 source = _SOURCE.format(args=", ".join(planner.PLAN_ARGS),
@@ -75,7 +72,7 @@ def get_planner(element_types):
                 fn = namespace["jitconv_planner"]
                 kernel = cuda.jit(fn) if _simulating() else \
                     cuda.jit(_signature(element_types))(fn)
-                _kernels[element_types] = kernel
+                STATE.planners[element_types] = kernel
     return kernel
 
 

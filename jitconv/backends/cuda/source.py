@@ -9,7 +9,7 @@ from typing import Optional
 
 from jitconv.kernels.abi import CONV_ARGS, SUPPORTED_WIDTHS, TABLES
 from jitconv.kernels.planner import RECORD_ARGS
-from jitconv.kernels.template import Backend, kernel_source, with_fused_plan
+from jitconv.kernels.template import Backend, kernel_source
 
 
 def cuda_index(block=None, exact=False):
@@ -31,7 +31,9 @@ def cuda_index(block=None, exact=False):
 
 
 CUDA = Backend(name="cuda", index_arg="", extra_args=", dim, num_blocks", index=cuda_index(),
-               early_record=True, reuse_state_loads=True, split_window=True)
+               early_record=True, reuse_state_loads=True, split_window=True,
+               shared_array="cuda.shared.array({n}, RECORD_TYPE)",
+               first_in_group="cuda.threadIdx.x == 0", barrier="cuda.syncthreads()")
 EXTRA_ARGS = (("dim", 0, "int64", None), ("num_blocks", 0, "int64", None))
 # New-state values read from x per round of loads: width - 1 + this (the template's
 # state_chunk). With one more than the window's width - 1, a spec sequence of 1 + 3
@@ -53,31 +55,6 @@ LAYOUT_ARGS = tuple(a[0] for a in CONV_ARGS + EXTRA_ARGS
 ARG_NAMES = tuple(a[0] for a in CONV_ARGS + EXTRA_ARGS)
 # What a kernel with a compiled-in layout takes: the per-call arguments only.
 CALL_ARGS = tuple(name for name in ARG_NAMES if name not in LAYOUT_ARGS)
-
-
-def with_constants(source, constants, compact=True):
-    """``source`` with the parameters named in ``constants`` (name -> int) bound to those
-    values at the body's top and dropped from the parameter list (``compact`` False:
-    kept, renamed, unused)."""
-    head, body = source.split("):\n", 1)  # the def's parameter list ends here
-    start, params = head.split("(", 1)
-    names = [p.strip() for p in params.split(",")]
-    for param in constants:
-        if names.count(param) != 1:  # the template's parameter list changed: bind nothing
-            raise ValueError(f"kernel source: parameter {param!r} found "
-                             f"{names.count(param)} times")
-    if compact:
-        names = [p for p in names if p not in constants]
-    else:
-        names = [f"_{p}" if p in constants else p for p in names]
-    values = "".join(f"    {param} = {int(value)}\n" for param, value in constants.items())
-    return f"{start}({', '.join(names)}):\n" + values + body
-
-
-def with_layout(source, layout, compact=True):
-    """``source`` with the LAYOUT_ARGS parameters bound to the values of ``layout`` (ints,
-    in LAYOUT_ARGS order): the kernel then takes CALL_ARGS (``with_constants``)."""
-    return with_constants(source, dict(zip(LAYOUT_ARGS, layout)), compact)
 
 
 # The arguments of ``planner.RECORD_ARGS`` that a device plan's fused kernel takes as
@@ -122,7 +99,7 @@ def short_tokens_for(width, longest_sequences):
     return 1 if max(non_spec, spec) <= 1 else one_round
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class KernelSpec:
     """One CUDA kernel specialization: what ``kernels.make_conv_kernel`` compiles, and the
     key of the compiled kernels (the only way to ask for one). ``channels``: per thread;
@@ -139,8 +116,11 @@ class KernelSpec:
     signature; ``exact_grid``: no bounds guard where the grid rounds nothing up;
     ``fused_plan``: the element types of a device plan's metadata (``planner``'s
     METADATA_ARRAYS order) when the kernel plans its own block (``template``'s
-    ``with_fused_plan``: it then also takes ``planner.RECORD_ARGS``), else None;
-    ``shared_record``: its record computed once per thread block (``with_shared_record``);
+    ``kernel_source``'s ``record_args``: it then also takes ``planner.RECORD_ARGS``), else
+    None; ``shared_record``: its record computed once per thread block (the template's
+    ``shared_record``: for kernels without a bounds guard, where every thread reaches the
+    barrier; every warp computing the record itself doubled the instructions the H200
+    executed for a spec step, 2.78 M against 5.51 M, ncu);
     ``plan_kind``: those of its RECORD_ARGS compiled in as constants (``plan_kind()``), the
     kernel then taking the others. Values without effect are normalized, so that one
     kernel has one spec."""
@@ -186,68 +166,45 @@ def _exact(layout, block, channels, exact_grid):
     return layout[LAYOUT_ARGS.index("dim")] // channels % block[0] == 0
 
 
-def with_shared_record(source):
-    """A fused kernel (``with_fused_plan``) whose block record is computed once per thread
-    block: by its first thread, handed to the others through shared memory after a
-    barrier. Every warp computing the record itself doubled the instructions the H200
-    executed for a spec step (2.78 M against 5.51 M, ncu, docs/performance.md). Only for
-    kernels without a bounds guard: every thread reaches the barrier."""
-    lines = source.split("\n")
-    at = [k for k, line in enumerate(lines) if "= slot_record(b, " in line]
-    if len(at) != 1:
-        raise ValueError("kernel source: the block record's computation was not found")
-    line = lines[at[0]]
-    pad = line[:len(line) - len(line.lstrip())]
-    names, call = (part.strip() for part in line.split(" = ", 1))
-    names = [n.strip() for n in names.split(",")]
-    shared = [f"{pad}shared_record = cuda.shared.array({len(names)}, RECORD_TYPE)",
-              f"{pad}if cuda.threadIdx.x == 0:",
-              f"{pad}    {', '.join('q' + n for n in names)} = {call}"]
-    shared += [f"{pad}    shared_record[{k}] = q{n}" for k, n in enumerate(names)]
-    shared += [f"{pad}cuda.syncthreads()"]
-    shared += [f"{pad}{n} = shared_record[{k}]" for k, n in enumerate(names)]
-    return "\n".join(lines[:at[0]] + shared + lines[at[0] + 1:])
-
-
 def name_and_source(spec):
     """(kernel name, Python source, argument names) of a KernelSpec."""
-    (width, dtype_name, channels, fastmath, lookahead, fast_exp, max_registers, native_bf16,
-     short_tokens, row_group, layout, early_weights, group_state, vector_taps, block,
-     compact_args, exact_grid, uniform_decode, fused_plan, shared_record,
-     plan_kind) = dataclasses.astuple(spec)
+    width, dtype_name, channels = spec.width, spec.dtype_name, spec.channels
+    layout, block, fused_plan, plan_kind = spec.layout, spec.block, spec.fused_plan, \
+        spec.plan_kind
     if width not in SUPPORTED_WIDTHS:
         raise ValueError(f"width must be one of {SUPPORTED_WIDTHS}, got {width}")
     if block and layout is None:
         raise ValueError("block: a thread block shape is compiled in only with a layout")
-    exact = _exact(layout, block, channels, exact_grid)
-    name = (f"jitconv_conv_w{width}_{dtype_name}_c{channels}_l{lookahead}"
-            f"{'_fast' if fastmath else ''}{'_fastexp' if fast_exp else ''}"
-            f"{f'_r{max_registers}' if max_registers else ''}"
-            f"{'_cvt' if native_bf16 and dtype_name == 'bfloat16' else ''}"
-            f"{f'_short{short_tokens}' if short_tokens else ''}"
-            f"{f'_g{row_group}' if row_group > 1 else ''}"
-            f"{'_ew' if early_weights else ''}{'_gs' if group_state else ''}"
-            f"{'_vt' if vector_taps else ''}"
+    exact = _exact(layout, block, channels, spec.exact_grid)
+    name = (f"jitconv_conv_w{width}_{dtype_name}_c{channels}_l{spec.lookahead}"
+            f"{'_fast' if spec.fastmath else ''}{'_fastexp' if spec.fast_exp else ''}"
+            f"{f'_r{spec.max_registers}' if spec.max_registers else ''}"
+            f"{'_cvt' if spec.native_bf16 and dtype_name == 'bfloat16' else ''}"
+            f"{f'_short{spec.short_tokens}' if spec.short_tokens else ''}"
+            f"{f'_g{spec.row_group}' if spec.row_group > 1 else ''}"
+            f"{'_ew' if spec.early_weights else ''}{'_gs' if spec.group_state else ''}"
+            f"{'_vt' if spec.vector_taps else ''}"
             f"{f'_k{hash(layout) % 10 ** 10}' if layout is not None else ''}"
             f"{f'_b{block[0]}x{block[1]}' if block else ''}"
-            f"{'_ca' if layout is not None and compact_args else ''}"
-            f"{'_ng' if exact else ''}{'_ud' if uniform_decode else ''}"
+            f"{'_ca' if layout is not None and spec.compact_args else ''}"
+            f"{'_ng' if exact else ''}{'_ud' if spec.uniform_decode else ''}"
             f"{f'_fp{hash(fused_plan) % 10 ** 6}' if fused_plan else ''}"
-            f"{'_sr' if shared_record else ''}"
+            f"{'_sr' if spec.shared_record else ''}"
             f"{f'_pk{hash(plan_kind) % 10 ** 6}' if plan_kind else ''}")
-    backend = CUDA._replace(index=cuda_index(block, exact)) if block else CUDA
-    source = kernel_source(width, name, backend, channels, lookahead,
-                           state_chunk=width - 1 + STATE_CHUNK_EXTRA, short_tokens=short_tokens,
-                           row_group=row_group, early_weights=early_weights,
-                           group_state=group_state, vector_taps=vector_taps,
-                           uniform_decode=uniform_decode)
-    if fused_plan:
-        source = with_fused_plan(source, RECORD_ARGS)
-        if shared_record:
-            source = with_shared_record(source)
-        if plan_kind:
-            source = with_constants(source, dict(plan_kind))
-    if layout is not None:
-        source = with_layout(source, layout, compact_args)
-    names = CALL_ARGS if layout is not None and compact_args else ARG_NAMES
+    backend = dataclasses.replace(CUDA, index=cuda_index(block, exact)) if block else CUDA
+    # Bound at the body's top: the layout's values (kept as renamed parameters without
+    # compact_args), then the plan kind's.
+    constants = tuple((param, value, not spec.compact_args)
+                      for param, value in zip(LAYOUT_ARGS, layout or ()))
+    constants += tuple((param, value, False) for param, value in (plan_kind or ())
+                       if fused_plan)
+    source = kernel_source(width, name, backend, channels, spec.lookahead,
+                           state_chunk=width - 1 + STATE_CHUNK_EXTRA,
+                           short_tokens=spec.short_tokens, row_group=spec.row_group,
+                           early_weights=spec.early_weights, group_state=spec.group_state,
+                           vector_taps=spec.vector_taps, uniform_decode=spec.uniform_decode,
+                           record_args=RECORD_ARGS if fused_plan else None,
+                           shared_record=bool(fused_plan) and spec.shared_record,
+                           constants=constants)
+    names = CALL_ARGS if layout is not None and spec.compact_args else ARG_NAMES
     return name, source, names + (record_args_taken(plan_kind) if fused_plan else ())

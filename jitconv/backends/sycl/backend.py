@@ -13,21 +13,38 @@ tensors that were copied and must be copied back), or an out-of-order queue (dpc
 default), where later work is not ordered after the kernel.
 """
 
+import dataclasses
+
 import torch
 
 from jitconv.backends import devices as current
 from jitconv.backends.sycl import bridge, devices, launching, planner, run_cache, tables, usm
+from jitconv.backends.sycl.state import STATE
 from jitconv.kernels.abi import SPLIT_NONE, SPLIT_PARTS, fast_silu
+from jitconv.memory.arrays import UsmArray, is_device_array
 
 
 class SyclBackend:
     name = "sycl"
+    state = STATE  # everything the backend keeps between calls (``sycl.state``)
+
+    def clear(self):
+        """Forget every cache and counter of the backend (``SyclState.clear``)."""
+        self.state.clear()
+
+    def forget_runs(self):
+        """Drop every remembered launch (the next run of each is checked and packed)."""
+        self.state.runs.clear()
 
     def devices(self):
         return [d.filter_string for d in devices.sycl_devices()]
 
     def takes(self, x):
-        return True  # whatever the CUDA backend does not take; bridge rejects the rest
+        """A torch XPU or CPU tensor, or an array in USM memory (dpctl, dpnp, a
+        ``__sycl_usm_array_interface__`` or kDLOneAPI DLPack producer)."""
+        if isinstance(x, torch.Tensor):
+            return x.is_xpu or x.is_cpu
+        return isinstance(x, UsmArray) or is_device_array(x)
 
     @staticmethod
     def _queue(plan, x):
@@ -50,7 +67,8 @@ class SyclBackend:
         return None, key
 
     def launch(self, plan, launch):
-        x, weight, bias, conv_state, out, target = launch[:6]
+        x, weight, bias, conv_state = launch.x, launch.weight, launch.bias, launch.conv_state
+        out, target = launch.out, launch.target
         queue = self._queue(plan, x)
         views, write_backs = {}, []
         for name, t, writable, written in (
@@ -68,13 +86,13 @@ class SyclBackend:
             views.setdefault("out2", views["x"])
         if len(views["weight"].shape) == 3:  # (dim, 1, width): drop the unit axis
             w = views["weight"]
-            views["weight"] = w._replace(shape=(w.shape[0], w.shape[2]),
-                                         strides=(w.strides[0], w.strides[2]))
+            views["weight"] = dataclasses.replace(w, shape=(w.shape[0], w.shape[2]),
+                                                  strides=(w.strides[0], w.strides[2]))
         if bias is not None:
             views["bias"], _ = bridge.to_device(bias, "bias", False, queue)
         else:
             # The kernel does not read bias then, but the argument must be a valid array.
-            views["bias"] = views["weight"]._replace(shape=(1,), strides=(1,))
+            views["bias"] = dataclasses.replace(views["weight"], shape=(1,), strides=(1,))
         host_reads = write_backs or any(isinstance(t, torch.Tensor) and t.device.type == "cpu"
                                         for t in (x, target, conv_state, launch.out2))
         wait = bool(host_reads) or not queue.is_in_order

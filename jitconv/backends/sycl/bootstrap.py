@@ -49,6 +49,7 @@ import re
 import struct
 import sys
 import threading
+from dataclasses import dataclass, field
 from pathlib import Path
 
 # Top-level package -> its distribution. dpctl's closure is loaded at import; the others
@@ -67,14 +68,23 @@ _GLOBAL = ("libmkl_core.", "libmkl_tbb_thread.", "libmkl_sequential.", "libmkl_i
 _LIBRARY = re.compile(r"lib[^/]*\.so(\.\d+)*$")
 _PLUGIN = re.compile(r"lib(pi|ur_adapter)_\w+\.so$")
 
-_lock = threading.RLock()  # re-entered if reading metadata imports a hooked name
-_done = False
-_skip_preload = False  # the runtime is on LD_LIBRARY_PATH, or bootstrapping is off
-_preloaded_for = set()
-preloaded = []  # sonames this module loaded, for `python -m jitconv info`
-dpctl_imported_first = False  # dpctl was imported before jitconv could prepare it
-icd_set = None  # the OCL_ICD_FILENAMES value we set, if we set one
-cpu_target_set = None  # the CL_CONFIG_CPU_TARGET_ARCH value we set, if we set one
+
+@dataclass(eq=False)
+class Runtime:
+    """What this process's bootstrap did (once per process: environment variables set and
+    libraries loaded cannot be taken back, so nothing here is ever cleared)."""
+    # re-entered if reading metadata imports a hooked name
+    lock: threading.RLock = field(default_factory=threading.RLock)
+    done: bool = False
+    skip_preload: bool = False  # the runtime is on LD_LIBRARY_PATH, or bootstrapping is off
+    preloaded_for: set = field(default_factory=set)
+    preloaded: list = field(default_factory=list)  # sonames loaded, for `jitconv info`
+    dpctl_imported_first: bool = False  # dpctl was imported before jitconv could prepare it
+    icd_set: object = None  # the OCL_ICD_FILENAMES value we set, if we set one
+    cpu_target_set: object = None  # the CL_CONFIG_CPU_TARGET_ARCH value we set, if one
+
+
+RUNTIME = Runtime()
 
 CPU_TARGET_VARIABLE = "CL_CONFIG_CPU_TARGET_ARCH"
 # The Intel OpenCL CPU runtime's targets, widest first, each with the CPU flags (as Linux
@@ -133,7 +143,6 @@ def cpu_runtime_year():
 
 
 def _set_cpu_target():
-    global cpu_target_set
     if CPU_TARGET_VARIABLE in os.environ:
         return
     year = cpu_runtime_year()
@@ -142,7 +151,7 @@ def _set_cpu_target():
     vendor, flags = host_cpu()
     target = cpu_target_arch(vendor, flags) if vendor else None
     if target is not None:
-        os.environ[CPU_TARGET_VARIABLE] = cpu_target_set = target
+        os.environ[CPU_TARGET_VARIABLE] = RUNTIME.cpu_target_set = target
 
 
 def _requirement_names(dist):
@@ -255,10 +264,10 @@ def _load_order(roots, libs):
 
 def _preload(package):
     """Load the libraries ``package``'s extension modules need (once per package)."""
-    with _lock:
-        if package in _preloaded_for or _skip_preload:
+    with RUNTIME.lock:
+        if package in RUNTIME.preloaded_for or RUNTIME.skip_preload:
             return
-        _preloaded_for.add(package)
+        RUNTIME.preloaded_for.add(package)
         try:
             dist = metadata.distribution(_DISTRIBUTIONS[package])
         except metadata.PackageNotFoundError:
@@ -272,7 +281,7 @@ def _preload(package):
             # (libOpenCL.so.1, libtbb, ...) must be loadable by soname.
             roots += [path for soname, path in libs.items()
                       if soname == "libintelocl.so" or _PLUGIN.match(soname)]
-        pending = [name for name in _load_order(roots, libs) if name not in preloaded]
+        pending = [name for name in _load_order(roots, libs) if name not in RUNTIME.preloaded]
         while pending:
             failed = []
             for name in pending:
@@ -280,7 +289,7 @@ def _preload(package):
                                         else os.RTLD_LOCAL)
                 try:
                     ctypes.CDLL(str(libs[name]), mode=flags)
-                    preloaded.append(name)
+                    RUNTIME.preloaded.append(name)
                 except OSError:
                     failed.append(name)  # a dependency is not loaded yet: retry next round
             if len(failed) == len(pending):
@@ -299,23 +308,22 @@ class _PreloadOnImport(importlib.abc.MetaPathFinder):
 
 
 def bootstrap():
-    global _done, _skip_preload, dpctl_imported_first, icd_set
-    with _lock:
-        if _done:
+    with RUNTIME.lock:
+        if RUNTIME.done:
             return
-        _done = True
+        RUNTIME.done = True
     if os.environ.get("JITCONV_NO_BOOTSTRAP") == "1":
         return
-    dpctl_imported_first = "dpctl" in sys.modules
+    RUNTIME.dpctl_imported_first = "dpctl" in sys.modules
     _set_cpu_target()
     libs = runtime_libraries()
     icd = libs.get("libintelocl.so")
     if "OCL_ICD_FILENAMES" not in os.environ and icd is not None:
-        os.environ["OCL_ICD_FILENAMES"] = icd_set = str(icd)
+        os.environ["OCL_ICD_FILENAMES"] = RUNTIME.icd_set = str(icd)
     lib_dir = runtime_lib_dir()
     on_path = [Path(p) for p in os.environ.get("LD_LIBRARY_PATH", "").split(":") if p]
     if lib_dir is None or any(p.exists() and p.resolve() == lib_dir for p in on_path):
-        _skip_preload = True
+        RUNTIME.skip_preload = True
         return
     _preload("dpctl")
     sys.meta_path.insert(0, _PreloadOnImport())
@@ -323,9 +331,9 @@ def bootstrap():
 
 def no_device_hint():
     """Why there may be no SYCL device, when jitconv can tell (for error messages)."""
-    if dpctl_imported_first and icd_set:
+    if RUNTIME.dpctl_imported_first and RUNTIME.icd_set:
         return (" dpctl was imported before jitconv, so the OpenCL loader had already "
                 "started without OCL_ICD_FILENAMES (jitconv sets it to "
-                f"{icd_set}): import jitconv before dpctl, or set OCL_ICD_FILENAMES "
+                f"{RUNTIME.icd_set}): import jitconv before dpctl, or set OCL_ICD_FILENAMES "
                 "yourself.")
     return ""

@@ -26,8 +26,7 @@ not care about the element type beyond its size: the dtype each op expects is ch
 the op before launch.
 """
 
-import os
-from typing import NamedTuple
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -35,6 +34,7 @@ import torch
 from jitconv.backends import devices
 from jitconv.backends.sycl import dlpack, usm
 from jitconv.backends.sycl.devices import name_of
+from jitconv.backends.sycl.state import STATE
 from jitconv.memory import arrays
 from jitconv.memory.arrays import DTYPE_TORCH, UsmArray
 
@@ -42,16 +42,13 @@ try:
     import dpctl  # noqa: E402  (devices bootstraps the runtime first)
     import dpctl.memory as dpm  # noqa: E402
 except ImportError:  # a CUDA-only install: torch CUDA tensors need none of this module's
-    dpctl = dpm = None  # SYCL paths (cuda_backend)
+    dpctl = dpm = None  # SYCL paths (backends.cuda)
 
 KDL_ONEAPI = dlpack.KDL_ONEAPI
 
 _SIXTEEN_BIT = (torch.float16, torch.bfloat16)
 _USM_CLASSES = ((dpm.MemoryUSMShared, dpm.MemoryUSMDevice, dpm.MemoryUSMHost)
                 if dpm is not None else ())
-
-_counts = {"to_device": 0, "from_device": 0}
-_allow_copies = os.environ.get("JITCONV_ALLOW_COPIES", "1") != "0"
 
 
 class CopyRequiredError(RuntimeError):
@@ -60,21 +57,20 @@ class CopyRequiredError(RuntimeError):
 
 def copy_counts():
     """How many tensors were copied host->device and device->host so far."""
-    return dict(_counts)
+    return dict(STATE.copies)
 
 
 def reset_copy_counts():
-    _counts["to_device"] = 0
-    _counts["from_device"] = 0
+    STATE.copies.update(to_device=0, from_device=0)
 
 
 def set_allow_copies(allow):
     """Allow (default) or forbid the host<->device copies of non-USM CPU tensors."""
-    global _allow_copies
-    _allow_copies = bool(allow)
+    STATE.allow_copies = bool(allow)
 
 
-class DeviceView(NamedTuple):
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DeviceView:
     """What a kernel gets for one array: the dpctl memory object of the whole allocation
     (what SyclQueue.submit takes) and the view's element offset, shape and strides."""
     memory: object  # dpctl USM memory object of the allocation
@@ -89,29 +85,27 @@ class DeviceView(NamedTuple):
         return self.memory._pointer + self.offset * self.itemsize
 
 
-_device_ids = {}  # SyclDevice -> DLPack device id; filter strings by DLPack device id
 
 
 def dlpack_device_id(device):
     """The DLPack device id of a SyclDevice (kDLOneAPI ids index dpctl.get_devices();
     dpctl >= 0.18 computes it as get_device_id())."""
-    found = _device_ids.get(device)
+    found = STATE.dlpack_ids.get(device)
     if found is None:
         getter = getattr(device, "get_device_id", None)
-        found = _device_ids[device] = getter() if getter else dpctl.get_devices().index(device)
+        found = STATE.dlpack_ids[device] = getter() if getter else dpctl.get_devices().index(device)
     return found
 
 
-_dlpack_devices = {}  # DLPack device id -> filter string (listing devices costs ~50 us)
 
 
 def _filter_string_of_dlpack_id(device_id):
-    found = _dlpack_devices.get(device_id)
+    found = STATE.dlpack_devices.get(device_id)
     if found is None:
         listed = dpctl.get_devices()
         found = (listed[device_id].filter_string if 0 <= device_id < len(listed)
                  else f"oneAPI device {device_id}")
-        _dlpack_devices[device_id] = found
+        STATE.dlpack_devices[device_id] = found
     return found
 
 
@@ -165,8 +159,9 @@ def _from_usm_interface(obj, name):
     address = iface["data"][0] + int(iface.get("offset", 0) or 0) * dt.itemsize
     dtype = "bool" if dt == np.bool_ else dt.name
     # syclobj may also be a context (no device to name): the pointer query decides then
-    return UsmArray(obj, obj, address, shape, strides, dtype, dt.itemsize,
-                    name_of(device) if device is not None else None,
+    return UsmArray(source=obj, owner=obj, address=address, shape=shape, strides=strides,
+                    dtype=dtype, itemsize=dt.itemsize,
+                    device=name_of(device) if device is not None else None,
                     allocation=_allocation_of(obj), read_only=bool(iface["data"][1]))
 
 
@@ -179,9 +174,10 @@ def _from_dlpack(obj, name, source=None):
     if kind != KDL_ONEAPI:
         raise TypeError(f"{name}: the DLPack tensor is on device type {kind}, expected "
                         f"kDLOneAPI ({KDL_ONEAPI}: SYCL USM memory)")
-    return UsmArray(obj if source is None else source, t, t.address, t.shape, t.strides,
-                    t.dtype, t.itemsize, _filter_string_of_dlpack_id(device_id),
-                    read_only=t.read_only, copied=t.copied)
+    return UsmArray(source=obj if source is None else source, owner=t, address=t.address,
+                    shape=t.shape, strides=t.strides, dtype=t.dtype, itemsize=t.itemsize,
+                    device=_filter_string_of_dlpack_id(device_id), read_only=t.read_only,
+                    copied=t.copied)
 
 
 def normalize(t, name):
@@ -201,13 +197,12 @@ def normalize(t, name):
     return arr
 
 
-_queue_devices = {}  # SyclQueue -> filter string of its device
 
 
 def _queue_device(queue):
-    found = _queue_devices.get(queue)
+    found = STATE.queue_devices.get(queue)
     if found is None:
-        found = _queue_devices[queue] = name_of(queue.sycl_device)
+        found = STATE.queue_devices[queue] = name_of(queue.sycl_device)
     return found
 
 
@@ -222,8 +217,8 @@ def _view_of_usm_array(arr, name, writable, queue):
         raise ValueError(f"{name}: the array is on {arr.device}, but jitconv runs on "
                          f"{where} (jitconv.set_device)")
     if any(n == 0 for n in arr.shape):  # nothing is read or written (address may be 0)
-        return DeviceView(usm.placeholder(queue), 0, arr.shape, arr.strides, arr.itemsize,
-                          arr.owner)
+        return DeviceView(memory=usm.placeholder(queue), offset=0, shape=arr.shape,
+                          strides=arr.strides, itemsize=arr.itemsize, owner=arr.owner)
     memory, byte_offset = arr.allocation, None
     if memory is not None and memory.sycl_context == queue.sycl_context:
         byte_offset = arr.address - memory._pointer
@@ -237,8 +232,8 @@ def _view_of_usm_array(arr, name, writable, queue):
             raise ValueError(f"{name}: its memory (address {arr.address:#x}) is not USM "
                              f"memory of {where}'s SYCL context")
         memory, byte_offset = found
-    return DeviceView(memory, byte_offset // arr.itemsize, arr.shape, arr.strides,
-                      arr.itemsize, arr.owner)
+    return DeviceView(memory=memory, offset=byte_offset // arr.itemsize, shape=arr.shape,
+                      strides=arr.strides, itemsize=arr.itemsize, owner=arr.owner)
 
 
 def to_device(t, name, writable=False, queue=None, written=None):
@@ -260,8 +255,9 @@ def to_device(t, name, writable=False, queue=None, written=None):
             raise TypeError(f"{name}: tensors on {t.device} are not supported "
                             f"(expected an XPU tensor, or a CPU tensor)")
         if t.numel() == 0:  # nothing is read or written: any valid memory will do
-            return DeviceView(usm.placeholder(queue), 0, tuple(t.shape), tuple(t.stride()),
-                              t.element_size(), t), None
+            return DeviceView(memory=usm.placeholder(queue), offset=0, shape=tuple(t.shape),
+                              strides=tuple(t.stride()), itemsize=t.element_size(),
+                              owner=t), None
         found = usm.find_allocation(t.data_ptr())
         if found is None:
             memory = _query_usm(t.data_ptr(), queue)
@@ -269,8 +265,9 @@ def to_device(t, name, writable=False, queue=None, written=None):
         if found is None:
             return _copy_in(t, name, writable, queue, written)
         memory, byte_offset = found
-        return DeviceView(memory, byte_offset // t.element_size(), tuple(t.shape),
-                          tuple(t.stride()), t.element_size(), t), None
+        return DeviceView(memory=memory, offset=byte_offset // t.element_size(),
+                          shape=tuple(t.shape), strides=tuple(t.stride()),
+                          itemsize=t.element_size(), owner=t), None
     return _view_of_usm_array(normalize(t, name), name, writable, queue), None
 
 
@@ -291,7 +288,7 @@ def _copy_in(t, name, writable, queue, written=None):
     """Copy a plain CPU tensor into USM device memory with SyclQueue.memcpy (dpctl.memory
     only: dpctl.tensor's asarray/asnumpy abort or deadlock from several threads in
     dpctl 0.17, and dpctl 0.22 has no dpctl.tensor)."""
-    if not _allow_copies:
+    if not STATE.allow_copies:
         raise CopyRequiredError(
             f"{name}: this CPU tensor is not in USM memory, so it would be copied to the "
             f"device; allocate it with jitconv.empty/jitconv.zeros, or allow copies with "
@@ -301,9 +298,10 @@ def _copy_in(t, name, writable, queue, written=None):
     memory = dpm.MemoryUSMDevice(nbytes, queue=queue)
     if host.nbytes:
         queue.memcpy(memory, host.reshape(-1).view(np.uint8), host.nbytes)
-    _counts["to_device"] += 1
-    view = DeviceView(memory, 0, tuple(host.shape), arrays.c_strides(host.shape), host.itemsize,
-                      memory)
+    STATE.copies["to_device"] += 1
+    view = DeviceView(memory=memory, offset=0, shape=tuple(host.shape),
+                      strides=arrays.c_strides(host.shape), itemsize=host.itemsize,
+                      owner=memory)
     if not writable:
         return view, None
 
@@ -319,7 +317,7 @@ def _copy_in(t, name, writable, queue, written=None):
         else:  # line by line: also right for views whose lines share memory (expand)
             for line in written:
                 t[line].copy_(result[line])
-        _counts["from_device"] += 1
+        STATE.copies["from_device"] += 1
 
     return view, write_back
 

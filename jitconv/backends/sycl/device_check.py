@@ -42,6 +42,7 @@ import torch
 from jitconv.backends.sycl import bootstrap, devices
 from jitconv.backends.sycl import bridge
 from jitconv.backends.sycl import kernel_cache
+from jitconv.backends.sycl.state import STATE
 from jitconv import reference
 from jitconv.kernels.batch import Part, build_batch
 from jitconv.kernels import planner
@@ -50,11 +51,6 @@ from jitconv.kernels.abi import TABLES
 ENABLED = os.environ.get("JITCONV_DEVICE_CHECK", "1") != "0"
 FORMAT = 1  # bump when the known-answer step or the comparison changes
 _SEED = 20261202
-
-_passed = set()   # verdict keys that passed in this process (or were read from disk)
-_refused = {}     # device filter string -> the DeviceCheckError that refused it
-stats = {"checked": 0, "stored": 0, "read": 0}
-
 
 class DeviceCheckError(RuntimeError):
     """A kernel computed a wrong answer on a device: jitconv launches nothing there."""
@@ -125,7 +121,7 @@ def _store(key, identity, kernel):
         with os.fdopen(fd, "w") as f:
             json.dump(record, f, indent=1)
         os.replace(tmp, directory / f"{key}.json")
-        stats["stored"] += 1
+        STATE.check_stats["stored"] += 1
     except OSError:
         pass
 
@@ -170,14 +166,14 @@ def known_answer_step(width, dtype_name, consecutive=False):
 
     ns_rows, sp_rows = rows[:n_ns], rows[n_ns:n_ns + n_sp]
     parts = [
-        Part(cumulative(ns_len), ns_lines.numpy().astype(np.int64),
-             ns_rows.numpy().astype(np.int64),
-             np.where(ns_lines.numpy() >= 0, np.array(ns_accepted) - 1, 0),
-             np.array(ns_init, bool), spec=False),
-        Part(cumulative(sp_len), sp_lines.numpy().astype(np.int64),
-             sp_rows.numpy().astype(np.int64),
-             np.where(sp_lines.numpy() >= 0, np.array(sp_accepted) - 1, 0),
-             np.ones(len(sp_len), bool), spec=True),
+        Part(query_start_loc=cumulative(ns_len), lines=ns_lines.numpy().astype(np.int64),
+             rows=ns_rows.numpy().astype(np.int64),
+             offsets=np.where(ns_lines.numpy() >= 0, np.array(ns_accepted) - 1, 0),
+             initial=np.array(ns_init, bool), spec=False),
+        Part(query_start_loc=cumulative(sp_len), lines=sp_lines.numpy().astype(np.int64),
+             rows=sp_rows.numpy().astype(np.int64),
+             offsets=np.where(sp_lines.numpy() >= 0, np.array(sp_accepted) - 1, 0),
+             initial=np.ones(len(sp_len), bool), spec=True),
     ]
     kwargs = dict(non_spec_query_start_loc=cumulative(ns_len), non_spec_state_indices=ns_lines,
                   has_initial_state=torch.tensor(ns_init, dtype=torch.bool),
@@ -205,8 +201,11 @@ def _known_answer_record(kwargs, num_tokens, num_lines, state_len, width, record
              for name, element in zip(planner.METADATA_ARRAYS, record_types)}
     views["errors"] = _upload(torch.zeros(len(planner.ERRORS), dtype=torch.int32), queue)
     num_ns, num_sp = len(values["ns_lines"]), len(values["sp_lines"])
-    scalars = planner.scalars(num_ns, num_sp, False, True, True, num_tokens, num_lines,
-                              state_len, width, -1, None, False, None, False)
+    scalars = planner.scalars(num_ns=num_ns, num_sp=num_sp, ns_implicit=False,
+                              has_ns_init=True, has_ns_accepted=True, num_tokens=num_tokens,
+                              num_lines=num_lines, state_len=state_len, width=width,
+                              pad_line=-1, null_line=None, skip_empty=False, max_len=None,
+                              spec_first=False)
     strides = {name: 1 for name in planner.METADATA_ARRAYS}
     return views, strides, scalars
 
@@ -228,8 +227,8 @@ def _upload(t, queue):
     memory = dpm.MemoryUSMDevice(max(len(data), 64), queue=queue)
     memory.copy_from_host(np.frombuffer(data, np.uint8))
     strides = t.stride()  # the view's, over storage laid out as its own
-    return bridge.DeviceView(memory, 0, tuple(t.shape), tuple(strides), t.element_size(),
-                             memory)
+    return bridge.DeviceView(memory=memory, offset=0, shape=tuple(t.shape),
+                             strides=tuple(strides), itemsize=t.element_size(), owner=memory)
 
 
 def _download(view, like):
@@ -285,7 +284,8 @@ def run_known_answer(queue, width, dtype_name, launch, record_types=None):
     tables = dpm.MemoryUSMDevice(4 * sum(sizes), queue=queue)
     tables.copy_from_host(np.concatenate(host_tables).astype(np.int32).view(np.uint8))
     offsets = dict(zip(TABLES, np.cumsum([0] + sizes[:-1]).tolist()))
-    tables_view = bridge.DeviceView(tables, 0, (sum(sizes),), (1,), 4, tables)
+    tables_view = bridge.DeviceView(memory=tables, offset=0, shape=(sum(sizes),),
+                                    strides=(1,), itemsize=4, owner=tables)
     problems = []
     for activation, with_bias in (("silu", True), (None, False)):
         views = {name: _upload(tensors[name], queue) for name in ("x", "weight", "bias",
@@ -319,12 +319,12 @@ def run_known_answer(queue, width, dtype_name, launch, record_types=None):
 
 def refusal(device_filter):
     """The DeviceCheckError that refused this device in this process, or None."""
-    return _refused.get(device_filter)
+    return STATE.refused.get(device_filter)
 
 
 def refused_any():
     """Whether any device was refused in this process (one test per launch)."""
-    return bool(_refused)
+    return bool(STATE.refused)
 
 
 def verify(queue, width, dtype_name, wide, spirv, launch, force=False, fast=None,
@@ -338,29 +338,29 @@ def verify(queue, width, dtype_name, wide, spirv, launch, force=False, fast=None
     if not force:
         if not ENABLED:
             return "off"
-        refused = _refused.get(devices.name_of(device))
+        refused = STATE.refused.get(devices.name_of(device))
         if refused is not None:
             raise refused
     identity = device_identity(device)
     key = verdict_key(identity, spirv)
     if not force:
-        if key in _passed:
+        if key in STATE.checks_passed:
             return "passed"
         if _stored(key):
-            _passed.add(key)
-            stats["read"] += 1
+            STATE.checks_passed.add(key)
+            STATE.check_stats["read"] += 1
             return "stored"
     kernel = {"width": width, "dtype": dtype_name, "wide": bool(wide),
               "cache_key": kernel_cache.key(width, dtype_name, wide, fast, record_types)}
     if record_types is not None:
         kernel["record_types"] = list(record_types)
     problem = run_known_answer(queue, width, dtype_name, launch, record_types)
-    stats["checked"] += 1
+    STATE.check_stats["checked"] += 1
     if problem:
         error = DeviceCheckError(_message(identity, kernel, problem))
-        _refused.setdefault(devices.name_of(device), error)
+        STATE.refused.setdefault(devices.name_of(device), error)
         raise error
-    _passed.add(key)
+    STATE.checks_passed.add(key)
     _store(key, identity, kernel)
     return "checked"
 

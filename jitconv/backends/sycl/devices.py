@@ -8,9 +8,9 @@ Importing this module bootstraps the SYCL runtime (``bootstrap``) before dpctl l
 """
 
 import ctypes
-import threading
 
 from jitconv.backends.sycl.bootstrap import bootstrap
+from jitconv.backends.sycl.state import STATE
 
 bootstrap()
 
@@ -25,35 +25,32 @@ def sycl_devices():
     return dpctl.get_devices() if dpctl is not None else []
 
 
-_queues = {}  # filter string -> dpctl's cached queue (making a SyclDevice costs ~15 us)
-_names = {}  # dpctl.SyclDevice -> name_of(it)
-_names_lock = threading.Lock()
-
-
 def name_of(device):
     """The name of a dpctl.SyclDevice in jitconv's caches and messages: its filter string
     ("level_zero:gpu:0"). A sub-device (a tile of an Intel GPU that the driver exposes as
     one, a partition of the CPU device) has no filter string: it is named after its parent,
     with a number that tells this process's sub-devices of that parent apart."""
-    name = _names.get(device)
+    names = STATE.device_names
+    name = names.get(device)
     if name is None:
         parent = getattr(device, "parent_device", None)
         if parent is None:
-            return _names.setdefault(device, device.filter_string)
+            return names.setdefault(device, device.filter_string)
         prefix = f"{name_of(parent)}/sub-device "
-        with _names_lock:
-            name = _names.get(device)
+        with STATE.names_lock:
+            name = names.get(device)
             if name is None:
-                taken = sum(1 for n in _names.values() if n.startswith(prefix))
-                name = _names[device] = f"{prefix}{taken}"
+                taken = sum(1 for n in names.values() if n.startswith(prefix))
+                name = names[device] = f"{prefix}{taken}"
     return name
 
 
 def get_queue(filter_str):
-    """dpctl's cached queue of the SYCL device ``filter_str`` (the same object each time)."""
-    queue = _queues.get(filter_str)
+    """dpctl's cached queue of the SYCL device ``filter_str`` (the same object each time;
+    making a SyclDevice costs ~15 us)."""
+    queue = STATE.queues.get(filter_str)
     if queue is None:
-        queue = _queues[filter_str] = dpctl.get_device_cached_queue(
+        queue = STATE.queues[filter_str] = dpctl.get_device_cached_queue(
             dpctl.SyclDevice(filter_str))
     return queue
 
@@ -76,7 +73,6 @@ def compile_queue(queue):
 _PyCapsule_New = ctypes.pythonapi.PyCapsule_New
 _PyCapsule_New.restype = ctypes.py_object
 _PyCapsule_New.argtypes = (ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p)
-_by_address = {}  # sycl::queue address -> dpctl.SyclQueue sharing that queue
 
 
 def queue_from_address(address):
@@ -87,9 +83,9 @@ def queue_from_address(address):
     if not isinstance(address, int) or isinstance(address, bool) or address <= 0:
         raise ValueError(f"queue address: expected a positive int (a sycl::queue*), "
                          f"got {address!r}")
-    queue = _by_address.get(address)
+    queue = STATE.queues_by_address.get(address)
     if queue is None:
-        queue = _by_address.setdefault(address,
+        queue = STATE.queues_by_address.setdefault(address,
                                        dpctl.SyclQueue(capsule(address, b"SyclQueueRef")))
     return queue
 

@@ -42,6 +42,7 @@ from pathlib import Path
 
 from jitconv.version import __version__
 from jitconv.backends.sycl.source import name_and_source
+from jitconv.backends.sycl.state import STATE
 from jitconv.kernels.abi import CONV_ARGS, STORAGE, SUPPORTED_WIDTHS, WIDE_CHANNELS, fast_silu
 from jitconv.kernels.planner import METADATA_ARRAYS, PLAN_ARGS, RECORD_ARGS
 
@@ -214,12 +215,9 @@ def fused_specializations():
             for types in planner_specializations()]
 
 
-rejected = []  # (path, reason) of entries ignored in this process
-
-
 def load(width, dtype_name, wide=False, fast=None, record_types=None):
     """(spirv bytes, kernel name, path) of a valid entry, or None. Stale entries are
-    recorded in ``rejected`` and ignored."""
+    recorded in the backend state's ``rejected`` and ignored."""
     return _load(key(width, dtype_name, wide, fast, record_types), _abi(record_types))
 
 
@@ -253,7 +251,7 @@ def _load(k, abi):
         except (OSError, ValueError, AttributeError) as exc:
             problem = f"unreadable ({exc})"
         if problem:
-            rejected.append((str(meta_path), problem))
+            STATE.rejected.append((str(meta_path), problem))
             continue
         return spirv, meta["kernel_name"], spv_path
     return None

@@ -1,14 +1,14 @@
-"""The numba-dpex (SYCL) backend of the conv kernel: the template of ``kernel_template``
+"""The numba-dpex (SYCL) backend of the conv kernel: the template of ``kernels.template``
 compiled for SYCL devices. Only what is SYCL's lives here: the work-item's index
 (``item.get_id``: the range is exact, so no bounds guard), numba-dpex's device-function
 decorator, and the numba intrinsics the SPIR-V kernel uses: the fp16/bf16 bit
 conversions (``bit_conversions``), a plain fdiv, OpenCL's native_exp (the fast silu: the
-default for fp16/bf16, ``kernel_abi.fast_silu``), the 32-bit-word read of 16-bit
+default for fp16/bf16, ``kernels.abi.fast_silu``), the 32-bit-word read of 16-bit
 elements, the 64-bit read of a width-4 16-bit weight's taps, and the wide kernels' row
 accesses (``_row_access``: C channels of a row as one integer word). The SYCL backend
 takes the template's ``unit_stride_reads`` (stride-specific read paths that the OpenCL
 CPU compiler turns into vector loads instead of gathers). Each (width, dtype) has the
-one-channel kernel, and the 16-bit dtypes also a wide one (``kernel_abi.WIDE_CHANNELS``)
+one-channel kernel, and the 16-bit dtypes also a wide one (``kernels.abi.WIDE_CHANNELS``)
 that the host launches where its accesses are aligned (``launching.wide_fits``).
 
 No host logic lives here. The public ops (``ops.py``) validate inputs, ``batch.py`` builds
@@ -53,7 +53,7 @@ def _fdiv(typingctx, a, b):
 @intrinsic
 def _native_exp(typingctx, value):
     """OpenCL's native_exp (float32), called as the SPIR builtin it is: the device's
-    fastest exp, accuracy implementation-defined (the fast silu: kernel_abi.fast_silu).
+    fastest exp, accuracy implementation-defined (the fast silu: kernels.abi.fast_silu).
     On opencl:cpu it is SVML's ``expf16_native``, within 1e-5 of exp (relative)."""
     def codegen(context, builder, signature, args):
         fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_F32, [_F32]),
@@ -223,14 +223,14 @@ def make_conv_kernel(width, dtype_name, fast=None, wide=False, fused=False,
     """Build the mixed-batch causal-conv1d kernel for one (width, dtype) specialization;
     ``fast``: the fast silu (silu's exp is OpenCL's native_exp instead of math.exp);
     None: the dtype's default (``abi.fast_silu``); ``wide``: the wide kernel
-    (``kernel_abi.WIDE_CHANNELS`` channels per work-item, launched over dim / that many
+    (``kernels.abi.WIDE_CHANNELS`` channels per work-item, launched over dim / that many
     work-items); ``backend_options``: as in ``kernel_source`` (only for same-run
     comparisons: jitconv builds the default flags, the only ones cached and shipped).
 
     The width shapes the source (scalar registers for the window and the taps); the
     storage conversions are globals of the generated function, so numba treats them as
     compile-time constants. Returns a numba-dpex kernel with the argument list
-    ``kernel_abi.CONV_ARGS`` (then ``planner.RECORD_ARGS`` when ``fused``).
+    ``kernels.abi.CONV_ARGS`` (then ``planner.RECORD_ARGS`` when ``fused``).
     """
     if fast is None:
         fast = fast_silu(dtype_name)

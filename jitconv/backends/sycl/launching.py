@@ -5,7 +5,7 @@ numba-dpex compiles each kernel specialization once to SPIR-V (kept on disk by
 launch is a plain ``SyclQueue.submit``. This avoids numba-dpex's per-call dispatch (~215 us
 per call on opencl:cpu, against ~20 us for a submit) and compiles one specialization per
 (width, dtype) instead of one per combination of argument layouts: the argument types are
-fixed by ``kernel_abi.CONV_ARGS`` (flat arrays with explicit strides), so contiguous and
+fixed by ``kernels.abi.CONV_ARGS`` (flat arrays with explicit strides), so contiguous and
 strided tensors share one kernel. With a warm cache numba and numba-dpex are never
 imported.
 
@@ -30,22 +30,17 @@ from jitconv.kernels.abi import (CONV_ARGS, SPLIT_NONE, SPLIT_PARTS, STORAGE, TA
                                  WIDE_CHANNELS, fast_silu, rows_aligned)
 from jitconv.kernels.planner import METADATA_ARRAYS, RECORD_ARGS
 from jitconv.backends.sycl import devices
-
-_lock = threading.Lock()
-_built = {}  # (device filter, context, width, dtype name, wide) -> dpctl.program.SyclKernel
-_numba_ready = False
-stats = {"compiled": 0, "built": 0, "cache_hits": 0, "submitted": 0}
+from jitconv.backends.sycl.state import STATE
 
 
-def _prepare_numba_dpex(queue):
+def prepare_numba_dpex(queue):
     """numba-dpex installs its kernel typing/lowering registries on the first call_kernel.
 
     Compiling a dispatcher directly (which we do, to get SPIR-V for an explicit signature)
     fails before that with "No definition for lowering static_getitem(UniTuple...)". One
     launch of a trivial kernel on the first compile initialises them.
     """
-    global _numba_ready
-    if _numba_ready:
+    if STATE.numba_ready:
         return
     import dpctl.tensor as dpt
     import numba_dpex as dpex
@@ -56,7 +51,7 @@ def _prepare_numba_dpex(queue):
 
     a = dpt.zeros(1, dtype="i8", device=queue)
     dpex.call_kernel(_warmup, dpex.Range(1), a)
-    _numba_ready = True
+    STATE.numba_ready = True
 
 
 def planner_types(names, element_types, queue):
@@ -73,7 +68,7 @@ def planner_types(names, element_types, queue):
 
 
 def _signature(width, dtype_name, queue, record_types=None):
-    """The conv kernel's signature (``kernel_abi.CONV_ARGS``), then for a fused kernel
+    """The conv kernel's signature (``kernels.abi.CONV_ARGS``), then for a fused kernel
     the record's arguments (``planner.RECORD_ARGS``) with metadata of ``record_types``."""
     from numba import types
     from numba_dpex.core.types import DpctlSyclQueue, USMNdArray
@@ -102,13 +97,13 @@ def compile_spirv(width, dtype_name, queue, wide=False, fast=None, record_types=
     from jitconv.backends.sycl.kernels import make_conv_kernel
 
     queue = devices.compile_queue(queue)
-    _prepare_numba_dpex(queue)
+    prepare_numba_dpex(queue)
     dispatcher = make_conv_kernel(width, dtype_name, fast, wide=wide,
                                   fused=record_types is not None)
     with target_override("dpex"):
         result = dispatcher.get_compile_result(_signature(width, dtype_name, queue,
                                                           record_types))
-    stats["compiled"] += 1
+    STATE.stats["compiled"] += 1
     module = result.kernel_device_ir_module
     return module.kernel_bitcode, module.kernel_name
 
@@ -122,10 +117,10 @@ def have_compiler():
     return importlib.util.find_spec("numba_dpex") is not None
 
 
-def _program(queue, spirv, name):
+def program(queue, spirv, name):
     import dpctl.program as dpp
     kernel = dpp.create_program_from_spirv(queue, spirv).get_sycl_kernel(name)
-    stats["built"] += 1
+    STATE.stats["built"] += 1
     return kernel
 
 
@@ -136,11 +131,11 @@ def _build(width, dtype_name, queue, wide, fast=None, record_types=None):
     if entry is not None:
         spirv, name, path = entry
         try:
-            kernel = _program(queue, spirv, name)
-            stats["cache_hits"] += 1
+            kernel = program(queue, spirv, name)
+            STATE.stats["cache_hits"] += 1
             return kernel, spirv
         except Exception as exc:  # dpctl could not build it for this device
-            kernel_cache.rejected.append((str(path), f"build failed: {exc}"))
+            STATE.rejected.append((str(path), f"build failed: {exc}"))
             warnings.warn(f"jitconv: ignoring the {kernel_cache.origin(path)} kernel "
                           f"{path}: the device rejected it ({exc})", RuntimeWarning)
     if not have_compiler():
@@ -151,12 +146,9 @@ def _build(width, dtype_name, queue, wide, fast=None, record_types=None):
             f"{[str(d) for d in kernel_cache.search_dirs()]} and numba-dpex is not "
             f"installed to compile one; run `python -m jitconv build-kernels` where "
             f"numba-dpex is installed and point JITCONV_CACHE_DIR at the result"
-            + (f" (ignored: {kernel_cache.rejected})" if kernel_cache.rejected else ""))
+            + (f" (ignored: {STATE.rejected})" if STATE.rejected else ""))
     return compile_and_store(width, dtype_name, queue, required=False, wide=wide,
                              with_spirv=True, fast=fast, record_types=record_types)
-
-
-_warned_dirs = set()  # unwritable cache directories already reported in this process
 
 
 def compile_and_store(width, dtype_name, queue, directory=None, required=True, wide=False,
@@ -167,7 +159,7 @@ def compile_and_store(width, dtype_name, queue, directory=None, required=True, w
     costs a warning, once per directory, and the kernel is still returned (path None):
     compiled once, not cached."""
     spirv, name = compile_spirv(width, dtype_name, queue, wide, fast, record_types)
-    kernel = _program(queue, spirv, name)
+    kernel = program(queue, spirv, name)
     try:
         path = kernel_cache.store(width, dtype_name, spirv, name, directory, wide, fast,
                                   record_types)
@@ -176,9 +168,9 @@ def compile_and_store(width, dtype_name, queue, directory=None, required=True, w
         if required:
             raise
         where = str(directory or kernel_cache.cache_dir())
-        kernel_cache.rejected.append((where, f"not writable: {exc}"))
-        if where not in _warned_dirs:
-            _warned_dirs.add(where)
+        STATE.rejected.append((where, f"not writable: {exc}"))
+        if where not in STATE.warned_dirs:
+            STATE.warned_dirs.add(where)
             warnings.warn(
                 f"jitconv: cannot write the kernel cache {where} ({exc}); kernels are "
                 f"compiled in every new process until it is writable. Set "
@@ -196,10 +188,10 @@ def get_conv_kernel(width, dtype_name, queue, wide=False, fast=None, record_type
     fast = fast_silu(dtype_name) if fast is None else fast
     key = (devices.name_of(queue.sycl_device), queue.sycl_context, width, dtype_name, wide,
            fast, record_types)
-    kernel = _built.get(key)
+    kernel = STATE.kernels.get(key)
     if kernel is None:
-        with _lock:
-            kernel = _built.get(key)
+        with STATE.kernels_lock:
+            kernel = STATE.kernels.get(key)
             if kernel is None:
                 refused = device_check.refusal(key[0])
                 if refused is not None:
@@ -210,11 +202,9 @@ def get_conv_kernel(width, dtype_name, queue, wide=False, fast=None, record_type
                                     _known_answer_launch(kernel, queue, dtype_name, wide,
                                                          record_types),
                                     fast=fast, record_types=record_types)
-                _built[key] = kernel
+                STATE.kernels[key] = kernel
     return kernel
 
-
-_unavailable = set()  # fused kernels (get_conv_kernel's keys) no cache holds or compiles
 
 
 def fused_kernel(width, dtype_name, queue, wide, fast, record_types):
@@ -224,12 +214,12 @@ def fused_kernel(width, dtype_name, queue, wide, fast, record_types):
     the same results). Remembered per process, so a miss costs one lookup."""
     fast = fast_silu(dtype_name) if fast is None else fast
     miss = (devices.name_of(queue.sycl_device), width, dtype_name, wide, fast, record_types)
-    if miss in _unavailable:
+    if miss in STATE.unavailable:
         return None
     try:
         return get_conv_kernel(width, dtype_name, queue, wide, fast, record_types)
     except KernelUnavailableError:
-        _unavailable.add(miss)
+        STATE.unavailable.add(miss)
         return None
 
 
@@ -257,10 +247,10 @@ def _known_answer_launch(kernel, queue, dtype_name, wide, record_types=None):
 
 
 def wide_fits(views, dim, dtype_name):
-    """Whether a launch can take the wide kernel (``kernel_abi.WIDE_CHANNELS``): a dtype
+    """Whether a launch can take the wide kernel (``kernels.abi.WIDE_CHANNELS``): a dtype
     that has one, dim a multiple of its channel count C, and every row of x, out (and
     out2) and the conv state (channels contiguous) starting at a multiple of C elements,
-    so that its C-channel words are aligned (``kernel_abi.rows_aligned``; the conv state's view is
+    so that its C-channel words are aligned (``kernels.abi.rows_aligned``; the conv state's view is
     (lines, dim, state_len), channels on axis 1 like x's and out's). Everything else
     takes the one-channel kernel."""
     group = WIDE_CHANNELS.get(dtype_name)
@@ -298,7 +288,7 @@ _PACKED = (("x", "x_offset", "x_row_stride", "out", "out_offset", "out_row_strid
             "state_stride_c", "state_stride_col", "tables") + TABLES + ("has_bias", "silu",
             "out2", "out2_offset", "out2_row_stride", "split", "spec_slot0"))
 if tuple(a[0] for a in CONV_ARGS) != _PACKED:
-    raise ImportError("kernel_abi.CONV_ARGS changed: update launching.submit_conv")
+    raise ImportError("kernels.abi.CONV_ARGS changed: update launching.submit_conv")
 # Which packed parameters are USM pointers (the third of an array's five).
 _POINTERS = tuple(p for _name, ndim, _e, _l in CONV_ARGS
                   for p in ([i == _ARRAY_POINTER for i in range(5)] if ndim else (False,)))
@@ -379,7 +369,7 @@ def _pack(views, tables, has_bias, silu, split=SPLIT_NONE, spec_slot0=0):
 def submit_conv(queue, width, dtype_name, views, tables, num_blocks, dim, *, has_bias,
                 silu, fast=None, wait=True, after=None, split=SPLIT_NONE, spec_slot0=0,
                 fused=None, record=None):
-    """Pack the conv kernel's arguments (kernel_abi.CONV_ARGS, in order) and submit it
+    """Pack the conv kernel's arguments (kernels.abi.CONV_ARGS, in order) and submit it
     over (num_blocks, dim / C) work-items on ``queue`` (C channels per work-item: 1, or
     the wide kernel's where ``wide_fits``); wait for it when ``wait``.
 
@@ -457,12 +447,12 @@ def submit_packed(kernel, queue, values, grid, wait, after=None):
         refused = device_check.refusal(devices.name_of(queue.sycl_device))
         if refused is not None:
             raise refused
-    sink = getattr(_recording, "events", None)
+    sink = getattr(STATE.recording, "events", None)
     event = _submit(kernel, queue, values, grid, wait, keep_event=sink is not None,
                     after=after)
     if sink is not None:
         sink.append(event)
-    stats["submitted"] += 1
+    STATE.stats["submitted"] += 1
 
 
 def submit_planner(kernel, queue, values, pointers, slots, depend, wait=False):
@@ -493,18 +483,15 @@ def _submit(kernel, queue, values, grid, wait, keep_event=False, after=None):
     return event
 
 
-_recording = threading.local()
-
-
 @contextlib.contextmanager
 def recording():
     """Collect the dpctl.SyclEvent of every conv kernel this thread submits inside the
     block (the benchmark reads kernel times from them on a profiling queue)."""
-    events = _recording.events = []
+    events = STATE.recording.events = []
     try:
         yield events
     finally:
-        _recording.events = None
+        STATE.recording.events = None
 
 
 class _CSubmit:

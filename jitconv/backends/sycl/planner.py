@@ -20,7 +20,6 @@ copied at every run (that copy is the read of their current values), and the run
 for its kernel.
 """
 
-import threading
 import weakref
 
 import numpy as np
@@ -29,11 +28,7 @@ import torch
 from jitconv.backends.sycl import devices, kernel_cache, launching
 from jitconv.kernels import planner
 from jitconv.backends.sycl import bridge, usm
-
-_lock = threading.Lock()
-_built = {}  # (device filter, context, element types) -> dpctl SyclKernel
-_state = weakref.WeakKeyDictionary()  # plan -> {queue: _Tables}
-stats = {"compiled": 0, "built": 0}
+from jitconv.backends.sycl.state import STATE
 
 _SOURCE = """
 def jitconv_planner(item, {args}):
@@ -65,10 +60,10 @@ def compile_spirv(element_types, queue):
     """(SPIR-V bytes, kernel name) of the planner for these element types."""
     from numba.core.target_extension import target_override
     queue = devices.compile_queue(queue)
-    launching._prepare_numba_dpex(queue)
+    launching.prepare_numba_dpex(queue)
     with target_override("dpex"):
         result = make_planner_kernel().get_compile_result(_signature(element_types, queue))
-    stats["compiled"] += 1
+    STATE.planner_stats["compiled"] += 1
     module = result.kernel_device_ir_module
     return module.kernel_bitcode, module.kernel_name
 
@@ -76,7 +71,7 @@ def compile_spirv(element_types, queue):
 def compile_and_store(element_types, queue, directory=None):
     """Compile, build and store one planner (``build-kernels``). Returns (kernel, path)."""
     spirv, name = compile_spirv(element_types, queue)
-    kernel = launching._program(queue, spirv, name)
+    kernel = launching.program(queue, spirv, name)
     return kernel, kernel_cache.store_planner(element_types, spirv, name, directory)
 
 
@@ -84,12 +79,12 @@ def get_planner(element_types, queue):
     """The built planner for the queue's device and context: from this process's table,
     the disk cache (user cache, then shipped), or a numba-dpex compile, in that order."""
     key = (devices.name_of(queue.sycl_device), queue.sycl_context, element_types)
-    kernel = _built.get(key)
+    kernel = STATE.planners.get(key)
     if kernel is None:
-        with _lock:
-            kernel = _built.get(key)
+        with STATE.planners_lock:
+            kernel = STATE.planners.get(key)
             if kernel is None:
-                kernel = _built[key] = _build(element_types, queue)
+                kernel = STATE.planners[key] = _build(element_types, queue)
     return kernel
 
 
@@ -97,8 +92,8 @@ def _build(element_types, queue):
     entry = kernel_cache.load_planner(element_types)
     if entry is not None:
         spirv, name, _path = entry
-        stats["built"] += 1
-        return launching._program(queue, spirv, name)
+        STATE.planner_stats["built"] += 1
+        return launching.program(queue, spirv, name)
     if not launching.have_compiler():
         shipped = [", ".join(t) for t in kernel_cache.planner_specializations()]
         raise launching.KernelUnavailableError(
@@ -107,7 +102,7 @@ def _build(element_types, queue):
             f"compile one; the package ships planners for: {'; '.join(shipped)} (pass "
             f"the metadata as one index dtype, flags as bool or that dtype)")
     spirv, name = compile_spirv(element_types, queue)
-    kernel = launching._program(queue, spirv, name)
+    kernel = launching.program(queue, spirv, name)
     try:
         kernel_cache.store_planner(element_types, spirv, name)
     except OSError:  # an unwritable cache: compiled in this process only
@@ -126,12 +121,14 @@ class _Tables:
         words = planner.ROWS_WORDS + plan.num_blocks * planner.NF
         self.memory = dpm.MemoryUSMDevice(4 * words, queue=queue)
         self.views = {
-            "tables": bridge.DeviceView(self.memory, 0, (words,), (1,), 4, self.memory)}
+            "tables": bridge.DeviceView(memory=self.memory, offset=0, shape=(words,),
+                                        strides=(1,), itemsize=4, owner=self.memory)}
         if plan.error_words is None:  # the plan's own words
             self.errors = dpm.MemoryUSMDevice(4 * len(planner.ERRORS), queue=queue)
             self.errors.memset()
-            self.views["errors"] = bridge.DeviceView(self.errors, 0, (len(planner.ERRORS),),
-                                                     (1,), 4, self.errors)
+            self.views["errors"] = bridge.DeviceView(
+                memory=self.errors, offset=0, shape=(len(planner.ERRORS),), strides=(1,),
+                itemsize=4, owner=self.errors)
         else:  # the device's words (``new_error_words``: USM memory, never a copy)
             self.errors = None
             self.views["errors"], _ = bridge.to_device(plan.error_words, "errors", True,
@@ -152,13 +149,13 @@ def _release(where):
 
 
 def _tables_of(plan, queue):
-    per_queue = _state.get(plan)
+    per_queue = STATE.plan_records.get(plan)
     if per_queue is None:
-        with _lock:
-            per_queue = _state.setdefault(plan, {})
+        with STATE.tables_lock:
+            per_queue = STATE.plan_records.setdefault(plan, {})
     found = per_queue.get(queue)
     if found is None:
-        with _lock:
+        with STATE.tables_lock:
             found = per_queue.get(queue)
             if found is None:
                 found = per_queue[queue] = _Tables(plan, queue)
@@ -237,7 +234,7 @@ def read_errors(plan):
     if plan.error_words is not None:
         return read_error_words(plan.error_words)
     found = [0] * len(planner.ERRORS)
-    for where in list(_state.get(plan, {}).values()):
+    for where in list(STATE.plan_records.get(plan, {}).values()):
         where.queue.wait()
         words = np.frombuffer(where.errors.copy_to_host(), dtype=np.int32)
         if words.any():
@@ -260,8 +257,8 @@ def read_error_words(words):
     waits for the queues of every plan that writes them (XPU: the whole device)."""
     if words.device.type == "xpu":
         torch.xpu.synchronize(words.device)
-    with _lock:
-        queues = {where.queue for plan, per_queue in list(_state.items())
+    with STATE.tables_lock:
+        queues = {where.queue for plan, per_queue in list(STATE.plan_records.items())
                   if plan.error_words is words for where in per_queue.values()}
     for queue in queues:
         queue.wait()

@@ -22,17 +22,16 @@ all threads (dict operations are atomic; entries are never changed after creatio
 """
 
 import weakref
+from dataclasses import dataclass
 
 import torch
 
-from jitconv.backends.sycl import bridge
-from jitconv.memory import arrays
-from jitconv.backends.sycl import launching, planner
-from jitconv.backends.sycl import tables
+from jitconv.backends.sycl import bridge, launching, planner, tables
+from jitconv.backends.sycl.state import STATE
 from jitconv.kernels.abi import ACTIVATIONS, MATHS
+from jitconv.memory import arrays
 
 LIMIT = 512  # entries: several models' layers; the table starts over when it is full
-_entries = {}
 _NAMES = ("x", "weight", "bias", "conv_state", "out")
 
 
@@ -69,7 +68,7 @@ def key(x, weight, bias, conv_state, out, activation, math, queue, split=0, meta
 
 def find(key, plan):
     """The entry for ``key`` if it fits ``plan``'s geometry and its memory is the same."""
-    entry = _entries.get(key)
+    entry = STATE.runs.get(key)
     if entry is None or entry.geometry != plan.fit or not plan.num_blocks:
         return None
     for guard in entry.guards:
@@ -107,29 +106,31 @@ def remember(key, tensors, views, extents, plan, kernel, queue, values, groups, 
             guards.append(weakref.ref(anchor))
         except TypeError:  # no way to tell later whether it is the same memory
             return
-    if len(_entries) >= LIMIT:
-        _entries.clear()
+    if len(STATE.runs) >= LIMIT:
+        STATE.runs.clear()
     out_shape = tuple(tensors[0].shape)
     # The bytes a new output's address must be a multiple of: C elements (C = dim /
     # groups: 1 for the one-channel kernel, which any element address suits).
     align = out_shape[1] // groups * views["out"].itemsize
-    _entries[key] = _Entry(plan.fit, kernel, queue, launching.addresses(values), groups,
-                           align, tuple(guards), wait, out_shape, dtype)
+    STATE.runs[key] = _Entry(geometry=plan.fit, kernel=kernel, queue=queue,
+                             values=launching.addresses(values), groups=groups, align=align,
+                             guards=tuple(guards), wait=wait, out_shape=out_shape,
+                             dtype=dtype)
 
 
-def clear():
-    _entries.clear()
-
-
+@dataclass(frozen=True, kw_only=True, slots=True)
 class _Entry:
-    __slots__ = ("geometry", "kernel", "queue", "values", "groups", "align", "guards",
-                 "wait", "out_shape", "dtype")
-
-    def __init__(self, geometry, kernel, queue, values, groups, align, guards, wait,
-                 out_shape, dtype):
-        self.geometry, self.kernel, self.queue, self.values = geometry, kernel, queue, values
-        self.groups, self.align, self.guards, self.wait = groups, align, guards, wait
-        self.out_shape, self.dtype = out_shape, dtype
+    """A checked zero-copy launch, kept for the next run with the same tensors."""
+    geometry: tuple  # the plan's ``fit``: what its tensors were checked against
+    kernel: object
+    queue: object
+    values: list  # packed parameters, addresses where pointers go
+    groups: int  # channel groups the kernel runs over (dim, or dim / C)
+    align: int  # bytes a new output's address must be a multiple of
+    guards: tuple  # weak references: the memory is the same while all are alive
+    wait: bool
+    out_shape: tuple
+    dtype: str
 
     def run(self, plan, x, out):
         """Submit the remembered launch with ``plan``'s tables: returns the output (the

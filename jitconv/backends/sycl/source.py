@@ -4,11 +4,13 @@ stride-specific read paths, ``unit_stride_reads``), as text. No numba import: th
 cache's key, ``python -m jitconv show-kernel`` and the golden kernels in the tests read it
 anywhere; ``kernels`` compiles it."""
 
+import dataclasses
+
 import numpy as np
 
 from jitconv.kernels.abi import STORAGE, SUPPORTED_WIDTHS, WIDE_CHANNELS, fast_silu
 from jitconv.kernels.planner import RECORD_ARGS
-from jitconv.kernels.template import Backend, kernel_source as _template_source, with_fused_plan
+from jitconv.kernels.template import Backend, kernel_source as _template_source
 
 SYCL = Backend(
     name="sycl", index_arg="item, ", extra_args="", unit_stride_reads=True,
@@ -16,13 +18,14 @@ SYCL = Backend(
           "    b = item.get_id(1)  # block")
 
 
-def kernel_source(width, name, dtype_name, wide=False, **backend_options):
+def kernel_source(width, name, dtype_name, wide=False, record_args=None, **backend_options):
     """The Python source of the SYCL conv kernel for one width and dtype: one channel per
-    work-item, or with ``wide`` (a dtype of ``kernel_abi.WIDE_CHANNELS``) that many, each
+    work-item, or with ``wide`` (a dtype of ``kernels.abi.WIDE_CHANNELS``) that many, each
     row of x, out and the conv state accessed that many channels at once.
-    ``backend_options``: other values of ``SYCL``'s flags (e.g. ``unit_stride_reads=False``:
-    the kernel without its stride-specific reads), only for same-run comparisons."""
-    backend = SYCL._replace(**backend_options)
+    ``record_args``: the fused kernel's (``template.kernel_source``). ``backend_options``:
+    other values of ``SYCL``'s flags (e.g. ``unit_stride_reads=False``: the kernel
+    without its stride-specific reads), only for same-run comparisons."""
+    backend = dataclasses.replace(SYCL, **backend_options)
     channels = 1
     if wide:
         if dtype_name not in WIDE_CHANNELS or not backend.unit_stride_reads:
@@ -31,7 +34,8 @@ def kernel_source(width, name, dtype_name, wide=False, **backend_options):
         channels = WIDE_CHANNELS[dtype_name]
     return _template_source(
         width, name, backend, channels=channels, row_group=channels,
-        word_taps=backend.unit_stride_reads and width == 4 and STORAGE[dtype_name] == np.int16)
+        word_taps=backend.unit_stride_reads and width == 4 and STORAGE[dtype_name] == np.int16,
+        record_args=record_args)
 
 
 def name_and_source(width, dtype_name, fast=None, wide=False, fused=False,
@@ -39,7 +43,7 @@ def name_and_source(width, dtype_name, fast=None, wide=False, fused=False,
     """(kernel name, Python source) of one specialization. ``fast``: the fast silu (None:
     the dtype's default, ``abi.fast_silu``); ``wide``, ``backend_options``: as in
     ``kernel_source``; ``fused``: the kernel that computes its block's record from a
-    device plan's metadata (``template.with_fused_plan``: it also takes
+    device plan's metadata (``template.kernel_source``'s ``record_args``: it also takes
     ``planner.RECORD_ARGS``) instead of reading it from the tables."""
     if width not in SUPPORTED_WIDTHS:
         raise ValueError(f"width must be one of {SUPPORTED_WIDTHS}, got {width}")
@@ -47,5 +51,5 @@ def name_and_source(width, dtype_name, fast=None, wide=False, fused=False,
         fast = fast_silu(dtype_name)
     name = (f"jitconv_conv_w{width}_{dtype_name}" + ("_fast" if fast else "")
             + ("_wide" if wide else "") + ("_fused" if fused else ""))
-    source = kernel_source(width, name, dtype_name, wide, **backend_options)
-    return name, with_fused_plan(source, RECORD_ARGS) if fused else source
+    return name, kernel_source(width, name, dtype_name, wide,
+                               RECORD_ARGS if fused else None, **backend_options)

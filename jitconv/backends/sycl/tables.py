@@ -2,15 +2,11 @@
 context, kept here (keyed by the plan, which is never written) for as long as the plan
 lives, and freed after the last kernel that may read them."""
 
-import threading
 import weakref
 
-from jitconv.backends.sycl import launching
+from jitconv.backends.sycl import bridge, launching, planner, usm
+from jitconv.backends.sycl.state import STATE
 from jitconv.kernels.abi import TABLES
-from jitconv.backends.sycl import bridge, planner, usm
-
-_lock = threading.Lock()
-_state = weakref.WeakKeyDictionary()  # plan -> {"tables": {...}, "unwaited": [bool]}
 
 
 def _release(memory, queue, unwaited):
@@ -21,10 +17,10 @@ def _release(memory, queue, unwaited):
 
 
 def _of(plan):
-    found = _state.get(plan)
+    found = STATE.plan_tables.get(plan)
     if found is None:
-        with _lock:
-            found = _state.setdefault(plan, {"tables": {}, "unwaited": [False]})
+        with STATE.tables_lock:
+            found = STATE.plan_tables.setdefault(plan, {"tables": {}, "unwaited": [False]})
     return found
 
 
@@ -37,7 +33,8 @@ def tables_on(plan, queue):
         tables = state["tables"].get(context)
         if tables is None:
             memory, offsets = usm.upload_tables(plan.host_tables, queue)
-            view = bridge.DeviceView(memory, 0, (memory.nbytes // 4,), (1,), 4, memory)
+            view = bridge.DeviceView(memory=memory, offset=0, shape=(memory.nbytes // 4,),
+                                     strides=(1,), itemsize=4, owner=memory)
             weakref.finalize(plan, _release, memory, queue, state["unwaited"])
             # setdefault: two threads that both uploaded agree on one copy
             tables = state["tables"].setdefault(

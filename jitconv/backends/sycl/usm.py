@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from jitconv.backends import devices
+from jitconv.backends.sycl.state import STATE
 
 try:
     import dpctl.memory as dpm  # noqa: E402  (devices bootstraps the runtime first)
@@ -22,39 +23,13 @@ except ImportError:  # a CUDA-only install: no USM memory (empty() then needs dp
 if dpm is not None:
     class _SharedAllocation(dpm.MemoryUSMShared):
         """USM shared memory that can be weakly referenced (a Python subclass), so the
-        registry below forgets it when the last tensor using it is gone."""
-
-
-_alloc_bases = []   # sorted base addresses of live _SharedAllocations
-_alloc_info = {}    # base address -> (weakref to the allocation, nbytes)
-
-
-def _register(memory):
-    base = memory._pointer
-    bisect.insort(_alloc_bases, base)
-    _alloc_info[base] = (weakref.ref(memory), memory.nbytes)
-    weakref.finalize(memory, _unregister, base)
-
-
-def _unregister(base):
-    _alloc_info.pop(base, None)
-    i = bisect.bisect_left(_alloc_bases, base)
-    if i < len(_alloc_bases) and _alloc_bases[i] == base:
-        del _alloc_bases[i]
+        pool's registry forgets it when the last tensor using it is gone."""
 
 
 def find_allocation(address):
     """(memory, byte offset) of the jitconv.empty allocation holding ``address``, or None.
     A lookup, not a SYCL pointer query (those cost ~40 us each on opencl:cpu)."""
-    i = bisect.bisect_right(_alloc_bases, address) - 1
-    if i < 0:
-        return None
-    base = _alloc_bases[i]
-    ref, nbytes = _alloc_info[base]
-    memory = ref()
-    if memory is None or address >= base + nbytes:
-        return None
-    return memory, address - base
+    return _pool.find(address)
 
 
 class _Pool:
@@ -70,6 +45,34 @@ class _Pool:
         self.free = {}                      # (device, nbytes) -> [memory], newest last
         self.order = collections.OrderedDict()  # id(memory) -> (device, nbytes), oldest first
         self.lock = threading.Lock()
+        # Every live allocation, in use or kept: base addresses sorted, and per base a weak
+        # reference to it and its size (``find``).
+        self.bases, self.sizes = [], {}
+
+    def _register(self, memory):
+        base = memory._pointer
+        with self.lock:
+            bisect.insort(self.bases, base)
+            self.sizes[base] = (weakref.ref(memory), memory.nbytes)
+        weakref.finalize(memory, self._unregister, base)
+
+    def _unregister(self, base):
+        with self.lock:
+            self.sizes.pop(base, None)
+            i = bisect.bisect_left(self.bases, base)
+            if i < len(self.bases) and self.bases[i] == base:
+                del self.bases[i]
+
+    def find(self, address):
+        i = bisect.bisect_right(self.bases, address) - 1
+        if i < 0:
+            return None
+        base = self.bases[i]
+        ref, nbytes = self.sizes[base]
+        memory = ref()
+        if memory is None or address >= base + nbytes:
+            return None
+        return memory, address - base
 
     def take(self, device, nbytes):
         with self.lock:
@@ -80,7 +83,7 @@ class _Pool:
                 self.kept -= nbytes
                 return memory
         memory = _SharedAllocation(nbytes, queue=devices.get_queue(device))
-        _register(memory)
+        self._register(memory)
         return memory
 
     def give(self, device, memory):
@@ -191,14 +194,11 @@ def upload_tables(host_arrays, queue):
     return memory, offsets
 
 
-_placeholders = {}  # queue's context -> a small allocation that no kernel reads
-
-
 def placeholder(queue):
     """Valid USM memory for an argument with no elements (the kernel never reads it)."""
-    memory = _placeholders.get(queue.sycl_context)
+    memory = STATE.placeholders.get(queue.sycl_context)
     if memory is None:
-        memory = _placeholders.setdefault(queue.sycl_context,
+        memory = STATE.placeholders.setdefault(queue.sycl_context,
                                           dpm.MemoryUSMShared(64, queue=queue))
     return memory
 

@@ -1,0 +1,62 @@
+"""One engine step's metadata, as one record.
+
+The nine metadata keywords of ``jitconv.causal_conv1d_mixed`` / ``jitconv.plan`` (names as
+vLLM's GDN metadata) travel together: the public calls build a ``StepMetadata`` once and
+hand it down (plans, device plans, the one-shot ops' plan cache, the torch custom ops,
+the vLLM drop-ins), so that no layer spells the nine names again. The values are what
+the caller gave (tensors, numpy arrays, lists, USM arrays, or None); the checks that
+turn them into a plan's sequences are ``jitconv.api.ops``' (host) and
+``jitconv.api.device_plan``'s (device).
+"""
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+from jitconv.kernels import planner
+
+# The names, in the order the ops and their custom ops take them.
+NAMES = ("non_spec_query_start_loc", "non_spec_state_indices", "has_initial_state",
+         "non_spec_token_indx", "spec_query_start_loc", "spec_state_indices",
+         "spec_token_indx", "num_accepted_tokens", "non_spec_num_accepted_tokens")
+# The device planner's array of each (``kernels.planner.METADATA_ARRAYS``); token maps
+# have none: a device plan takes no maps.
+DEVICE_ARRAYS = dict(ns_qsl="non_spec_query_start_loc", ns_lines="non_spec_state_indices",
+                     ns_init="has_initial_state", ns_accepted="non_spec_num_accepted_tokens",
+                     sp_qsl="spec_query_start_loc", sp_lines="spec_state_indices",
+                     sp_accepted="num_accepted_tokens")
+assert set(DEVICE_ARRAYS) == set(planner.METADATA_ARRAYS)
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepMetadata:
+    """The metadata of one engine step (see ``jitconv.causal_conv1d_mixed`` for each)."""
+    non_spec_query_start_loc: Any = None
+    non_spec_state_indices: Any = None
+    has_initial_state: Any = None
+    non_spec_token_indx: Any = None
+    spec_query_start_loc: Any = None
+    spec_state_indices: Any = None
+    spec_token_indx: Any = None
+    num_accepted_tokens: Any = None
+    non_spec_num_accepted_tokens: Any = None
+
+    @classmethod
+    def of(cls, values):
+        """The record of a mapping of names to values (a name it does not know is an
+        error naming it)."""
+        unknown = set(values) - set(NAMES)
+        if unknown:
+            raise TypeError(f"{sorted(unknown)[0]}: not a metadata argument; expected "
+                            f"{', '.join(NAMES)}")
+        return cls(**values)
+
+    def values(self):
+        """The nine values, in ``NAMES`` order."""
+        return tuple(getattr(self, name) for name in NAMES)
+
+    def device_arrays(self):
+        """The values by device planner array name (``planner.METADATA_ARRAYS``)."""
+        return {key: getattr(self, name) for key, name in DEVICE_ARRAYS.items()}
+
+
+assert tuple(f.name for f in fields(StepMetadata)) == NAMES
