@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import threading
+import weakref
 
 import numpy as np
 import pytest
@@ -377,6 +378,69 @@ def test_two_d_python_lists_are_accepted_like_arrays(sycl_device):
 
 
 # ------------------------------------------------------------------------- memory
+
+POOL_FINALIZERS = """
+import gc, json, torch, jitconv
+from jitconv.backends.sycl import usm
+found = lambda t: usm.find_allocation(t.data_ptr()) is not None
+seen = {}
+jitconv.set_pool_limit(1 << 20)
+t = jitconv.empty((1000,), torch.uint8); t.fill_(1)
+address = t.data_ptr()
+del t; gc.collect()
+seen["kept"] = jitconv.pool_bytes()
+jitconv.set_pool_limit(0)          # evicts the last reference: its finalizer runs inside
+seen["after_limit_0"] = jitconv.pool_bytes()
+seen["forgotten"] = usm.find_allocation(address) is None
+t = jitconv.empty((2000,), torch.uint8)
+with usm._pool.lock:               # a finalizer on the thread that holds the pool's lock
+    del t; gc.collect()            # (as when the garbage collector starts inside the pool)
+seen["after_release"] = jitconv.pool_bytes()
+jitconv.set_pool_limit(1 << 20)
+u = jitconv.empty((3000,), torch.uint8); v = jitconv.empty((3000,), torch.uint8)
+seen["live_found"] = found(u) and found(v)
+del u; gc.collect()
+w = jitconv.empty((3000,), torch.uint8)  # reuses u's memory
+seen["reused_found"] = found(w) and found(v)
+print(json.dumps(seen))
+"""
+
+
+def test_pool_finalizers_never_wait_for_the_pool(sycl_device, tmp_path):
+    """Freed memory comes back to the pool through finalizers, which run wherever the last
+    reference goes: also inside the pool's own methods (an eviction drops the last
+    reference) or on a thread holding its lock. None of that may deadlock; the changes are
+    applied once the lock is free. In a subprocess, so a deadlock fails this test instead
+    of hanging the run."""
+    env = dict(os.environ, JITCONV_CACHE_DIR=str(tmp_path), JITCONV_DEVICE=sycl_device)
+    try:
+        done = subprocess.run([sys.executable, "-c", POOL_FINALIZERS], env=env,
+                              capture_output=True, text=True, timeout=120)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the pool deadlocked on its own finalizers")
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen == {"kept": 1000, "after_limit_0": 0, "forgotten": True, "after_release": 0,
+                    "live_found": True, "reused_found": True}, seen
+
+
+def test_a_late_gone_change_keeps_a_new_allocation_at_the_same_address(sycl_device):
+    """An allocation's "gone" change can be applied after a new allocation at the same
+    address was registered (the finalizer ran while the lock was held): the registry must
+    keep the new one. (The USM allocator rarely reuses an address at once, so the
+    registry's order of events is set up by hand on a pool of its own.)"""
+    pool = usm._Pool(0)
+    old = pool.take(jitconv.get_device(), 4096)
+    base = old._pointer
+    pool.lock.acquire()
+    del old  # its finalizer queues ("gone", base): the lock is held
+    pool.lock.release()
+    assert list(pool.pending) == [("gone", base)]
+    new = usm._SharedAllocation(4096, queue=jitconv.get_queue())
+    pool.sizes[base] = (weakref.ref(new), 4096)  # as if ``new`` had landed at ``base``
+    pool._settle()
+    assert pool.find(base + 8) == (new, 8)
+
 
 def test_output_pool_is_bounded_by_bytes_and_keeps_the_newest(sycl_device):
     """Freed jitconv.empty buffers of ever-changing sizes: the pool never holds more than

@@ -38,77 +38,135 @@ class _Pool:
     on first touch: for a 128 MiB prefill output that was 3x the kernel's own time on
     opencl:cpu. At most ``limit`` bytes are kept: when a freed buffer would exceed it, the
     least recently freed buffers are really freed first (a server whose token count
-    changes every step keeps recent sizes, not the first ones it saw)."""
+    changes every step keeps recent sizes, not the first ones it saw).
+
+    Two finalizers feed the pool: a tensor's memory coming back (``give``) and an
+    allocation dying (``_unregister``). A finalizer runs wherever the last reference goes
+    or the garbage collector starts, which can be inside a pool method on the same thread,
+    holding the lock. So finalizers never wait for the lock: they queue their change and
+    apply the queue only if the lock is free; whoever holds it applies the queue after
+    releasing it (``_settle``). Memory is really freed outside the lock, so a USM free
+    never runs while other threads wait for the pool."""
 
     def __init__(self, limit):
         self.limit, self.kept = limit, 0
         self.free = {}                      # (device, nbytes) -> [memory], newest last
         self.order = collections.OrderedDict()  # id(memory) -> (device, nbytes), oldest first
         self.lock = threading.Lock()
+        self.pending = collections.deque()  # ("give", device, memory) / ("gone", base)
         # Every live allocation, in use or kept: base addresses sorted, and per base a weak
         # reference to it and its size (``find``).
         self.bases, self.sizes = [], {}
 
-    def _register(self, memory):
-        base = memory._pointer
-        with self.lock:
-            bisect.insort(self.bases, base)
-            self.sizes[base] = (weakref.ref(memory), memory.nbytes)
-        weakref.finalize(memory, self._unregister, base)
+    # Finalizers: queue, then apply if nobody holds the lock.
+    def give(self, device, memory):
+        self.pending.append(("give", device, memory))
+        self._settle()
 
     def _unregister(self, base):
-        with self.lock:
-            self.sizes.pop(base, None)
-            i = bisect.bisect_left(self.bases, base)
-            if i < len(self.bases) and self.bases[i] == base:
-                del self.bases[i]
+        self.pending.append(("gone", base))
+        self._settle()
 
+    def _settle(self):
+        """Apply queued finalizer changes while the lock can be taken without waiting. A
+        holder calls this after releasing, so a change queued while it held the lock is
+        applied by one side or the other: the finalizer queues before trying the lock, the
+        holder looks at the queue after releasing it."""
+        while self.pending and self.lock.acquire(blocking=False):
+            dropped, change = [], None
+            try:
+                while self.pending:
+                    change = self.pending.popleft()
+                    if change[0] == "give":
+                        self._keep(change[1], change[2], dropped)
+                    else:
+                        self._forget(change[1])
+            finally:
+                self.lock.release()
+            # Memory evicted (and the last change's tuple) is really freed here, outside
+            # the lock; its finalizer may queue more changes, which the loop applies.
+            change = dropped = None
+
+    def _keep(self, device, memory, dropped):
+        key = (device, memory.nbytes)
+        self.free.setdefault(key, []).append(memory)
+        self.order[id(memory)] = key
+        self.kept += memory.nbytes
+        self._evict(self.limit, dropped)
+
+    def _forget(self, base):
+        # Only if the allocation registered at ``base`` is really gone: a new allocation
+        # at the same address may have been registered before this change was applied.
+        entry = self.sizes.get(base)
+        if entry is None or entry[0]() is not None:
+            return
+        del self.sizes[base]
+        i = bisect.bisect_left(self.bases, base)
+        if i < len(self.bases) and self.bases[i] == base:
+            del self.bases[i]
+
+    def _evict(self, limit, dropped):
+        """Move the least recently given buffers to ``dropped`` until at most ``limit``
+        bytes are kept (caller holds the lock and frees ``dropped`` after releasing it)."""
+        while self.kept > limit and self.order:
+            oldest, key = self.order.popitem(last=False)
+            bucket = self.free[key]
+            i = next(i for i, m in enumerate(bucket) if id(m) == oldest)
+            memory = bucket.pop(i)
+            self.kept -= memory.nbytes
+            dropped.append(memory)
+            if not bucket:
+                del self.free[key]
+
+    # Called by jitconv code, never by a finalizer.
     def find(self, address):
-        i = bisect.bisect_right(self.bases, address) - 1
-        if i < 0:
-            return None
-        base = self.bases[i]
-        ref, nbytes = self.sizes[base]
-        memory = ref()
+        with self.lock:
+            i = bisect.bisect_right(self.bases, address) - 1
+            if i < 0:
+                return None
+            base = self.bases[i]
+            ref, nbytes = self.sizes[base]
+            memory = ref()
+        self._settle()
         if memory is None or address >= base + nbytes:
             return None
         return memory, address - base
 
     def take(self, device, nbytes):
+        memory = None
         with self.lock:
             spare = self.free.get((device, nbytes))
             if spare:
                 memory = spare.pop()
                 del self.order[id(memory)]
                 self.kept -= nbytes
-                return memory
+                if not spare:
+                    del self.free[(device, nbytes)]
+        self._settle()
+        if memory is not None:
+            return memory
         memory = _SharedAllocation(nbytes, queue=devices.get_queue(device))
-        self._register(memory)
+        base = memory._pointer
+        with self.lock:
+            if base not in self.sizes:
+                bisect.insort(self.bases, base)
+            self.sizes[base] = (weakref.ref(memory), memory.nbytes)
+        self._settle()
+        weakref.finalize(memory, self._unregister, base)
         return memory
 
-    def give(self, device, memory):
-        with self.lock:
-            key = (device, memory.nbytes)
-            self.free.setdefault(key, []).append(memory)
-            self.order[id(memory)] = key
-            self.kept += memory.nbytes
-            self._evict(self.limit)
-
-    def _evict(self, limit):
-        """Free the least recently given buffers until at most ``limit`` bytes are kept
-        (caller holds the lock)."""
-        while self.kept > limit and self.order:
-            oldest, key = self.order.popitem(last=False)
-            bucket = self.free[key]
-            i = next(i for i, m in enumerate(bucket) if id(m) == oldest)
-            self.kept -= bucket.pop(i).nbytes
-            if not bucket:
-                del self.free[key]
-
     def set_limit(self, limit):
+        dropped = []
         with self.lock:
-            self.limit = limit
-            self._evict(limit)
+            previous, self.limit = self.limit, limit
+            self._evict(limit, dropped)
+        del dropped
+        self._settle()
+        return previous
+
+    def kept_bytes(self):
+        self._settle()
+        return self.kept
 
 
 def _limit_from_env():
@@ -128,14 +186,12 @@ def set_pool_limit(nbytes):
     frees the least recently used buffers now. Returns the previous limit."""
     if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
         raise ValueError(f"nbytes: expected an int >= 0, got {nbytes!r}")
-    previous = _pool.limit
-    _pool.set_limit(nbytes)
-    return previous
+    return _pool.set_limit(nbytes)
 
 
 def pool_bytes():
     """Bytes of freed memory the pool holds now."""
-    return _pool.kept
+    return _pool.kept_bytes()
 
 
 _pool = _Pool(_limit_from_env())
