@@ -5,6 +5,10 @@ float64 reference (outputs within tolerance, states bit-exact). A run whose tens
 fit the plan raises before launching, naming the tensor, with conv_state untouched; bad
 metadata raises at plan time with the same errors as causal_conv1d_mixed. Runs of one plan
 from several threads at once give the same results as sequential runs.
+
+The plans here run on a SYCL device (their tests hold SYCL queues, USM arrays and the SYCL
+backend's counters): on a CUDA device under test they skip, and only the metadata checks
+run. CUDA plans: tests/test_cuda.py and tests/test_device_plan.py.
 """
 
 import threading
@@ -55,7 +59,7 @@ def layer_tensors(gen, step, dtype, usm=False):
 
 @pytest.mark.parametrize("dtype_name", list(DTYPES))
 @pytest.mark.parametrize("usm", [False, True])
-def test_one_plan_many_layers(sycl_device, dtype_name, usm):
+def test_one_plan_many_layers(spirv_device, dtype_name, usm):
     dtype = DTYPES[dtype_name]
     gen, step, meta = step_and_meta(1, dtype, usm=usm)
     plan = plan_for(step, meta)
@@ -69,7 +73,7 @@ def test_one_plan_many_layers(sycl_device, dtype_name, usm):
     assert SYCL_STATE.stats["submitted"] == before + LAYERS, "one launch per layer"
 
 
-def test_run_with_out_and_no_activation(sycl_device):
+def test_run_with_out_and_no_activation(spirv_device):
     gen, step, meta = step_and_meta(2)
     plan = plan_for(step, meta)
     ref_out, ref_state = causal_conv1d_reference(**step, **meta, activation=None)
@@ -79,7 +83,7 @@ def test_run_with_out_and_no_activation(sycl_device):
     assert_state_exact(step["conv_state"], ref_state)
 
 
-def test_plan_equals_the_one_shot_op(sycl_device):
+def test_plan_equals_the_one_shot_op(spirv_device):
     gen, step, meta = step_and_meta(3, torch.bfloat16)
     twin = {k: (v.clone() if k == "conv_state" else v) for k, v in step.items()}
     a = plan_for(step, meta).run(**step)
@@ -96,7 +100,7 @@ def test_plan_equals_the_one_shot_op(sycl_device):
     ("state_len", "conv_state: has 7 columns (state_len), but the plan was built for 6"),
     ("dtype", "weight: dtype must match x"),
 ])
-def test_run_rejects_tensors_that_do_not_fit(sycl_device, change, text):
+def test_run_rejects_tensors_that_do_not_fit(spirv_device, change, text):
     gen, step, meta = step_and_meta(4)
     plan = plan_for(step, meta)
     layer = dict(step)
@@ -139,7 +143,7 @@ def test_bad_plan_arguments_name_the_argument(sycl_device, changes, error, text)
         jitconv.plan(**kwargs)
 
 
-def test_threads_run_plans_on_their_own_layers(sycl_device):
+def test_threads_run_plans_on_their_own_layers(spirv_device):
     """8 threads x 6 layers each, at once, on two plans of different steps (threads 0, 2,
     ... share one, 1, 3, ... the other): every result is the reference's."""
     plans = []
@@ -176,7 +180,7 @@ def test_threads_run_plans_on_their_own_layers(sycl_device):
             assert_state_exact(layer["conv_state"], ref_state)
 
 
-def test_queue_from_a_sycl_queue_address(sycl_device):
+def test_queue_from_a_sycl_queue_address(spirv_device):
     """torch's XPU stream gives its sycl::queue as an address; wrapped for dpctl it is the
     same queue. (No XPU here: a dpctl queue's own address stands in for torch's.)"""
     q = jitconv.get_queue()
@@ -187,7 +191,7 @@ def test_queue_from_a_sycl_queue_address(sycl_device):
         sycl_devices.queue_from_address(0)
 
 
-def test_run_on_an_explicit_in_order_queue_with_device_arrays(sycl_device):
+def test_run_on_an_explicit_in_order_queue_with_device_arrays(spirv_device):
     """Device memory on an in-order queue: run returns after the submit; work queued
     after it on the same queue (the copies back) sees the results."""
     import dpctl
@@ -208,7 +212,7 @@ def test_run_on_an_explicit_in_order_queue_with_device_arrays(sycl_device):
     assert_state_exact(state.to_tensor().transpose(1, 2), ref_state)
 
 
-def test_gdn_conv_step_plans_once_per_metadata_object(sycl_device, monkeypatch):
+def test_gdn_conv_step_plans_once_per_metadata_object(spirv_device, monkeypatch):
     """vLLM's GDN layers of one step share one metadata object: the first layer builds
     the plan, the others reuse it (no per-layer validation), each layer still correct.
     A new metadata object (the next step) gets a new plan. (No pads here, so any line,
@@ -238,7 +242,7 @@ def test_gdn_conv_step_plans_once_per_metadata_object(sycl_device, monkeypatch):
 
 
 @pytest.mark.parametrize("path", ["C interface", "dpctl's Python submit"])
-def test_both_submit_paths_compute_the_contract(sycl_device, monkeypatch, path):
+def test_both_submit_paths_compute_the_contract(spirv_device, monkeypatch, path):
     """Launches go through dpctl's C interface when its library is found, else through
     SyclQueue.submit: both must pack the same arguments."""
     if path == "C interface":
@@ -252,7 +256,7 @@ def test_both_submit_paths_compute_the_contract(sycl_device, monkeypatch, path):
     assert_state_exact(step["conv_state"], ref_state)
 
 
-def test_device_plan_metadata_types_without_a_planner_are_named(sycl_device, monkeypatch):
+def test_device_plan_metadata_types_without_a_planner_are_named(spirv_device, monkeypatch):
     """Without numba-dpex, metadata whose element types no shipped planner takes (an
     int32 / int64 mix) is refused by name, with the types that are shipped."""
     from jitconv.backends.sycl import launching
