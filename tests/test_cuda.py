@@ -289,9 +289,9 @@ def _rows_view(rows, dim, dtype, skip, row_stride):
 @pytest.mark.parametrize("dtype_name", ["float32", "bfloat16"])
 def test_layout_compiled_in(cuda_device, monkeypatch, dtype_name):
     """A layer's offsets, strides, dim, has_bias and silu compiled into its kernel
-    (kernels_cuda.LAYOUT_ARGS, by default): each launch's kernel holds exactly that
-    launch's values, on general and short (decode) kernels, strided and contiguous
-    layouts, with and without bias, either state layout. Results equal the reference's
+    (LAYOUT_ARGS of backends/cuda/source.py, by default): each launch's kernel holds
+    exactly that launch's values, on general and short (decode) kernels, strided and
+    contiguous layouts, with and without bias, either state layout. Results equal the reference's
     and, bit for bit, those of tuning constant_layout False (the values read as
     arguments). Past MAX_LAYOUTS layouts a process runs the argument-reading kernel."""
     from jitconv.backends.cuda.source import LAYOUT_ARGS
@@ -505,7 +505,7 @@ def test_grouped_state_and_vector_taps(cuda_device, monkeypatch, dtype_name, wid
 
 
 def test_pointer_signature():
-    """On a GPU the kernel takes every array of kernel_abi.CONV_ARGS as a typed pointer
+    """On a GPU the kernel takes every array of jitconv.kernels.abi.CONV_ARGS as a typed pointer
     (launched with device addresses), in argument order: the dtype's storage type for
     x, out, weight, bias and state, int32 for the tables; scalars int64. A kernel with a
     compiled-in layout takes the per-call arguments only (CALL_ARGS), typed the same."""

@@ -86,7 +86,7 @@ def test_garbage_with_a_valid_checksum_fails_to_build_and_is_rebuilt(sycl_device
 ])
 def test_stale_metadata_is_rejected(tmp_path, monkeypatch, field, value, reason):
     monkeypatch.setenv("JITCONV_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(kernel_cache, "rejected", [])
+    monkeypatch.setattr(SYCL_STATE, "rejected", [])
     kernel_cache.store(4, "float32", b"spirv-bytes", "kernel_name")
     assert kernel_cache.load(4, "float32")[:2] == (b"spirv-bytes", "kernel_name")
     meta, _ = _entry(tmp_path)
@@ -99,7 +99,7 @@ def test_stale_metadata_is_rejected(tmp_path, monkeypatch, field, value, reason)
 
 def test_unreadable_metadata_is_rejected(tmp_path, monkeypatch):
     monkeypatch.setenv("JITCONV_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(kernel_cache, "rejected", [])
+    monkeypatch.setattr(SYCL_STATE, "rejected", [])
     kernel_cache.store(4, "float32", b"spirv-bytes", "kernel_name")
     meta, _ = _entry(tmp_path)
     meta.write_text("{ not json")
@@ -109,7 +109,7 @@ def test_unreadable_metadata_is_rejected(tmp_path, monkeypatch):
 
 def _store_old_entry(tmp_path, monkeypatch):
     monkeypatch.setenv("JITCONV_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setattr(kernel_cache, "rejected", [])
+    monkeypatch.setattr(SYCL_STATE, "rejected", [])
     kernel_cache.store(4, "float32", b"old-spirv", "old_kernel")
     assert kernel_cache.load(4, "float32")[:2] == (b"old-spirv", "old_kernel")
     return kernel_cache.key(4, "float32")
@@ -246,7 +246,7 @@ def test_a_rejected_entry_does_not_hide_a_good_one_further_on(tmp_path, monkeypa
     still looked up in the next place (the shipped kernels), and found there."""
     first, second = tmp_path / "cache", tmp_path / "shipped"
     monkeypatch.setenv("JITCONV_CACHE_DIR", str(first))
-    monkeypatch.setattr(kernel_cache, "rejected", [])
+    monkeypatch.setattr(SYCL_STATE, "rejected", [])
     kernel_cache.store(4, "float32", b"spirv-bytes", "kernel_name")
     shutil.copytree(first, second)
     meta, _ = _entry(first)

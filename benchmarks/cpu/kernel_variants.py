@@ -1,5 +1,5 @@
 """Same-run comparison of two builds of the SYCL kernel, by default without and with its
-stride-specific reads (kernel_template's ``unit_stride_reads``: unit-stride state window
+stride-specific reads (the template's ``unit_stride_reads``: unit-stride state window
 and bias, a width-4 16-bit weight's taps as one 64-bit word). ``--before``/``--after``
 set other values of the SYCL backend's flags (``kernels.make_conv_kernel``; ``key=0|1``,
 comma-separated, e.g. ``--before "" --after one_round_record=1,reuse_state_loads=1``).

@@ -1,7 +1,7 @@
 """Helpers of the same-run comparisons in this folder: kernel variants compiled in this
 process, one step's launch packed once, and kernels timed in turn with the device copy
 of the same bytes (profiling events, kernel time only). A variant with ``wide=True``
-(16-bit dtypes) handles ``kernel_abi.WIDE_CHANNELS`` channels per work-item: it is
+(16-bit dtypes) handles ``jitconv.kernels.abi.WIDE_CHANNELS`` channels per work-item: it is
 launched over that many times fewer work-items (``variant_channels``). Needs
 numba-dpex."""
 

@@ -413,7 +413,7 @@ def plot(panels, path):
     [(title, rows)] or [(title, rows, series)], one subplot each, side by side (this
     device's run beside another device's results: rows with "workload", "dtype", "dim"
     and, per series key, "pct_<key>" or None); series default to ``SERIES`` (one call,
-    two calls, pure torch); ``bench_gpu.panel`` makes the H200's."""
+    two calls, pure torch); ``jitconv.bench.gpu.panel`` makes the H200's."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

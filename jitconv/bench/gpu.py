@@ -419,7 +419,7 @@ def variant_name(channels, lookahead, mode="exact", row_group=AUTO):
             f"{'' if row_group == AUTO else f' G={row_group}'}")
 
 
-# The row of each workload that times a copy of its own bytes (bench_gpu.run).
+# The row of each workload that times a copy of its own bytes (jitconv.bench.gpu.run).
 SAME_BYTES_COPY = "device copy of the same bytes"
 # Suffix of the rows of vLLM's calls made with programmatic dependent launch (PDL) off, on
 # GPUs where vLLM turns it on (compute capability 9.0 and later). A kernel launched with

@@ -101,9 +101,9 @@ def python_converters():
 
 def row_store(intrinsic, group, codegen):
     """A numba intrinsic ``store(array, index, v0, .., v{group-1})`` (group 2 or 4) whose
-    lowering is ``codegen``: the row stores of both backends (``kernels._row_access``,
-    ``kernels_cuda._row_access``) share it. numba intrinsics take no ``*args``, so each
-    group size has its own signature."""
+    lowering is ``codegen``: the row stores of both backends (``_row_access`` in
+    ``backends/sycl/kernels.py`` and in ``backends/cuda/kernels.py``) share it. numba
+    intrinsics take no ``*args``, so each group size has its own signature."""
     from numba import types
     if group == 2:
         @intrinsic

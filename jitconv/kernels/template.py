@@ -96,7 +96,7 @@ def window_value(x, x_at, x_row_stride, state, state_at, tables, rows, first_slo
 # placed after a store waits for it, and on a GPU every such wait is a memory latency.
 _TEMPLATE = """
 {signature}
-    # rows, blocks: offsets of the per-call tables inside `tables` (kernel_abi.TABLES);
+    # rows, blocks: offsets of the per-call tables inside `tables` (jitconv.kernels.abi.TABLES);
     # a block's record holds BLOCK_FIELDS, its sequence's fields included.
 {index}
 {record}

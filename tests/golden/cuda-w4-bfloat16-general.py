@@ -5,7 +5,7 @@ def jitconv_conv_w4_bfloat16_c2_l8_fastexp_r64_g2_vt(x, x_offset, x_row_stride, 
            state, state_offset, state_stride_line, state_stride_c, state_stride_col,
            tables, rows, blocks, has_bias, silu, out2, out2_offset, out2_row_stride, split,
            spec_slot0, dim, num_blocks):
-    # rows, blocks: offsets of the per-call tables inside `tables` (kernel_abi.TABLES);
+    # rows, blocks: offsets of the per-call tables inside `tables` (jitconv.kernels.abi.TABLES);
     # a block's record holds BLOCK_FIELDS, its sequence's fields included.
     g = cuda.blockIdx.y * cuda.blockDim.x + cuda.threadIdx.x  # channel group
     b = cuda.blockIdx.x * cuda.blockDim.y + cuda.threadIdx.y  # block

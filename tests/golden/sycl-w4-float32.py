@@ -5,7 +5,7 @@ def jitconv_conv_w4_float32(item, x, x_offset, x_row_stride, out, out_offset, ou
            state, state_offset, state_stride_line, state_stride_c, state_stride_col,
            tables, rows, blocks, has_bias, silu, out2, out2_offset, out2_row_stride, split,
            spec_slot0):
-    # rows, blocks: offsets of the per-call tables inside `tables` (kernel_abi.TABLES);
+    # rows, blocks: offsets of the per-call tables inside `tables` (jitconv.kernels.abi.TABLES);
     # a block's record holds BLOCK_FIELDS, its sequence's fields included.
     c = item.get_id(0) * 1  # first channel: the fastest index
     b = item.get_id(1)  # block
