@@ -320,20 +320,23 @@ def build_kernels(args):
     return 0
 
 
-def kernel_text(backend, width, dtype, wide=False, kind="general", math=None):
-    """The generated Python source of one kernel specialization (``show-kernel``)."""
+def kernel_text(backend, width, dtype, wide=False, kind="general", math=None, chains=False):
+    """The generated Python source of one kernel specialization (``show-kernel``);
+    ``chains``: the kernel of steps with parent maps or windows."""
     if backend == "sycl":
         fast = {None: None, "exact": False, "fast": True}[math]
-        return source.name_and_source(width, dtype, fast, wide)[1]
+        return source.name_and_source(width, dtype, fast, wide, chains=chains)[1]
     spec = cuda_launching.kind_spec(width, dtype, kind)
     if math is not None:
         spec = dataclasses.replace(spec, fast_exp=math == "fast")
+    if chains:
+        spec = dataclasses.replace(spec, chains=True)
     return cuda_source.name_and_source(spec)[1]
 
 
 def show_kernel(args):
     sys.stdout.write(kernel_text(args.backend, args.width, args.dtype, args.wide, args.kind,
-                                 args.math))
+                                 args.math, args.chains))
     return 0
 
 
@@ -398,6 +401,8 @@ def main(argv=None):
                    help="CUDA: the kernel of launches of this kind (default options)")
     k.add_argument("--math", choices=["exact", "fast"],
                    help="silu's exp and division (default: the backend's for the dtype)")
+    k.add_argument("--chains", action="store_true",
+                   help="the kernel of steps with parent maps or intermediate windows")
     b = add("build-kernels", help="precompile kernels to SPIR-V (persistent)")
     where = b.add_mutually_exclusive_group()
     where.add_argument("--dir", help="directory to write (default: the user cache, "

@@ -38,21 +38,56 @@ def silu(z):
         return z / (1.0 + np.exp(-z))
 
 
-def conv_sequence(window, xs, weight, bias, activation):
-    """Outputs of one sequence.
+def chain_inputs(window, xs, parents, t):
+    """The W inputs of token t's output, oldest first: token t, then its parent, the
+    parent's parent, ... (``parents[k]`` is token k's parent, a position before k; token
+    0 is the root), and once the chain passes the root the window, newest column first.
+    ``parents`` None is the linear chain (``parents[k] = k - 1``): then these are
+    u[:, t : t + W] of ``conv_sequence``."""
+    S = window.shape[1]
+    vals = [xs[t]]
+    k = t
+    for _ in range(S):
+        if k > 0:
+            k = k - 1 if parents is None else int(parents[k])
+        else:
+            k -= 1  # past the root: the window, newest column first
+        vals.append(xs[k] if k >= 0 else window[:, S + k])
+    return np.stack(vals[::-1], axis=1)  # (dim, W)
+
+
+def conv_sequence(window, xs, weight, bias, activation, parents=None):
+    """Outputs of one sequence, and each token's inputs.
 
     window: (dim, S) the S inputs before the sequence; xs: (n, dim) its tokens;
-    weight: (dim, W). Tap j multiplies u[:, t + j], tap W-1 the current token.
+    weight: (dim, W). Tap j multiplies the j-th of a token's W inputs (``chain_inputs``),
+    tap W-1 the token itself. Returns y (n, dim), u = concat(window, xs^T) (dim, S + n)
+    and inputs (n, dim, W), token t's W inputs.
     """
-    width = weight.shape[1]
-    u = np.concatenate([window, xs.T], axis=1)  # (dim, S + n)
     n = xs.shape[0]
-    # z[:, t] = sum_j weight[:, j] * u[:, t + j]
-    z = sum(weight[:, j:j + 1] * u[:, j:j + n] for j in range(width))
+    u = np.concatenate([window, xs.T], axis=1)  # (dim, S + n)
+    width = weight.shape[1]
+    if n == 0:
+        inputs = np.zeros((0, window.shape[0], width))
+    elif parents is None:  # the same as chain_inputs of each token, as one view
+        inputs = np.lib.stride_tricks.sliding_window_view(u, width, axis=1)[:, :n]
+        inputs = inputs.transpose(1, 0, 2)
+    else:
+        inputs = np.stack([chain_inputs(window, xs, parents, t) for t in range(n)])
+    z = (inputs * weight[None]).sum(axis=2)  # (n, dim)
     if bias is not None:
-        z = z + bias[:, None]
-    y = (silu(z) if activation in ("silu", "swish") else z).T
-    return y, u
+        z = z + bias[None, :]
+    y = silu(z) if activation in ("silu", "swish") else z
+    return y, u, inputs
+
+
+def check_parents(parents, n, name):
+    """A parent map of n tokens: token 0 is the root, every other token's parent is a
+    token before it (so the map is a tree, listed parents first)."""
+    for t in range(1, n):
+        if not 0 <= parents[t] < t:
+            raise ValueError(f"{name}: token {t}'s parent must be in [0, {t}), "
+                             f"got {parents[t]}")
 
 
 def causal_conv1d_reference(
@@ -61,11 +96,20 @@ def causal_conv1d_reference(
         has_initial_state=None, non_spec_token_indx=None,
         spec_query_start_loc=None, spec_state_indices=None, spec_token_indx=None,
         num_accepted_tokens=None, non_spec_num_accepted_tokens=None,
-        activation="silu", pad_slot_id=-1):
-    """Mixed batch: non-spec sequences (prefill chunks, decodes) and spec verify sequences.
+        activation="silu", pad_slot_id=-1,
+        spec_parent_token=None, non_spec_parent_token=None,
+        intermediate_windows=None, spec_window_rows=None, non_spec_window_rows=None,
+        spec_write_indices=None, non_spec_write_indices=None,
+        non_spec_checkpoint_loc=None, non_spec_checkpoint_pos=None,
+        non_spec_checkpoint_indices=None, non_spec_cache_seqlens=None):
+    """Mixed batch: non-spec sequences (prefill chunks, decodes) and spec verify sequences,
+    with the state rules of SEMANTICS.md ("More state rules"): parent maps (tree verify),
+    intermediate windows, separate write lines, checkpoints, circular lines.
 
     conv_state is viewed as (lines, dim, state_len): pass a transposed view for the
     (lines, state_len, dim) storage. Output rows that no sequence covers are zeros.
+    Returns (out, new_state), and the windows (a float64 copy of ``intermediate_windows``
+    after the call) third when ``intermediate_windows`` is given.
     """
     if activation not in (None, "silu", "swish"):
         raise ValueError(f"activation must be 'silu', 'swish' or None, got {activation!r}")
@@ -74,6 +118,7 @@ def causal_conv1d_reference(
     weight = weight.reshape(weight.shape[0], weight.shape[-1])  # accept (dim, 1, W)
     bias = as_float64(bias)
     state = as_float64(conv_state)
+    windows = as_float64(intermediate_windows)
     num_tokens, dim = x.shape
     width = weight.shape[1]
     S = width - 1
@@ -91,6 +136,46 @@ def causal_conv1d_reference(
             raise ValueError(f"num_accepted_tokens must be >= 1, got {a}")
         return a - 1
 
+    def run(i, seq_rows, read_line, write_line, o, initial, spec, parents, window_rows,
+            part):
+        """One sequence: outputs, then its writes (state, windows)."""
+        n = len(seq_rows)
+        circular = part == "non_spec" and non_spec_cache_seqlens is not None
+        st = cache_line(read_line)
+        if circular:
+            c = int(as_int(non_spec_cache_seqlens)[i]) % state_len
+            cols = [(c - S + k) % state_len for k in range(S)]
+        else:
+            if o + S > state_len or (spec and S - 1 + n > state_len):
+                raise ValueError("state_len too small for this sequence")
+            cols = list(range(o, o + S))
+        window = st[:, cols].copy() if initial else np.zeros((dim, S))
+        if parents is not None:
+            parents = as_int(parents)[i]
+            check_parents(parents, n, f"{part}_parent_token")
+        y, u, inputs = conv_sequence(window, x[seq_rows], weight, bias, activation, parents)
+        out[seq_rows] = y
+        dst = cache_line(write_line)
+        if circular:
+            for k in range(n):  # in token order: with n > state_len the last ones stay
+                dst[:, (c + k) % state_len] = u[:, S + k]
+        elif spec:
+            # Keep the newest S-1 old columns, then all n tokens: u[:, 1:].
+            dst[:, 0:S - 1 + n] = u[:, 1:]
+        else:
+            dst[:, 0:S] = u[:, u.shape[1] - S:]
+        if part == "non_spec" and non_spec_checkpoint_loc is not None:
+            loc = as_int(non_spec_checkpoint_loc)
+            pos = as_int(non_spec_checkpoint_pos)[loc[i]:loc[i + 1]]
+            if len(pos) and (pos.min() < 1 or pos.max() > n or (np.diff(pos) <= 0).any()):
+                raise ValueError("non_spec_checkpoint_pos: increasing, within [1, n]")
+            for p, line in zip(pos, as_int(non_spec_checkpoint_indices)[loc[i]:loc[i + 1]]):
+                # The S inputs before token p: the state after the sequence's first p.
+                cache_line(line)[:, 0:S] = u[:, p:p + S]
+        if window_rows is not None and as_int(window_rows)[i] >= 0:  # -1: no windows
+            # Token t's window: its last S inputs (the state after it, along its chain).
+            windows[as_int(window_rows)[i], :n] = inputs[:, :, 1:]
+
     qsl = as_int(non_spec_query_start_loc)
     n_ns = 0 if qsl is None else int(qsl[-1])
     sqsl = as_int(spec_query_start_loc)
@@ -101,6 +186,7 @@ def causal_conv1d_reference(
         if rows is None:
             rows = np.arange(n_ns)
         lines = as_int(non_spec_state_indices)
+        writes = as_int(non_spec_write_indices)
         init = (np.ones(len(lines), bool) if has_initial_state is None
                 else as_int(has_initial_state).astype(bool))
         accepted = as_int(non_spec_num_accepted_tokens)
@@ -110,13 +196,8 @@ def causal_conv1d_reference(
                 out[seq_rows] = 0.0
                 continue
             o = 0 if accepted is None else window_start(int(accepted[i]))
-            if o + S > state_len:
-                raise ValueError("window beyond state_len")
-            st = cache_line(line)
-            window = st[:, o:o + S].copy() if init[i] else np.zeros((dim, S))
-            y, u = conv_sequence(window, x[seq_rows], weight, bias, activation)
-            out[seq_rows] = y
-            st[:, 0:S] = u[:, u.shape[1] - S:]
+            run(i, seq_rows, line, line if writes is None else writes[i], o, init[i], False,
+                non_spec_parent_token, non_spec_window_rows, "non_spec")
 
     if sqsl is not None:
         rows = as_int(spec_token_indx)
@@ -125,22 +206,18 @@ def causal_conv1d_reference(
         lines = as_int(spec_state_indices)
         if lines.ndim == 2:
             lines = lines[:, 0]
+        writes = as_int(spec_write_indices)
         accepted = as_int(num_accepted_tokens)
         for i, line in enumerate(lines):
             seq_rows = rows[sqsl[i]:sqsl[i + 1]]
             if line == pad_slot_id:
                 out[seq_rows] = 0.0
                 continue
-            n = len(seq_rows)
-            o = window_start(int(accepted[i]))
-            if o + S > state_len or S - 1 + n > state_len:
-                raise ValueError("state_len too small for this spec sequence")
-            st = cache_line(line)
-            window = st[:, o:o + S].copy()
-            y, u = conv_sequence(window, x[seq_rows], weight, bias, activation)
-            out[seq_rows] = y
-            # Keep the newest S-1 old columns, then all n tokens: u[:, 1:].
-            st[:, 0:S - 1 + n] = u[:, 1:]
+            run(i, seq_rows, line, line if writes is None else writes[i],
+                window_start(int(accepted[i])), True, True, spec_parent_token,
+                spec_window_rows, "spec")
+    if intermediate_windows is not None:
+        return out, state, windows
     return out, state
 
 

@@ -109,9 +109,9 @@ def wide_choices(monkeypatch):
     chosen = []
     lookup = launching.get_conv_kernel
 
-    def spy(width, dtype_name, queue=None, wide=False, fast=None):
+    def spy(width, dtype_name, queue=None, wide=False, fast=None, **options):
         chosen.append(wide)
-        return lookup(width, dtype_name, queue, wide, fast)
+        return lookup(width, dtype_name, queue, wide, fast, **options)
     monkeypatch.setattr(launching, "get_conv_kernel", spy)
     return chosen
 
@@ -318,3 +318,82 @@ def ensure_venv(venv, steps, key="", timeout=1800):
                     timeout=timeout)
     stamp.write_text(want)
     return py
+
+
+# ------------------------------------------------- parent maps and intermediate windows
+
+def random_parents(gen, lengths, columns=None):
+    """(len(lengths), columns) int32 parent maps: token 0 the root (-1), each other token's
+    parent a random token before it; columns past a sequence's length -1 (as engines pad)."""
+    columns = max(lengths, default=1) if columns is None else columns
+    table = torch.full((len(lengths), max(columns, 1)), -1, dtype=torch.int32)
+    for i, n in enumerate(lengths):
+        for t in range(1, n):
+            table[i, t] = int(torch.randint(0, t, (1,), generator=gen))
+    return table
+
+
+def lengths_of(query_start_loc):
+    return torch.diff(query_start_loc.cpu()).tolist()
+
+
+def with_rules(case, gen, *, trees=True, windows="some", usm=False):
+    """``case`` (a mixed step's kwargs) with a parent map for the spec part (``trees``)
+    and window rows for some (or "all") sequences of both parts, in a random order of
+    rows; returns (case, windows tensor: random values, so untouched entries mean
+    something). The windows tensor is None when no sequence has a row."""
+    case = dict(case)
+    rows_needed, steps = 0, 1
+    order = []
+    for part in ("non_spec", "spec"):
+        qsl = case.get(f"{part}_query_start_loc")
+        if qsl is None:
+            continue
+        lengths = lengths_of(qsl)
+        if part == "spec" and trees:
+            case["spec_parent_token"] = random_parents(gen, lengths)
+        if windows:
+            take = [True] * len(lengths) if windows == "all" else \
+                (torch.rand(len(lengths), generator=gen) < 0.6).tolist()
+            rows = torch.full((len(lengths),), -1, dtype=torch.int32)  # -1: no windows
+            for i, n in enumerate(lengths):
+                if take[i]:
+                    order.append((part, i))
+                    steps = max(steps, n)
+            case[f"{part}_window_rows"] = rows
+    perm = torch.randperm(len(order), generator=gen).tolist()
+    for (part, i), row in zip(order, perm):
+        case[f"{part}_window_rows"][i] = row + 1  # row 0 stays unwritten
+    if not order:
+        return case, None
+    rows_needed = len(order) + 1
+    x = case["x"]
+    width = case["weight"].shape[-1]
+    shape = (rows_needed, steps + 1, x.shape[1], width - 1)
+    win = randn(gen, shape, x.dtype, usm)
+    return case, win
+
+
+def check_rules_case(case, windows, dtype, out=None):
+    """Run ``case`` with its rules into a poisoned output; compare with the reference."""
+    before_state, before_win = bits(case["conv_state"]), None
+    ref = causal_conv1d_reference(intermediate_windows=windows, **case)
+    if windows is not None:
+        before_win = bits(windows)
+    if out is None:
+        out = poisoned(tuple(case["x"].shape), dtype)
+    result = jitconv.causal_conv1d_mixed(intermediate_windows=windows, out=out, **case)
+    assert result is out
+    assert_outputs_close(result, ref[0], dtype)
+    assert_state_exact(case["conv_state"], ref[1])
+    unused = torch.ones(case["conv_state"].shape[0], dtype=torch.bool)
+    unused[used_lines(case)] = False
+    assert torch.equal(bits(case["conv_state"])[unused], before_state[unused])
+    if windows is not None:
+        # bit-exact: copies of inputs; rows and steps nobody writes keep their bits
+        expected = bits(torch.from_numpy(ref[2]).to(dtype))
+        got = bits(windows)
+        assert torch.equal(got, expected), \
+            f"windows differ at {(got != expected).nonzero()[:3].tolist()}"
+        assert not torch.equal(got, before_win)  # something was written
+    return result

@@ -68,11 +68,40 @@ def test_block_records_carry_their_sequence_and_row_flags():
         assert bool(rec["flags"][k] & FLAG_INITIAL_STATE) == bool(b.seq_flags[s[k]] & 1)
     # 40 consecutive, 3 reversed, 35 consecutive, then the unused rows (not consecutive)
     assert [bool(f & FLAG_SEQ_ROWS) for f in rec["flags"]] == [1, 1, 1, 0, 1, 1, 1, 0, 0]
-    # The tables: rows padded to whole records, then the records (aligned).
-    rows_table, blocks_table = b.tables()
+    # The tables: rows padded to whole records, then the records (aligned); no links
+    # without parent maps or windows.
+    rows_table, blocks_table, links_table = b.tables()
     assert len(rows_table) % len(BLOCK_FIELDS) == 0
     assert np.array_equal(rows_table[:len(b.rows)], b.rows)
     assert np.array_equal(blocks_table, b.block_records().reshape(-1))
+    assert len(links_table) == 0 and not b.has_chains()
+
+
+def test_links_and_one_block_per_tree():
+    """A sequence with a parent map is one block whatever its length (its tokens' chains
+    may reach its window); the links table holds each token slot's parent and its
+    sequence's windows row; a padded sequence gets no chain flag."""
+    from jitconv.kernels.abi import FLAG_CHAIN, FLAG_TREE
+    tree = Part(query_start_loc=np.array([0, 20, 23, 25]), lines=np.array([3, -1, 1]),
+                rows=np.arange(25), offsets=np.zeros(3, np.int64), initial=np.ones(3, bool),
+                spec=True, parents=np.concatenate([[-1], np.arange(19), [-1, 0, 0], [-1, 0]]),
+                window_rows=np.array([-1, 4, 2]))
+    linear = Part(query_start_loc=np.array([0, 40]), lines=np.array([0]),
+                  rows=np.arange(25, 65), offsets=np.zeros(1, np.int64),
+                  initial=np.ones(1, bool), spec=False, window_rows=np.array([5]))
+    b = build_batch([linear, tree], 65, block_tokens=16)
+    flags = b.seq_flags
+    assert [bool(f & FLAG_CHAIN) for f in flags] == [True, True, False, True]
+    assert [bool(f & FLAG_TREE) for f in flags] == [False, True, False, True]
+    # the linear sequence in blocks of 16; the 20-token tree in one block
+    assert b.blk_len.tolist() == [16, 16, 8, 20, 3, 2]
+    assert b.has_chains()
+    parent, window_row = b.links[:, 0], b.links[:, 1]
+    assert parent[:40].tolist() == list(range(-1, 39))  # the linear chain
+    assert parent[40 + 20:40 + 23].tolist() == [-1, 0, 0]
+    assert window_row[:40].tolist() == [5] * 40
+    assert window_row[40:60].tolist() == [-1] * 20 and window_row[63:65].tolist() == [2, 2]
+    assert len(b.tables()[2]) == 2 * len(b.rows)
 
 
 def test_blocks_shorter_than_the_widest_window_are_refused():

@@ -514,7 +514,7 @@ def test_pointer_signature():
     from jitconv.backends.cuda.kernels import pointer_signature
     from jitconv.backends.cuda.source import ARG_NAMES, CALL_ARGS, EXTRA_ARGS, LAYOUT_ARGS
     assert CALL_ARGS == ("x", "out", "weight", "bias", "state", "tables", "rows", "blocks",
-                         "out2", "spec_slot0", "num_blocks")
+                         "links", "out2", "spec_slot0", "win", "num_blocks")
     assert not set(CALL_ARGS) & set(LAYOUT_ARGS)
     for dtype_name, raw in (("bfloat16", types.int16), ("float16", types.int16),
                             ("float32", types.float32)):
@@ -524,7 +524,7 @@ def test_pointer_signature():
             args = pointer_signature(dtype_name, names).args
             assert len(args) == len(chosen)
             expected = {"x": raw, "out": raw, "weight": raw, "bias": raw, "state": raw,
-                        "tables": types.int32, "out2": raw}
+                        "tables": types.int32, "out2": raw, "win": raw}
             for (name, ndim, _, _), numba_type in zip(chosen, args):
                 if ndim:
                     assert numba_type == types.CPointer(expected.pop(name)), name
@@ -678,3 +678,23 @@ def test_split_outputs(cuda_device, dtype_name, shape):
                        shuffle=shape in ("shuffled", "uncovered"),
                        non_spec=shape != "spec_only")
     check_split_outputs(case, dtype, usm=True, extra_rows=3 if shape == "uncovered" else 0)
+
+
+@pytest.mark.parametrize("dtype_name", list(DTYPES))
+@pytest.mark.parametrize("width", [3, 4])
+def test_trees_and_windows(cuda_device, monkeypatch, dtype_name, width):
+    """Parent maps and intermediate windows in one launch of a mixed step (prefill chunks,
+    decodes, tree-verify sequences, pads), as in tests/test_state_rules.py: states and
+    windows bit-exact, the general kernel (never a short one) for such a step."""
+    from helpers import check_rules_case, with_rules
+    dtype = DTYPES[dtype_name]
+    gen = torch.Generator().manual_seed(width)
+    case = build_mixed(width, dtype=dtype, width=width, dim=DIM, usm=True)
+    case, windows = with_rules(case, gen, usm=True)
+    short = []
+    lookup = cuda_backend.get_kernel
+    monkeypatch.setattr(cuda_backend, "get_kernel",
+                        lambda spec: short.append(spec.short_tokens) or lookup(spec))
+    check_rules_case(case, windows, dtype, out=poisoned(tuple(case["x"].shape), dtype,
+                                                        usm=True))
+    assert short and not any(short)  # the general kernel: the chain piece is only there

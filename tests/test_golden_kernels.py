@@ -11,27 +11,30 @@ import pytest
 from jitconv.__main__ import kernel_text
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
-KERNELS = {  # file -> (backend, width, dtype, wide, kind)
-    "sycl-w4-bfloat16.py": ("sycl", 4, "bfloat16", False, "general"),
-    "sycl-w4-bfloat16-wide.py": ("sycl", 4, "bfloat16", True, "general"),
-    "sycl-w4-float32.py": ("sycl", 4, "float32", False, "general"),
-    "cuda-w4-bfloat16-general.py": ("cuda", 4, "bfloat16", False, "general"),
-    "cuda-w4-bfloat16-decode.py": ("cuda", 4, "bfloat16", False, "decode"),
-    "cuda-w4-float32-spec.py": ("cuda", 4, "float32", False, "spec"),
+KERNELS = {  # file -> (backend, width, dtype, wide, kind, chains)
+    "sycl-w4-bfloat16.py": ("sycl", 4, "bfloat16", False, "general", False),
+    "sycl-w4-bfloat16-wide.py": ("sycl", 4, "bfloat16", True, "general", False),
+    "sycl-w4-float32.py": ("sycl", 4, "float32", False, "general", False),
+    "sycl-w4-bfloat16-wide-chains.py": ("sycl", 4, "bfloat16", True, "general", True),
+    "cuda-w4-bfloat16-general.py": ("cuda", 4, "bfloat16", False, "general", False),
+    "cuda-w4-bfloat16-decode.py": ("cuda", 4, "bfloat16", False, "decode", False),
+    "cuda-w4-float32-spec.py": ("cuda", 4, "float32", False, "spec", False),
+    "cuda-w4-bfloat16-chains.py": ("cuda", 4, "bfloat16", False, "general", True),
 }
 
 
 def _command(name):
-    backend, width, dtype, wide, kind = KERNELS[name]
+    backend, width, dtype, wide, kind, chains = KERNELS[name]
     flags = " --wide" if wide else "" if backend == "sycl" else f" --kind {kind}"
+    flags += " --chains" if chains else ""
     return (f"python -m jitconv show-kernel {backend} --width {width} --dtype {dtype}"
             f"{flags} > tests/golden/{name}")
 
 
 @pytest.mark.parametrize("name", sorted(KERNELS))
 def test_generated_kernel_matches_its_golden_copy(name):
-    backend, width, dtype, wide, kind = KERNELS[name]
-    got = kernel_text(backend, width, dtype, wide, kind)
+    backend, width, dtype, wide, kind, chains = KERNELS[name]
+    got = kernel_text(backend, width, dtype, wide, kind, chains=chains)
     want = (GOLDEN / name).read_text()
     if got != want:
         diff = "".join(difflib.unified_diff(want.splitlines(True), got.splitlines(True),

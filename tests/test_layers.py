@@ -3,7 +3,7 @@
 Layers, top to bottom (a module imports only its own layer or lower ones):
 
     apps        jitconv (the package), jitconv.__main__, jitconv.bench, jitconv.testing
-    engines     jitconv.integrations (torch custom ops), jitconv.vllm
+    engines     jitconv.integrations (torch custom ops), jitconv.vllm, jitconv.sglang
     public      jitconv.api (the ops, plans, device plans, validation)
     backends    jitconv.backends (one object per device kind; sycl and cuda apart)
     kernels     jitconv.kernels (kernel source, tables, tuning), jitconv.memory
@@ -23,7 +23,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "jitconv"
 LAYERS = [  # top first
     ("apps", ("jitconv", "jitconv.__main__", "jitconv.bench", "jitconv.testing")),
-    ("engines", ("jitconv.integrations", "jitconv.vllm")),
+    ("engines", ("jitconv.integrations", "jitconv.vllm", "jitconv.sglang")),
     ("public", ("jitconv.api",)),
     ("backends", ("jitconv.backends",)),
     ("kernels", ("jitconv.kernels", "jitconv.memory")),

@@ -392,3 +392,188 @@ def test_swish_equals_silu(width):
     # Both are z * sigmoid(z) of the un-activated output (torch's silu, independently).
     np.testing.assert_allclose(outs["silu"], F.silu(torch.from_numpy(outs[None])).numpy(),
                                **EXACT)
+
+
+# ------------------------------------- more state rules (SEMANTICS.md "More state rules")
+
+def random_tree(rng, n):
+    """A parent map of n tokens: token 0 the root, each other token's parent before it
+    (entry 0 is -1, as the engines write the root's)."""
+    return np.array([-1] + [int(rng.integers(0, t)) for t in range(1, n)], np.int64)
+
+
+def path_to(parents, t):
+    """Token positions from the root to t."""
+    path = [t]
+    while path[-1] > 0:
+        path.append(int(parents[path[-1]]))
+    return path[::-1]
+
+
+def decode_one_by_one(x_rows, weight, bias, line_state, activation="silu"):
+    """Decode the rows one at a time as plain non-spec decodes of one line: the outputs
+    and the line after each (an independent path through the reference)."""
+    dim, state_len = line_state.shape
+    st = line_state[None].copy()
+    ys, states = [], []
+    for row in x_rows:
+        y, st = run_non_spec(row[None], weight, bias, st, [1], [0], activation=activation)
+        ys.append(y[0])
+        states.append(st[0].copy())
+    return ys, states
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+@pytest.mark.parametrize("part", ["spec", "non_spec"])
+def test_linear_parent_map_equals_no_parent_map(width, part):
+    """parents[k] = k - 1 is the linear chain: bit-identical to no map."""
+    rng = rng_for(width, part == "spec")
+    lengths, n_lines, state_len = [3, 5, 1], 6, width - 1 + 5
+    weight, bias = make_weights(rng, width)
+    x, state = rand(rng, sum(lengths), DIM), rand(rng, n_lines, DIM, state_len)
+    parents = np.full((3, 6), -1)
+    for i, n in enumerate(lengths):
+        parents[i, 1:n] = np.arange(n - 1)
+    run = (lambda **kw: run_spec(x, weight, bias, state, lengths, [4, 0, 2], [1, 2, 1], **kw)) \
+        if part == "spec" else (lambda **kw: run_non_spec(x, weight, bias, state, lengths,
+                                                            [4, 0, 2], **kw))
+    plain = run()
+    tree = run(**{f"{part}_parent_token": parents})
+    for a, b in zip(plain, tree):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+@pytest.mark.parametrize("seed", range(4))
+def test_tree_token_equals_decoding_its_path(width, seed):
+    """A tree-verify token's output is what decoding the tokens of its root-to-token path
+    one by one from the sequence's window gives; the state is the linear spec rule's
+    (all tokens in index order, as vLLM's tree kernel writes it); token t's window is
+    the line after decoding its path."""
+    rng = rng_for(width, seed, 7)
+    n, accepted, S = 6, int(rng.integers(1, 3)), width - 1
+    state_len = S - 1 + n + 1
+    weight, bias = make_weights(rng, width)
+    x, state = rand(rng, n, DIM), rand(rng, 3, DIM, state_len)
+    parents = random_tree(rng, n)
+    windows = rand(rng, 4, n + 2, DIM, S)
+    out, new, new_windows = run_spec(
+        x, weight, bias, state, [n], [1], [accepted], spec_parent_token=parents[None],
+        intermediate_windows=windows, spec_window_rows=i32([2]))
+    o = accepted - 1
+    start = np.zeros((DIM, state_len))
+    start[:, :S] = state[1][:, o:o + S]  # the window the spec rule reads
+    for t in range(n):
+        path = path_to(parents, t)
+        ys, states = decode_one_by_one(x[path], weight, bias, start)
+        np.testing.assert_allclose(out[t], ys[-1], **EXACT)
+        np.testing.assert_array_equal(new_windows[2, t], states[-1][:, :S])
+    expected = state[1].copy()
+    expected[:, :S - 1 + n] = np.concatenate([state[1][:, o + 1:o + S], x.T], axis=1)
+    np.testing.assert_array_equal(new[1], expected)
+    assert_lines_untouched(new, state, [0, 2])
+    untouched = [r for r in range(4) if r != 2]
+    np.testing.assert_array_equal(new_windows[untouched], windows[untouched])
+    np.testing.assert_array_equal(new_windows[2, n:], windows[2, n:])
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_windows_of_a_linear_sequence_are_the_states_of_sequential_decodes(width):
+    """SGLang's target verify: a non-spec sequence (state: its last S inputs) whose every
+    token's window is written to its row of the windows."""
+    rng = rng_for(width, 11)
+    n, S = 5, width - 1
+    weight, bias = make_weights(rng, width)
+    x, state = rand(rng, n, DIM), rand(rng, 2, DIM, S)
+    windows = rand(rng, 3, n, DIM, S)
+    out, new, new_windows = run_non_spec(x, weight, bias, state, [n], [1],
+                                         intermediate_windows=windows,
+                                         non_spec_window_rows=i32([0]))
+    ys, states = decode_one_by_one(x, weight, bias, state[1])
+    for t in range(n):
+        np.testing.assert_allclose(out[t], ys[t], **EXACT)
+        np.testing.assert_array_equal(new_windows[0, t], states[t])
+    np.testing.assert_array_equal(new[1], states[-1])
+    np.testing.assert_array_equal(new_windows[1:], windows[1:])
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+@pytest.mark.parametrize("initial", [True, False])
+def test_checkpoints_and_write_line_equal_shorter_prefills(width, initial):
+    """A chunk of n tokens read from one line, its final state written to another and
+    checkpoints after p tokens written to theirs: each checkpoint equals the state of a
+    prefill of the first p tokens; the read line is untouched."""
+    rng = rng_for(width, initial, 13)
+    n, S, state_len = 11, width - 1, width - 1 + 2
+    weight, bias = make_weights(rng, width)
+    x, state = rand(rng, n, DIM), rand(rng, 8, DIM, state_len)
+    pos, lines = [1, 4, 8, 11], [5, 2, 7, 3]
+    out, new = run_non_spec(x, weight, bias, state, [n], [6], [initial],
+                            non_spec_write_indices=i32([0]),
+                            non_spec_checkpoint_loc=i32([0, 4]),
+                            non_spec_checkpoint_pos=i32(pos),
+                            non_spec_checkpoint_indices=i32(lines))
+    plain_out, plain = run_non_spec(x, weight, bias, state, [n], [6], [initial])
+    np.testing.assert_array_equal(out, plain_out)
+    expected = state[0].copy()
+    expected[:, :S] = plain[6][:, :S]
+    np.testing.assert_array_equal(new[0], expected)
+    for p, line in zip(pos, lines):
+        _, short = run_non_spec(x[:p], weight, bias, state, [p], [6], [initial])
+        expected = state[line].copy()
+        expected[:, :S] = short[6][:, :S]
+        np.testing.assert_array_equal(new[line], expected, err_msg=f"checkpoint {p}")
+    assert_lines_untouched(new, state, [1, 4, 6])
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_spec_write_line(width):
+    """A spec sequence reading one line and writing another: the written line is what the
+    read line would have become; the read line is untouched."""
+    rng = rng_for(width, 17)
+    n, S = 3, width - 1
+    state_len = S - 1 + n + 1
+    weight, bias = make_weights(rng, width)
+    x, state = rand(rng, n, DIM), rand(rng, 4, DIM, state_len)
+    out, new = run_spec(x, weight, bias, state, [n], [1], [2],
+                        spec_write_indices=i32([3]))
+    plain_out, plain = run_spec(x, weight, bias, state, [n], [1], [2])
+    np.testing.assert_array_equal(out, plain_out)
+    expected = state[3].copy()
+    expected[:, :S - 1 + n] = plain[1][:, :S - 1 + n]
+    np.testing.assert_array_equal(new[3], expected)
+    assert_lines_untouched(new, state, [0, 1, 2])
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+@pytest.mark.parametrize("seqlen,n", [(0, 1), (5, 2), (9, 3), (13, 9)])
+def test_circular_line_equals_the_rotated_linear_line(width, seqlen, n):
+    """Dao's and SGLang's cache_seqlens: the line is a ring of state_len inputs with the
+    next one at cache_seqlens % state_len. Outputs are those of the window the ring holds
+    (its S newest, by hand); token k lands at (cache_seqlens + k) % state_len, the last
+    ones winning when n > state_len; nothing else changes."""
+    rng = rng_for(width, seqlen, n, 19)
+    S, L = width - 1, width + 3
+    weight, bias = make_weights(rng, width)
+    x, state = rand(rng, n, DIM), rand(rng, 2, DIM, L)
+    out, new = run_non_spec(x, weight, bias, state, [n], [1],
+                            non_spec_cache_seqlens=i32([seqlen]))
+    c = seqlen % L
+    window = state[1][:, [(c - S + k) % L for k in range(S)]]
+    np.testing.assert_allclose(out, torch_causal_conv(window, x, weight, bias, "silu"),
+                               **EXACT)
+    expected = state[1].copy()
+    for k in range(n):
+        expected[:, (c + k) % L] = x[k]
+    np.testing.assert_array_equal(new[1], expected)
+    assert_lines_untouched(new, state, [0])
+
+
+@pytest.mark.parametrize("parents", [[-1, 0, 2], [-1, 1, 0], [-1, 0, 3], [-1, -1, 0]])
+def test_a_parent_map_that_is_not_a_tree_in_order_is_refused(parents):
+    rng = rng_for(23)
+    weight, bias = make_weights(rng, 4)
+    x, state = rand(rng, 3, DIM), rand(rng, 2, DIM, 6)
+    with pytest.raises(ValueError, match="spec_parent_token: token"):
+        run_spec(x, weight, bias, state, [3], [1], [1],
+                 spec_parent_token=np.asarray([parents]))

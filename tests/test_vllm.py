@@ -704,3 +704,55 @@ def test_gdn_bad_metadata_raises_before_launch(sycl_device, rand):
     with pytest.raises(ValueError, match="spec_state_indices_tensor: cache line -1"):
         vllm.gdn_conv_step(case.x, case.weight, case.bias, case.state, case.meta)
     assert torch.equal(bits(case.state), before)
+
+
+# ------------------------------------------------------------- EAGLE tree verify
+
+# The trees of vLLM's EAGLE-tree conv test (its PR 29846): parent positions, -1 for the
+# root and the padding.
+EAGLE_TREES = [[-1, 0, 0, 1, -1, -1], [-1, 0, 1, -1, -1, -1], [-1, 0, 0, 1, 1, -1],
+               [-1, 0, 0, 1, 1, 2]]
+
+
+@pytest.mark.parametrize("dtype_name", ["float32", "bfloat16"])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_update_with_retrieve_parent_token(cpu_tensor_device, dtype_name, with_bias):
+    """vLLM's tree verify, called as its EAGLE-tree test calls its kernel: varlen x,
+    ragged trees of 4, 3, 5 and 6 tokens, a (batch, 6) parent map padded with -1, a
+    (batch, 6) state-index table, num_accepted_tokens; written into x (out=None) as
+    0.32's drop-in does; states bit-exact, outputs within the contract's tolerance."""
+    dtype = DTYPES[dtype_name]
+    gen = torch.Generator().manual_seed(17 + with_bias)
+    dim, width = 64, 4
+    qsl = torch.tensor([0, 4, 7, 12, 18], dtype=torch.int32)
+    x = torch.randn(18, dim, generator=gen).to(dtype)
+    state = torch.randn(26, dim, width + 5 - 1, generator=gen).to(dtype)
+    w = torch.randn(dim, width, generator=gen).to(dtype)
+    bias = torch.randn(dim, generator=gen).to(dtype) if with_bias else None
+    table = torch.arange(1, 25, dtype=torch.int32).view(4, 6)  # line 0 is the null block
+    accepted = torch.tensor([1, 2, 1, 2], dtype=torch.int32)
+    parents = torch.tensor(EAGLE_TREES, dtype=torch.int32)
+    ref_out, ref_state = causal_conv1d_reference(
+        x, w, bias, state, spec_query_start_loc=qsl, spec_state_indices=table,
+        num_accepted_tokens=accepted, spec_parent_token=parents, activation="silu")
+    result = vllm.causal_conv1d_update(x, state, w, bias, "silu", conv_state_indices=table,
+                                       num_accepted_tokens=accepted, query_start_loc=qsl,
+                                       max_query_len=6, retrieve_parent_token=parents)
+    assert result is x
+    assert_outputs_close(result, ref_out, dtype)
+    assert_state_exact(state, ref_state)
+
+
+def test_a_bad_retrieve_parent_token_is_refused_by_its_name(cpu_tensor_device):
+    gen = torch.Generator().manual_seed(19)
+    x = torch.randn(6, 16, generator=gen)
+    state = torch.randn(3, 16, 8, generator=gen)
+    before = state.clone()
+    with pytest.raises(ValueError, match="^retrieve_parent_token: sequence 1, token 1"):
+        vllm.causal_conv1d_update(x, state, torch.randn(16, 4, generator=gen), None, "silu",
+                                  conv_state_indices=torch.tensor([1, 2], dtype=torch.int32),
+                                  num_accepted_tokens=torch.tensor([1, 1], dtype=torch.int32),
+                                  query_start_loc=torch.tensor([0, 3, 6], dtype=torch.int32),
+                                  retrieve_parent_token=torch.tensor([[-1, 0, 1],
+                                                                      [-1, 1, 0]]))
+    assert torch.equal(state, before)

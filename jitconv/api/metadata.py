@@ -18,6 +18,12 @@ from jitconv.kernels import planner
 NAMES = ("non_spec_query_start_loc", "non_spec_state_indices", "has_initial_state",
          "non_spec_token_indx", "spec_query_start_loc", "spec_state_indices",
          "spec_token_indx", "num_accepted_tokens", "non_spec_num_accepted_tokens")
+# The state rules beyond linear spec verify (SEMANTICS.md "More state rules") that a
+# step's metadata may carry: host metadata only (device plans and the custom ops' schemas
+# take the nine above).
+RULE_NAMES = ("spec_parent_token", "non_spec_parent_token", "spec_window_rows",
+              "non_spec_window_rows")
+ALL_NAMES = NAMES + RULE_NAMES
 # The device planner's array of each (``kernels.planner.METADATA_ARRAYS``); token maps
 # have none: a device plan takes no maps.
 DEVICE_ARRAYS = dict(ns_qsl="non_spec_query_start_loc", ns_lines="non_spec_state_indices",
@@ -39,24 +45,37 @@ class StepMetadata:
     spec_token_indx: Any = None
     num_accepted_tokens: Any = None
     non_spec_num_accepted_tokens: Any = None
+    spec_parent_token: Any = None
+    non_spec_parent_token: Any = None
+    spec_window_rows: Any = None
+    non_spec_window_rows: Any = None
 
     @classmethod
     def of(cls, values):
         """The record of a mapping of names to values (a name it does not know is an
         error naming it)."""
-        unknown = set(values) - set(NAMES)
+        unknown = set(values) - set(ALL_NAMES)
         if unknown:
             raise TypeError(f"{sorted(unknown)[0]}: not a metadata argument; expected "
-                            f"{', '.join(NAMES)}")
+                            f"{', '.join(ALL_NAMES)}")
         return cls(**values)
 
     def values(self):
         """The nine values, in ``NAMES`` order."""
         return tuple(getattr(self, name) for name in NAMES)
 
+    def all_values(self):
+        """Every value, in ``ALL_NAMES`` order (what a plan depends on)."""
+        return tuple(getattr(self, name) for name in ALL_NAMES)
+
+    def has_rules(self):
+        """Whether a value of ``RULE_NAMES`` is given (then the step is planned on the
+        host)."""
+        return any(getattr(self, name) is not None for name in RULE_NAMES)
+
     def device_arrays(self):
         """The values by device planner array name (``planner.METADATA_ARRAYS``)."""
         return {key: getattr(self, name) for key, name in DEVICE_ARRAYS.items()}
 
 
-assert tuple(f.name for f in fields(StepMetadata)) == NAMES
+assert tuple(f.name for f in fields(StepMetadata)) == ALL_NAMES

@@ -15,6 +15,8 @@ The contract is docs/SEMANTICS.md; ``jitconv.reference`` implements it in float6
 
 from typing import Any, Optional
 
+import dataclasses
+
 import numpy as np
 import torch
 
@@ -22,7 +24,7 @@ from jitconv.backends import registry
 from jitconv.api import device_calls, device_plan, plan_cache
 from jitconv.api import validation
 from jitconv.kernels.batch import Part
-from jitconv.api.metadata import NAMES as METADATA_NAMES, StepMetadata
+from jitconv.api.metadata import ALL_NAMES as METADATA_NAMES, StepMetadata
 from jitconv.api.plan import StepPlan, split_request
 from jitconv.api.validation import Geometry
 
@@ -127,6 +129,17 @@ def spec_part(query_start_loc, state_indices, token_indx, num_accepted_tokens, n
                          f"width - 2 + tokens = {geo.width - 2 + int(lengths[i])})")
     return Part(query_start_loc=qsl, lines=np.where(real, lines, -1), rows=rows,
                 offsets=offsets, initial=np.ones(len(lines), bool), spec=True)
+
+
+def with_chains(part, parents, rows, names):
+    """``part`` with its parent map and windows rows (SEMANTICS.md "More state rules"),
+    validated; ``names``: the caller's argument names ("parents", "window_rows")."""
+    real = part.lines >= 0
+    if parents is not None:
+        parents = validation.parent_map(parents, names["parents"], part.query_start_loc, real)
+    if rows is not None:
+        rows = validation.window_rows(rows, names["window_rows"], len(part.lines), real)
+    return dataclasses.replace(part, parents=parents, window_rows=rows)
 
 
 def _prepare(x, weight, bias, conv_state, out, activation, math, pad_slot_id):
@@ -346,7 +359,12 @@ def causal_conv1d_mixed(x: Array, weight: Array, bias: Optional[Array], conv_sta
                         activation: Optional[str] = "silu", pad_slot_id: int = -1,
                         out: Optional[Array] = None, math: Optional[str] = None,
                         split: bool = False, out_spec: Optional[Array] = None,
-                        out_non_spec: Optional[Array] = None) -> Array:
+                        out_non_spec: Optional[Array] = None,
+                        spec_parent_token: Optional[Ints] = None,
+                        non_spec_parent_token: Optional[Ints] = None,
+                        spec_window_rows: Optional[Ints] = None,
+                        non_spec_window_rows: Optional[Ints] = None,
+                        intermediate_windows: Optional[Array] = None) -> Array:
     """One engine step of a hybrid model in ONE kernel launch: prefill chunks, plain
     decodes (the non-spec part) and spec-decode verify sequences (the spec part).
 
@@ -386,6 +404,16 @@ def causal_conv1d_mixed(x: Array, weight: Array, bias: Optional[Array], conv_sta
         The split outputs to write into (implies ``split``; not with ``out``). A part
         with tokens needs its tensor; they may not overlap x, weight, bias, conv_state
         or each other.
+    spec_parent_token, non_spec_parent_token : ints, (sequences, >= longest), optional
+        Tree verify: entry t of a sequence is its token t's parent position (token 0 the
+        root, its entry ignored; every other parent before its child). A token's window
+        runs through its ancestors, then the line's window. None: the linear chain.
+    spec_window_rows, non_spec_window_rows : ints, (sequences,), optional
+        Each sequence's row of ``intermediate_windows`` (distinct across the step).
+    intermediate_windows : tensor, (rows, steps, dim, width - 1), optional
+        Written for the sequences with window rows: [row, t] gets token t's S newest
+        inputs (the state after it, along its chain); x's dtype, any strides. With
+        parent maps or windows, out may not alias x.
 
     Returns
     -------
@@ -398,26 +426,28 @@ def causal_conv1d_mixed(x: Array, weight: Array, bias: Optional[Array], conv_sta
     meta = StepMetadata.of({n: v for n, v in locals().items() if n in METADATA_NAMES})
     return mixed(x, weight, bias, conv_state, meta, activation=activation,
                  pad_slot_id=pad_slot_id, out=out, math=math,
-                 split=split_request(split, out_spec, out_non_spec))
+                 split=split_request(split, out_spec, out_non_spec),
+                 windows=intermediate_windows)
 
 
 def mixed(x, weight, bias, conv_state, meta, *, activation="silu", pad_slot_id=-1, out=None,
-          math=None, split=None):
+          math=None, split=None, windows=None):
     """``causal_conv1d_mixed`` with its metadata as one ``StepMetadata`` and ``split`` from
     ``plan.split_request``: one plan (kept by the metadata's content, or on the device
     for metadata tensors there) and one run."""
     arrays = meta.device_arrays()
     no_maps = meta.non_spec_token_indx is None and meta.spec_token_indx is None
-    if split is None and no_maps and device_calls.on_device(x, *arrays.values()):
+    if split is None and no_maps and not meta.has_rules() and windows is None and \
+            device_calls.on_device(x, *arrays.values()):
         return _run_on_device("mixed", (x, weight, bias, conv_state, out), activation, math,
                               pad_slot_id, tuple(arrays.values()), lambda geo: device_calls.build(
                                   geo, arrays, device_plan.ARGUMENT_NAMES))
     geo, checked = _prepare(x, weight, bias, conv_state, out, activation, math,
                            pad_slot_id)
-    plan = plan_cache.plan_for(plan_cache.key("mixed", geo, meta.values()),
+    plan = plan_cache.plan_for(plan_cache.key("mixed", geo, meta.all_values()),
                                lambda: plan_from(meta, geo))
     return plan.run_checked((x, weight, bias, conv_state, out), activation, checked, math,
-                            split)
+                            split, windows)
 
 
 def plan(num_tokens: int, num_cache_lines: int, state_len: int, width: int, *,
@@ -428,7 +458,10 @@ def plan(num_tokens: int, num_cache_lines: int, state_len: int, width: int, *,
          spec_state_indices: Optional[Ints] = None, spec_token_indx: Optional[Ints] = None,
          num_accepted_tokens: Optional[Ints] = None,
          non_spec_num_accepted_tokens: Optional[Ints] = None, pad_slot_id: int = -1,
-         queue: Any = None) -> StepPlan:
+         queue: Any = None, spec_parent_token: Optional[Ints] = None,
+         non_spec_parent_token: Optional[Ints] = None,
+         spec_window_rows: Optional[Ints] = None,
+         non_spec_window_rows: Optional[Ints] = None) -> StepPlan:
     """Validate one engine step's metadata once, for every layer of the step.
 
     Parameters
@@ -440,6 +473,9 @@ def plan(num_tokens: int, num_cache_lines: int, state_len: int, width: int, *,
     non_spec_query_start_loc, ..., non_spec_num_accepted_tokens, pad_slot_id
         ``causal_conv1d_mixed``'s metadata: same rules, same errors. Numpy arrays,
         lists, CPU or device tensors: read here, once, and never again.
+    spec_parent_token, ..., non_spec_window_rows
+        Parent maps and windows rows, as in ``causal_conv1d_mixed`` (runs with window
+        rows take ``intermediate_windows=``).
     queue : dpctl.SyclQueue, optional
         Where runs go on SYCL (default: torch's current stream for XPU tensors, an
         array's own queue for dpctl/dpnp arrays, else the current device's queue).
@@ -464,7 +500,8 @@ def plan_from(meta, geo, queue=None):
     parts = []
     if m.non_spec_query_start_loc is None:
         _reject_orphans(m, ("non_spec_state_indices", "has_initial_state",
-                            "non_spec_token_indx", "non_spec_num_accepted_tokens"),
+                            "non_spec_token_indx", "non_spec_num_accepted_tokens",
+                            "non_spec_parent_token", "non_spec_window_rows"),
                         "non_spec_query_start_loc")
     else:
         parts.append(non_spec_part(
@@ -474,8 +511,12 @@ def plan_from(meta, geo, queue=None):
              "init": "has_initial_state", "rows": "non_spec_token_indx",
              "accepted": "non_spec_num_accepted_tokens"},
             geo, whole_x=no_maps and m.spec_query_start_loc is None))
+        parts[-1] = with_chains(parts[-1], m.non_spec_parent_token, m.non_spec_window_rows,
+                                {"parents": "non_spec_parent_token",
+                                 "window_rows": "non_spec_window_rows"})
     if m.spec_query_start_loc is None:
-        _reject_orphans(m, ("spec_state_indices", "spec_token_indx", "num_accepted_tokens"),
+        _reject_orphans(m, ("spec_state_indices", "spec_token_indx", "num_accepted_tokens",
+                            "spec_parent_token", "spec_window_rows"),
                         "spec_query_start_loc")
     else:
         first = int(parts[0].query_start_loc[-1]) if parts else 0
@@ -485,6 +526,9 @@ def plan_from(meta, geo, queue=None):
             {"qsl": "spec_query_start_loc", "lines": "spec_state_indices",
              "rows": "spec_token_indx", "accepted": "num_accepted_tokens"},
             geo, first_row=first, whole_x=no_maps))
+        parts[-1] = with_chains(parts[-1], m.spec_parent_token, m.spec_window_rows,
+                                {"parents": "spec_parent_token",
+                                 "window_rows": "spec_window_rows"})
     return StepPlan(parts, geo, queue=queue,
                     row_names="non_spec_token_indx/spec_token_indx",
                     line_names="non_spec_state_indices/spec_state_indices")

@@ -50,6 +50,16 @@ class StepPlan:
         all_lines = np.concatenate([p.lines for p in parts] + [np.zeros(0, np.int64)])
         lines = all_lines[all_lines >= 0]  # the cache lines a run writes
         validation.check_unique(lines, line_names, "cache line", geo.num_lines)
+        window_rows, window_steps = [], 0  # rows of the intermediate windows written
+        for p in parts:
+            if p.window_rows is not None:
+                used = p.window_rows >= 0
+                window_rows.append(p.window_rows[used])
+                window_steps = max(window_steps,
+                                   int(np.diff(p.query_start_loc)[used].max(initial=0)))
+        window_rows = np.concatenate(window_rows + [np.zeros(0, np.int64)])
+        validation.check_unique(window_rows, "spec_window_rows/non_spec_window_rows",
+                                "windows row", int(window_rows.max(initial=-1)) + 1)
         batch = build_batch(parts, geo.num_tokens)
         longest_sequences = batch.longest_sequences()
         self._init_common(
@@ -58,7 +68,10 @@ class StepPlan:
             longest_sequences=longest_sequences, uniform_decode=batch.uniform_decode(),
             # Every sequence with a cache line in one block: then each element of x is
             # read and its output written by one work-item, reads first, so out may be x.
-            in_place=max(longest_sequences) <= DEFAULT_BLOCK_TOKENS, queue=queue)
+            # Not with chains: a token's inputs are other tokens' rows of x.
+            in_place=max(longest_sequences) <= DEFAULT_BLOCK_TOKENS and not batch.has_chains(),
+            queue=queue, has_chains=batch.has_chains(), window_rows=window_rows,
+            window_steps=window_steps)
         self.host_tables = batch.tables()  # the kernel's int32 tables (kernels.abi.TABLES)
         # Tokens per part (spec, non-spec: validation.SPLIT_NAMES' order) and the spec
         # part's first token slot: what split outputs need. The non-spec part's slots
@@ -72,9 +85,13 @@ class StepPlan:
         self.spec_slot0 = counts[False]
 
     def _init_common(self, *, geometry, lines, written_lines, num_blocks, longest_block,
-                     longest_sequences, uniform_decode, in_place, queue):
+                     longest_sequences, uniform_decode, in_place, queue, has_chains=False,
+                     window_rows=np.zeros(0, np.int64), window_steps=0):
         """The fields every plan has (host and device plans alike), set by both
         constructors through this one call."""
+        self.has_chains = has_chains  # parent maps or windows: the general token loops
+        self.window_rows = window_rows  # rows of intermediate_windows a run writes
+        self.window_steps = window_steps  # steps they need (the longest such sequence)
         self.derived = {}  # (see the module docstring)
         self.geometry = geometry
         self.lines = lines  # the cache lines a run may write
@@ -94,7 +111,8 @@ class StepPlan:
     def run(self, x: Any, weight: Any, bias: Optional[Any], conv_state: Any,
             out: Optional[Any] = None, activation: Optional[str] = "silu",
             math: Optional[str] = None, *, split: bool = False,
-            out_spec: Optional[Any] = None, out_non_spec: Optional[Any] = None) -> Any:
+            out_spec: Optional[Any] = None, out_non_spec: Optional[Any] = None,
+            intermediate_windows: Optional[Any] = None) -> Any:
         """The conv of one layer, with the plan's metadata.
 
         Parameters
@@ -122,6 +140,9 @@ class StepPlan:
             The split outputs to write (implies ``split``; not with ``out``). A part
             with tokens needs its tensor. Neither may overlap x, weight, bias,
             conv_state or the other.
+        intermediate_windows : tensor, (rows, steps, dim, width - 1), optional
+            Required when the plan's sequences have window rows: see
+            ``jitconv.causal_conv1d_mixed``.
 
         Returns
         -------
@@ -134,13 +155,16 @@ class StepPlan:
         it was.
         """
         return self.run_checked((x, weight, bias, conv_state, out), activation, None, math,
-                                split_request(split, out_spec, out_non_spec))
+                                split_request(split, out_spec, out_non_spec),
+                                intermediate_windows)
 
-    def run_checked(self, args, activation, checked=None, math=None, split=None):
+    def run_checked(self, args, activation, checked=None, math=None, split=None,
+                    windows=None):
         """``run`` on ``args`` (x, weight, bias, conv_state, out). ``checked``: (normalized
         tensors, dtype name) when the caller has already checked them against this
         plan's geometry (the one-shot ops do), so a run that is not remembered does not
-        check them twice. ``split``: from ``split_request``."""
+        check them twice. ``split``: from ``split_request``; ``windows``: the
+        intermediate windows (runs with windows are never remembered)."""
         backend = registry.for_call(args[0])
         if self.on_device and backend is not self.backend:
             raise ValueError(f"x: runs on the {backend.name} backend, but this plan's "
@@ -153,7 +177,9 @@ class StepPlan:
                                  "the host; device plans do not read it there: use a plan "
                                  "built from host metadata (jitconv.plan)")
             validation.check_no_out(args[4])
-        result, key = backend.remembered(self, args, activation, math, mode)
+        result = key = None
+        if windows is None and not len(self.window_rows):
+            result, key = backend.remembered(self, args, activation, math, mode)
         if result is not None:  # these tensors passed the checks of this geometry
             return self._split_views(result) if mode == SPLIT_SLOTS else result
         silu = validation.check_activation(activation)
@@ -164,9 +190,11 @@ class StepPlan:
             validation.check_fits_plan(self.geometry, tensors[0], tensors[3], width)
         else:
             tensors, dtype = checked
+        if windows is not None:
+            windows = registry.normalize(windows, "intermediate_windows")
         if mode == SPLIT_PARTS:
-            return self._launch_split(backend, tensors, silu, math, dtype, split)
-        result = self._launch(backend, tensors, silu, math, dtype, key, mode)
+            return self._launch_split(backend, tensors, silu, math, dtype, split, windows)
+        result = self._launch(backend, tensors, silu, math, dtype, key, mode, windows)
         return self._split_views(result) if mode == SPLIT_SLOTS else result
 
     def _split_views(self, slots):
@@ -176,11 +204,16 @@ class StepPlan:
         return SplitOutputs(slots[non_spec:non_spec + spec] if spec else None,
                             slots[:non_spec] if non_spec else None)
 
-    def _launch_split(self, backend, tensors, silu, math, dtype, split):
+    def _check_windows(self, windows, x, conv_state, out, extents):
+        return validation.check_windows(windows, x, conv_state, out, self.window_rows,
+                                        self.window_steps, self.geometry.width, extents)
+
+    def _launch_split(self, backend, tensors, silu, math, dtype, split, windows=None):
         """Launch with split outputs (``run``'s out_spec / out_non_spec), checked first."""
         x, weight, bias, conv_state, out = tensors
         validation.check_writable(x, weight, bias, conv_state, out)
         extents = validation.check_aliasing(x, weight, bias, conv_state, out, self.lines)
+        self._check_windows(windows, x, conv_state, out, extents)
         out_spec, out_non_spec = (registry.normalize(t, n)
                                   for t, n in zip(split, validation.SPLIT_NAMES))
         validation.check_split_outputs(x, weight, bias, conv_state, (out_spec, out_non_spec),
@@ -195,16 +228,18 @@ class StepPlan:
                                     out=None, target=out_non_spec, silu=silu, math=math,
                                     dtype=dtype, extents=extents, zero_copy=False, key=None,
                                     split=SPLIT_PARTS, out2=out_spec,
-                                    spec_slot0=self.spec_slot0))
+                                    spec_slot0=self.spec_slot0, windows=windows))
         return result
 
-    def _launch(self, backend, tensors, silu, math, dtype, key, split=SPLIT_NONE):
+    def _launch(self, backend, tensors, silu, math, dtype, key, split=SPLIT_NONE,
+                windows=None):
         """Launch on checked tensors (``run_checked`` checked them). With a ``key`` the
         backend may keep a zero-copy launch for the next run with the same key.
         ``split``: SPLIT_NONE, or SPLIT_SLOTS (out is None: a new output in slot order)."""
         x, weight, bias, conv_state, out = tensors
         validation.check_writable(x, weight, bias, conv_state, out)
         extents = validation.check_aliasing(x, weight, bias, conv_state, out, self.lines)
+        self._check_windows(windows, x, conv_state, out, extents)
         dim = validation.shape_of(x)[1]
         # The kernel needs channels contiguous in x and out (see kernels.abi). out may also
         # alias x, and the kernel reads neighbouring rows of x: then compute into a
@@ -229,7 +264,7 @@ class StepPlan:
         backend.launch(self, Launch(x=x, weight=weight, bias=bias, conv_state=conv_state,
                                     out=out, target=target, silu=silu, math=math, dtype=dtype,
                                     extents=extents, zero_copy=zero_copy, key=key,
-                                    split=split))
+                                    split=split, windows=windows))
         return _finish(out, target)
 
 

@@ -412,3 +412,91 @@ def check_split_outputs(x, weight, bias, conv_state, split, part_rows, extents):
     if len(found) == 2 and arrays.extents_meet(*found.values()):
         raise ValueError("out_spec and out_non_spec overlap in memory: each part's rows "
                          "need their own memory")
+
+
+# ------------------------------------------------- parent maps and intermediate windows
+
+def parent_map(parents, name, query_start_loc, real):
+    """A part's parent map (SEMANTICS.md "More state rules"): (sequences, >= the longest
+    sequence's tokens) ints, entry t of a sequence its token t's parent position. Returns
+    the parents per token slot (the root's -1). Every token but the root has a parent
+    before it; padded sequences are not checked (engines fill them with anything)."""
+    table = host_ints(parents, name, ndim=2)
+    lengths = np.diff(query_start_loc)
+    nseq = len(lengths)
+    if table.shape[0] != nseq:
+        raise ValueError(f"{name}: expected {nseq} rows (one per sequence), got "
+                         f"{table.shape[0]}")
+    longest = int(lengths[real].max(initial=0))
+    if table.shape[1] < longest:
+        raise ValueError(f"{name}: expected at least {longest} columns (the longest "
+                         f"sequence's tokens), got {table.shape[1]}")
+    flat = np.full(int(query_start_loc[-1]), -1, np.int64)
+    for i in np.flatnonzero(real):
+        n = int(lengths[i])
+        if n < 2:
+            continue
+        p = table[i, 1:n]
+        t = np.arange(1, n)
+        bad = (p < 0) | (p >= t)
+        if bad.any():
+            k = int(np.argmax(bad)) + 1
+            raise ValueError(f"{name}: sequence {i}, token {k}: its parent must be a token "
+                             f"before it, in [0, {k}) (a tree listed parents first), got "
+                             f"{int(table[i, k])}")
+        flat[query_start_loc[i] + 1:query_start_loc[i + 1]] = p
+    return flat
+
+
+def window_rows(rows, name, nseq, real):
+    """A part's rows of the intermediate windows: (sequences,) ints, a row >= 0 or -1
+    for a sequence without windows (padded sequences' not checked: they write nothing)."""
+    rows = host_ints(rows, name)
+    if len(rows) != nseq:
+        raise ValueError(f"{name}: expected {nseq} entries (one per sequence), got "
+                         f"{len(rows)}")
+    bad = real & (rows < -1)
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise ValueError(f"{name}: entry {i} is {int(rows[i])}; expected a row >= 0 of "
+                         f"intermediate_windows, or -1 for none")
+    return np.where(real, rows, -1)
+
+
+def check_windows(windows, x, conv_state, out, plan_rows, steps, width, extents):
+    """The intermediate windows of a run: (rows, steps, dim, width - 1) in x's dtype on
+    x's device, with every row the plan's sequences name and as many steps as their
+    longest sequence, apart from every other argument. (Elements of the windows may
+    share memory, as SGLang's deduplicated view does: overlapping entries receive the
+    same input.)"""
+    name = "intermediate_windows"
+    if windows is None:
+        if len(plan_rows):
+            raise ValueError(f"{name}: required: the plan's sequences have window rows")
+        return None
+    if not len(plan_rows):
+        raise ValueError(f"{name}: given, but no sequence has a window row (pass "
+                         f"spec_window_rows / non_spec_window_rows)")
+    shape = shape_of(windows)
+    dim = shape_of(x)[1]
+    if len(shape) != 4 or shape[2] != dim or shape[3] != width - 1:
+        raise ValueError(f"{name}: expected shape (rows, steps, dim={dim}, width - 1="
+                         f"{width - 1}), got {shape}")
+    if shape[0] <= int(plan_rows.max()):
+        raise ValueError(f"{name}: has {shape[0]} rows, but a sequence writes row "
+                         f"{int(plan_rows.max())}")
+    if shape[1] < steps:
+        raise ValueError(f"{name}: has {shape[1]} steps, but a sequence with a window row "
+                         f"holds {steps} tokens")
+    _same_dtype(name, windows, arrays.dtype_name(x))
+    if _where(windows) != _where(x):
+        raise ValueError(f"{name}: expected a tensor on the same device as x "
+                         f"({arrays.device_of(x)}), got one on {arrays.device_of(windows)}")
+    if any(s < 0 for s in _strides(windows)):
+        raise ValueError(f"{name}: negative strides {_strides(windows)} are not supported")
+    _check_updatable(name, windows)
+    extent = arrays.byte_extent(windows)
+    for other in ("x", "weight", "bias", "conv_state", "out"):
+        if extents.get(other) is not None and arrays.extents_meet(extent, extents[other]):
+            raise ValueError(f"{name} and {other} overlap in memory; pass separate tensors")
+    return extent

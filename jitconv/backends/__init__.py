@@ -38,6 +38,8 @@ class Launch:
     split: int = 0
     out2: object = None
     spec_slot0: int = 0
+    # The intermediate windows (the plan's window rows), or None.
+    windows: object = None
 
 
 class Backend(Protocol):

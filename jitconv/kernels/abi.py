@@ -71,14 +71,24 @@ FLAG_SEQ_ROWS = 8
 # The pseudo sequence of the rows of x that no sequence covers (zeros in out): it belongs
 # to neither part, so a launch with split outputs writes nothing for it.
 FLAG_UNCOVERED = 16
+# A sequence whose tokens take their inputs along a chain (the template's chain piece):
+# with a parent map (FLAG_TREE: each token's parent from the links table, else the token
+# before it) or intermediate windows (a windows row in the links table). A sequence with
+# a parent map is one block.
+FLAG_CHAIN = 32
+FLAG_TREE = 64
 
 # The kernel's ``split`` modes (see CONV_ARGS): one output in x's rows; the two parts
 # into out and out2; every token at its slot's row of out.
 SPLIT_NONE, SPLIT_PARTS, SPLIT_SLOTS = 0, 1, 2
 
 # The per-call tables (built by batch.py), in the order of Batch.tables(): "rows" (the
-# row of x of each token slot, in sequence order) and "blocks" (one record per block).
-TABLES = ("rows", "blocks")
+# row of x of each token slot, in sequence order), "blocks" (one record per block) and
+# "links" (two entries per token slot: the position of the token's parent in its
+# sequence, and its sequence's windows row or -1; read only for FLAG_CHAIN blocks, empty
+# in steps without them).
+TABLES = ("rows", "blocks", "links")
+LINK_FIELDS = ("parent", "window_row")
 # A block's record, in order: first token slot, token count, position of its first token
 # in its sequence, the sequence's length, cache line (-1: pad), window offset, flags, and
 # the row of x of its first token.
@@ -118,4 +128,10 @@ CONV_ARGS = (
     ("out2", 1, "raw", "C"), ("out2_offset", 0, "int64", None),
     ("out2_row_stride", 0, "int64", None), ("split", 0, "int64", None),
     ("spec_slot0", 0, "int64", None),
+    # Intermediate windows (SEMANTICS.md): (rows, steps, dim, S) with any element strides;
+    # token t of a sequence with windows row w writes its S newest inputs to [w, t, :, :].
+    # Read by no kernel without FLAG_CHAIN blocks (then any valid array).
+    ("win", 1, "raw", "C"), ("win_offset", 0, "int64", None),
+    ("win_stride_row", 0, "int64", None), ("win_stride_step", 0, "int64", None),
+    ("win_stride_c", 0, "int64", None), ("win_stride_col", 0, "int64", None),
 )

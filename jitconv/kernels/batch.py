@@ -16,8 +16,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from jitconv.kernels.abi import (BLOCK_FIELDS, FLAG_BLOCK_ROWS, FLAG_INITIAL_STATE, FLAG_SEQ_ROWS,
-                         FLAG_SPEC, FLAG_UNCOVERED, SUPPORTED_WIDTHS)
+from jitconv.kernels.abi import (BLOCK_FIELDS, FLAG_BLOCK_ROWS, FLAG_CHAIN, FLAG_INITIAL_STATE,
+                                 FLAG_SEQ_ROWS, FLAG_SPEC, FLAG_TREE, FLAG_UNCOVERED,
+                                 LINK_FIELDS, SUPPORTED_WIDTHS)
 
 DEFAULT_BLOCK_TOKENS = 16
 
@@ -36,6 +37,7 @@ class Batch:
     blk_len: np.ndarray
     blk_contig: np.ndarray  # 1 if the block's rows of x are consecutive
     seq_contig: np.ndarray  # 1 if all the sequence's rows of x are consecutive
+    links: np.ndarray  # (slots, 2) abi.LINK_FIELDS per token slot; (0, 2) without chains
 
     @property
     def num_blocks(self):
@@ -79,7 +81,12 @@ class Batch:
         padded to whole records so that the records start aligned, then the records."""
         pad = -len(self.rows) % len(BLOCK_FIELDS)
         rows = np.concatenate([self.rows, np.zeros(pad, np.int32)]).astype(np.int32)
-        return [rows, self.block_records().reshape(-1)]
+        return [rows, self.block_records().reshape(-1), self.links.reshape(-1)]
+
+    def has_chains(self):
+        """Whether a block takes the template's chain piece (parent maps or windows):
+        such a step needs a kernel with the general token loops."""
+        return bool((self.seq_flags & FLAG_CHAIN).any())
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -91,6 +98,10 @@ class Part:
     offsets: np.ndarray          # (n,) window start column
     initial: np.ndarray          # (n,) bool
     spec: bool
+    # (tokens,) each token's parent position in its sequence (the root's any), checked to
+    # be a tree listed parents first; None: the linear chain.
+    parents: np.ndarray = None
+    window_rows: np.ndarray = None  # (n,) rows of the intermediate windows; None: none
 
 
 def build_batch(parts, num_tokens, block_tokens=DEFAULT_BLOCK_TOKENS):
@@ -106,14 +117,26 @@ def build_batch(parts, num_tokens, block_tokens=DEFAULT_BLOCK_TOKENS):
     uncovered = np.flatnonzero(~covered)
 
     seq_tok, seq_len, seq_line, seq_off, seq_flags = [], [], [], [], []
+    parent, window_row = [], []  # per token slot (abi.LINK_FIELDS)
     slot = 0
     for p in parts:
         qsl = p.query_start_loc
+        lengths = np.diff(qsl)
         seq_tok.append(slot + qsl[:-1])
-        seq_len.append(np.diff(qsl))
+        seq_len.append(lengths)
         seq_line.append(p.lines)
         seq_off.append(p.offsets)
         flags = np.where(p.initial, FLAG_INITIAL_STATE, 0) | (FLAG_SPEC if p.spec else 0)
+        real = p.lines >= 0
+        if p.parents is not None:
+            flags = flags | np.where(real, FLAG_CHAIN | FLAG_TREE, 0)
+            parent.append(p.parents)
+        else:
+            parent.append(np.arange(int(qsl[-1])) - np.repeat(qsl[:-1], lengths) - 1)
+        rows_of = np.full(len(lengths), -1) if p.window_rows is None else p.window_rows
+        if p.window_rows is not None:
+            flags = flags | np.where(real & (p.window_rows >= 0), FLAG_CHAIN, 0)
+        window_row.append(np.repeat(rows_of, lengths))
         seq_flags.append(flags)
         slot += int(qsl[-1])
     if len(uncovered):
@@ -123,6 +146,8 @@ def build_batch(parts, num_tokens, block_tokens=DEFAULT_BLOCK_TOKENS):
         seq_line.append([-1])
         seq_off.append([0])
         seq_flags.append([FLAG_UNCOVERED])
+        parent.append(np.full(len(uncovered), -1))
+        window_row.append(np.full(len(uncovered), -1))
     rows.append(uncovered)
 
     def cat(chunks):
@@ -131,13 +156,18 @@ def build_batch(parts, num_tokens, block_tokens=DEFAULT_BLOCK_TOKENS):
 
     seq_tok, seq_len, seq_line = cat(seq_tok), cat(seq_len), cat(seq_line)
     seq_off, seq_flags, rows = cat(seq_off), cat(seq_flags), cat(rows)
+    links = np.stack([cat(parent), cat(window_row)], axis=1) \
+        if (seq_flags & FLAG_CHAIN).any() else np.zeros((0, len(LINK_FIELDS)), np.int64)
 
-    nblk = np.maximum(1, -(-seq_len // block_tokens))
+    # A sequence with a parent map is one block: its tokens' chains may reach its window.
+    tokens_per_block = np.where(seq_flags & FLAG_TREE, np.maximum(seq_len, 1), block_tokens)
+    nblk = np.maximum(1, -(-seq_len // tokens_per_block))
     blk_seq = np.repeat(np.arange(len(seq_len)), nblk)
     first_blk = np.cumsum(nblk) - nblk
     k = np.arange(len(blk_seq)) - np.repeat(first_blk, nblk)
-    blk_tok = seq_tok[blk_seq] + k * block_tokens
-    blk_len = np.clip(seq_len[blk_seq] - k * block_tokens, 0, block_tokens)
+    per = tokens_per_block[blk_seq]
+    blk_tok = seq_tok[blk_seq] + k * per
+    blk_len = np.clip(seq_len[blk_seq] - k * per, 0, per)
     # A block whose tokens sit in consecutive rows of x (the usual case: a sequence's
     # tokens are contiguous) lets the kernel compute rows instead of loading each one:
     # an indexed row per token kept the loads from vectorizing well (~2x slower here).
@@ -157,4 +187,4 @@ def build_batch(parts, num_tokens, block_tokens=DEFAULT_BLOCK_TOKENS):
     return Batch(rows=i32(rows), seq_tok=i32(seq_tok), seq_len=i32(seq_len),
                  seq_line=i32(seq_line), seq_off=i32(seq_off), seq_flags=i32(seq_flags),
                  blk_seq=i32(blk_seq), blk_tok=i32(blk_tok), blk_len=i32(blk_len),
-                 blk_contig=i32(blk_contig), seq_contig=i32(seq_contig))
+                 blk_contig=i32(blk_contig), seq_contig=i32(seq_contig), links=i32(links))

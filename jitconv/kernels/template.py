@@ -144,8 +144,9 @@ _PARAMETERS = """{index_arg}x, x_offset, x_row_stride, out, out_offset, out_row_
            weight, weight_offset, weight_stride_c, weight_stride_k,
            bias, bias_offset, bias_stride,
            state, state_offset, state_stride_line, state_stride_c, state_stride_col,
-           tables, rows, blocks, has_bias, silu, out2, out2_offset, out2_row_stride, split,
-           spec_slot0{extra_args}{record_args}"""
+           tables, rows, blocks, links, has_bias, silu, out2, out2_offset, out2_row_stride,
+           split, spec_slot0, win, win_offset, win_stride_row, win_stride_step,
+           win_stride_c, win_stride_col{extra_args}{record_args}"""
 
 
 # The state window and the state update; in its own template because a backend with
@@ -196,7 +197,7 @@ _SHORT_STATE_PART = """{state_offsets}
 def kernel_source(width, name, backend, channels=1, lookahead=1, word_taps=False,
                   state_chunk=None, short_tokens=0, row_group=1, early_weights=False,
                   group_state=False, vector_taps=False, uniform_decode=False,
-                  record_args=None, shared_record=False, constants=()):
+                  record_args=None, shared_record=False, constants=(), chains=True):
     """The Python source of the conv kernel for one width, backend, channel count and
     lookahead (tokens whose loads are issued before the first of their stores).
     ``word_taps`` (width 4, 16-bit storage, a backend with ``unit_stride_reads`` that
@@ -228,7 +229,10 @@ def kernel_source(width, name, backend, channels=1, lookahead=1, word_taps=False
     work-item, and read by the others after a barrier. ``constants``: ((parameter,
     value, keep), ...): each parameter bound to its int value at the body's top, in
     that order, and dropped from the parameters (``keep``: kept, renamed with a leading
-    underscore, unused); the parameters are then written on one line.
+    underscore, unused); the parameters are then written on one line. ``chains``: the
+    chain piece (parent maps and intermediate windows, FLAG_CHAIN blocks) in the general
+    token loops; a backend that leaves it out launches such a kernel only for steps
+    without chains (the parameters stay, unused).
     """
     if uniform_decode and short_tokens != 1:
         raise ValueError(f"uniform_decode needs short_tokens 1, got {short_tokens}")
@@ -239,9 +243,11 @@ def kernel_source(width, name, backend, channels=1, lookahead=1, word_taps=False
         raise ValueError(f"vector_taps needs width 4, got {width}")
     if shared_record and (record_args is None or backend.shared_array is None):
         raise ValueError("shared_record needs record_args and a backend with shared_array")
+    if chains and short_tokens:
+        chains = False  # a short kernel has no token loops; never launched for chains
     return _Kernel(width, backend, channels, lookahead, word_taps, state_chunk, short_tokens,
                    row_group, early_weights, group_state, vector_taps, uniform_decode,
-                   record_args, shared_record).source(name, constants)
+                   record_args, shared_record, chains).source(name, constants)
 
 
 IND = " " * 4  # one level of indentation in the generated source
@@ -270,13 +276,14 @@ class _Kernel:
 
     def __init__(self, width, backend, channels, lookahead, word_taps, state_chunk,
                  short_tokens, row_group, early_weights, group_state, vector_taps,
-                 uniform_decode, record_args, shared_record):
+                 uniform_decode, record_args, shared_record, chains=True):
         self.width, self.backend, self.channels, self.lookahead = (width, backend, channels,
                                                                    lookahead)
         self.word_taps, self.short_tokens, self.early_weights = (word_taps, short_tokens,
                                                                  early_weights)
         self.vector_taps, self.uniform_decode = vector_taps, uniform_decode
         self.record_args, self.shared_record = record_args, shared_record
+        self.chains = chains
         self.G = row_group
         self.S = width - 1  # window columns
         self.K = state_chunk or self.S  # new-state values loaded per round
@@ -392,16 +399,65 @@ class _Kernel:
                 + self.token_loops(lambda i: f"r0 + {i}") + "\n" + IND + "else:\n"
                 + self.token_loops(lambda i: f"tables[U(rows + t0 + {i})]"))
 
+    def chain_tokens(self):
+        """The tokens of a FLAG_CHAIN block (SEMANTICS.md "More state rules"): token t's
+        inputs a0 (itself), a1 (its parent, or the token before it), ... aS, each a row
+        of x or, past the sequence's first token, the window register u{S + k} (only the
+        first block gets there: a later block's chain stays S positions deep in x; a
+        sequence with a parent map is one block). Then its output, and with a windows row
+        its S newest inputs to the windows. The raw values are stored, so windows are
+        bit-exact copies. The state rule is the state part's: the chain only changes
+        which inputs a token's output and window take."""
+        S, lines = self.S, []
+        lines += ["wrow = tables[U(links + 2 * first_slot + 1)]",
+                  "for i in range(nb):",
+                  IND + "t = p0 + i",
+                  IND + "r = r0 + i",
+                  IND + "if not flags & FLAG_BLOCK_ROWS:",
+                  IND * 2 + "r = tables[U(rows + t0 + i)]"]
+        body = self.x_row("a0{J}", "r") + ["k = t"]
+        for j in range(1, S + 1):
+            body += ["if k > 0 and flags & FLAG_TREE:",
+                     IND + "k = tables[U(links + 2 * (first_slot + k))]",
+                     "else:",
+                     IND + "k -= 1",
+                     "if k >= 0:",
+                     IND + "rk = base + k",
+                     IND + "if base < 0:",
+                     IND * 2 + "rk = tables[U(rows + first_slot + k)]"]
+            body += _indent(self.x_row(f"a{j}{{J}}", "rk"), 1)
+            for m in range(S - 1, -1, -1):  # k = m - S: window register u{m}
+                test = "else:" if m == 0 else f"elif k == {m - S}:"
+                body += [test] + _indent([f"a{j}{J} = u{m}{J}" for J in self.suffixes], 1)
+        for J in self.suffixes:
+            # in the sliding loop's order (oldest input first): the same sums, bit for bit
+            taps = " + ".join(f"w{k}{J} * load(a{S - k}{J})" for k in range(S + 1))
+            body.append(f"acc{J} = bias_c{J} + {taps}")
+        body.append("if silu:")
+        body += [f"    acc{J} = fdiv(acc{J}, ONE + exp(-acc{J}))" for J in self.suffixes]
+        body += self.out_row("store(acc{J})", "r", "i")
+        body += ["if wrow >= 0:",
+                 IND + "wt = win_offset + wrow * win_stride_row + t * win_stride_step"]
+        body += _indent([f"win[U(wt + {CH} * win_stride_c + {S - 1 - j} * win_stride_col)] "
+                         f"= a{j}{J}" for j in range(S)
+                         for J, CH in zip(self.suffixes, self.chans)], 1)
+        return "\n".join(_indent(lines + _indent(body, 1), 2))
+
     def tokens(self):
-        if self.short_tokens:  # no token loops
+        if self.short_tokens:  # no token loops; the host never picks it for chains
             return (IND + "# Every token was loaded by the state update (v0..).\n"
                     + self.tokens_from_registers(1, self.short_tokens))
         if self.backend.reuse_state_loads:
-            return (IND + "if short:\n" + IND * 2 + "# The state update's first round "
+            rest = (IND + "if short:\n" + IND * 2 + "# The state update's first round "
                     "loaded every token of the block (v0..): no reload after its stores.\n"
                     + self.tokens_from_registers(2, self.K) + "\n" + IND + "el"
                     + self.general_tokens().lstrip())
-        return self.general_tokens()
+        else:
+            rest = self.general_tokens()
+        if not self.chains:
+            return rest
+        return (IND + "if flags & FLAG_CHAIN:\n" + self.chain_tokens() + "\n" + IND
+                + "else:\n" + _deeper(rest))
 
     # ------------------------------------------------------------ the conv state
 

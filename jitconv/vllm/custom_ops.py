@@ -68,7 +68,12 @@ def _traced_update(x, conv_state, weight, bias=None, activation=None,
                    pad_slot_id=None, *, block_idx_last_scheduled_token=None,
                    initial_state_idx=None, retrieve_parent_token=None, cache_seqlens=None):
     dropins.refuse_update_arguments(block_idx_last_scheduled_token, initial_state_idx,
-                                    retrieve_parent_token, cache_seqlens)
+                                    cache_seqlens)
+    if retrieve_parent_token is not None:
+        raise NotImplementedError(
+            "retrieve_parent_token: EAGLE tree verify runs in eager code only (vLLM calls "
+            "the conv inside its opaque layer op); jitconv's custom op for torch.compile'd "
+            "graphs takes no parent map. Expected None here")
     null_block_id, pad_slot_id = skipped_ids(null_block_id, pad_slot_id)
     torch.ops.jitconv.vllm_causal_conv1d_update(
         x, conv_state, weight, bias, dropins.activation_name(activation),

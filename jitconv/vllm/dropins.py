@@ -53,8 +53,6 @@ NOT_IMPLEMENTED = {
     "initial_state_idx": PREFIX_CACHING_ALL,
     "num_computed_tokens": PREFIX_CACHING_ALL,
     "block_size_to_align": PREFIX_CACHING_ALL,
-    "retrieve_parent_token": ("windows along a draft-token tree, which vLLM asks for with "
-                              "EAGLE tree verify (tree-shaped speculative drafts)"),
     "cache_seqlens": ("a circular conv-state buffer (each line's write position), which "
                       "callers of the Dao-AILab/causal-conv1d convention pass"),
 }
@@ -76,11 +74,10 @@ def refuse_fn_arguments(cache_indices, block_idx_first_scheduled_token,
 
 
 def refuse_update_arguments(block_idx_last_scheduled_token, initial_state_idx,
-                            retrieve_parent_token, cache_seqlens):
+                            cache_seqlens):
     """``causal_conv1d_update``'s arguments that jitconv does not implement, refused."""
     _refuse(block_idx_last_scheduled_token=block_idx_last_scheduled_token,
-            initial_state_idx=initial_state_idx,
-            retrieve_parent_token=retrieve_parent_token, cache_seqlens=cache_seqlens)
+            initial_state_idx=initial_state_idx, cache_seqlens=cache_seqlens)
 
 
 def _refuse(**given):
@@ -181,16 +178,20 @@ def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None,
     instead: sequences on that line are skipped, and with no ``null_block_id`` given line
     0 is then a cache line like any other (that convention had no null block).
 
-    Arguments some vLLM releases or revisions take and jitconv does not implement
-    (``block_idx_last_scheduled_token`` and ``initial_state_idx``: prefix caching in
-    'all' mode; ``retrieve_parent_token``: EAGLE tree verify; ``cache_seqlens``: a
-    circular state buffer) raise NotImplementedError unless None.
+    ``retrieve_parent_token`` ((batch, >= longest) ints, vLLM's EAGLE tree verify): each
+    token's parent position in its sequence (the root's entry ignored); a token's window
+    runs through its ancestors (SEMANTICS.md "More state rules"); the metadata are then
+    read on the host. Arguments some vLLM releases or revisions take and jitconv does
+    not implement (``block_idx_last_scheduled_token`` and ``initial_state_idx``: prefix
+    caching in 'all' mode; ``cache_seqlens``: a circular state buffer) raise
+    NotImplementedError unless None.
     """
     refuse_update_arguments(block_idx_last_scheduled_token, initial_state_idx,
-                            retrieve_parent_token, cache_seqlens)
+                            cache_seqlens)
     null_block_id, pad_slot_id = conventions.skipped_ids(null_block_id, pad_slot_id)
     target = x if out is None else out
-    if _on_device(x, conv_state_indices, query_start_loc, num_accepted_tokens) and \
+    if retrieve_parent_token is None and \
+            _on_device(x, conv_state_indices, query_start_loc, num_accepted_tokens) and \
             (out is None or (out.shape == x.shape and out.dtype == x.dtype)) and \
             x.dtype == conv_state.dtype:
         return _device_update(x, conv_state, weight, bias, activation, conv_state_indices,
@@ -246,11 +247,29 @@ def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None,
                                              "num_accepted_tokens")
     rows = conventions.leading_rows(int(qsl[-1]), int(tokens.shape[0]), "query_start_loc")
     direct = x.dim() == 2 and target.dtype == conv_state.dtype
-    result = ops.causal_conv1d_update(
-        tokens, weight, bias, conv_state, lines, query_start_loc=qsl,
-        num_accepted_tokens=accepted, activation=activation_name(activation),
-        pad_slot_id=conventions.CORE_PAD, token_indx=rows,
-        out=target if direct else None)
+    if retrieve_parent_token is None:
+        result = ops.causal_conv1d_update(
+            tokens, weight, bias, conv_state, lines, query_start_loc=qsl,
+            num_accepted_tokens=accepted, activation=activation_name(activation),
+            pad_slot_id=conventions.CORE_PAD, token_indx=rows,
+            out=target if direct else None)
+    else:  # a tree: the part's parent map, in the one launch of the mixed op
+        parents = host_ints(retrieve_parent_token, "retrieve_parent_token", ndim=2)
+        if len(parents) < batch:
+            raise ValueError(f"retrieve_parent_token: {len(parents)} rows, but the batch "
+                             f"holds {batch} sequences")
+        part = "non_spec" if accepted is None else "spec"
+        names = {f"{part}_query_start_loc": qsl, f"{part}_state_indices": lines,
+                 f"{part}_token_indx": rows, f"{part}_parent_token": parents[:batch]}
+        if accepted is not None:
+            names["num_accepted_tokens"] = accepted
+        try:
+            result = ops.causal_conv1d_mixed(
+                tokens, weight, bias, conv_state, activation=activation_name(activation),
+                pad_slot_id=conventions.CORE_PAD, out=target if direct else None, **names)
+        except ValueError as exc:  # name vLLM's argument, not the core's
+            raise ValueError(str(exc).replace(f"{part}_parent_token",
+                                              "retrieve_parent_token")) from None
     if not direct:  # another dtype or a (batch, dim, seqlen) form: copy into place
         target.copy_(result if batch_form is None
                      else result.reshape(batch_form).transpose(1, 2))

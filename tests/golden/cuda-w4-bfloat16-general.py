@@ -3,8 +3,9 @@ def jitconv_conv_w4_bfloat16_c2_l8_fastexp_r64_g2_vt(x, x_offset, x_row_stride, 
            weight, weight_offset, weight_stride_c, weight_stride_k,
            bias, bias_offset, bias_stride,
            state, state_offset, state_stride_line, state_stride_c, state_stride_col,
-           tables, rows, blocks, has_bias, silu, out2, out2_offset, out2_row_stride, split,
-           spec_slot0, dim, num_blocks):
+           tables, rows, blocks, links, has_bias, silu, out2, out2_offset, out2_row_stride,
+           split, spec_slot0, win, win_offset, win_stride_row, win_stride_step,
+           win_stride_c, win_stride_col, dim, num_blocks):
     # rows, blocks: offsets of the per-call tables inside `tables` (jitconv.kernels.abi.TABLES);
     # a block's record holds BLOCK_FIELDS, its sequence's fields included.
     g = cuda.blockIdx.y * cuda.blockDim.x + cuda.threadIdx.x  # channel group

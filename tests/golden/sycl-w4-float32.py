@@ -3,8 +3,9 @@ def jitconv_conv_w4_float32(item, x, x_offset, x_row_stride, out, out_offset, ou
            weight, weight_offset, weight_stride_c, weight_stride_k,
            bias, bias_offset, bias_stride,
            state, state_offset, state_stride_line, state_stride_c, state_stride_col,
-           tables, rows, blocks, has_bias, silu, out2, out2_offset, out2_row_stride, split,
-           spec_slot0):
+           tables, rows, blocks, links, has_bias, silu, out2, out2_offset, out2_row_stride,
+           split, spec_slot0, win, win_offset, win_stride_row, win_stride_step,
+           win_stride_c, win_stride_col):
     # rows, blocks: offsets of the per-call tables inside `tables` (jitconv.kernels.abi.TABLES);
     # a block's record holds BLOCK_FIELDS, its sequence's fields included.
     c = item.get_id(0) * 1  # first channel: the fastest index

@@ -35,18 +35,24 @@ class CudaBackend:
             return True
         return x.is_cpu and devices.simulating() and current_is_cuda()
 
-    def remembered(self, plan, args, activation, math, split=SPLIT_NONE):
-        if not plan.on_device and args[0].is_cuda and _capturing():
+    @staticmethod
+    def _refuse_capture(plan, x):
+        if not plan.on_device and x.is_cuda and _capturing():
             raise RuntimeError(
                 "plan: built from metadata values read on the host, so a CUDA graph that "
                 "captured this run would replay those values even after the metadata "
                 "tensors are rewritten; capture runs of jitconv.device_plan (which reads "
                 "the metadata on the device at every replay), or run this plan eagerly")
+
+    def remembered(self, plan, args, activation, math, split=SPLIT_NONE):
+        self._refuse_capture(plan, args[0])
         if split == SPLIT_PARTS:
             return None, None
         return launching.run_remembered(plan, args, activation, math, split)
 
     def launch(self, plan, launch):
+        if launch.windows is not None:  # a run with windows is never remembered
+            self._refuse_capture(plan, launch.x)
         target, out2, parts = launch.target, launch.out2, launch.split == SPLIT_PARTS
         if parts:  # x for a part without tokens: never written (see Launch)
             target = launch.x if target is None else target
@@ -55,7 +61,7 @@ class CudaBackend:
                          target, launch.silu, launch.dtype, launch.math,
                          launch.key if launch.zero_copy else None,
                          launch.out is None and not parts, out2, launch.split,
-                         launch.spec_slot0)
+                         launch.spec_slot0, launch.windows)
 
     def empty_output(self, x, shape, dtype):
         return torch.empty(shape, dtype=x.dtype, device=x.device)

@@ -40,7 +40,8 @@ from numba import cuda  # noqa: E402
 from jitconv.backends.cuda.state import STATE  # noqa: E402
 from jitconv.kernels import bit_conversions, planner  # noqa: E402
 from jitconv.kernels.abi import (CONV_ARGS, FLAG_BLOCK_ROWS, FLAG_INITIAL_STATE, FLAG_SEQ_ROWS,  # noqa: E402
-                         FLAG_SPEC, FLAG_UNCOVERED, SPLIT_PARTS, STORAGE)
+                         FLAG_SPEC, FLAG_UNCOVERED, FLAG_CHAIN, FLAG_TREE, SPLIT_PARTS,
+                         STORAGE)
 from jitconv.kernels.template import window_value  # noqa: E402
 from jitconv.backends.cuda.source import ARG_NAMES, EXTRA_ARGS, name_and_source  # noqa: E402
 
@@ -243,7 +244,8 @@ def make_conv_kernel(spec):
         "ZERO": STORAGE[dtype_name](0), "F32_ZERO": np.float32(0.0), "ONE": np.float32(1.0),
         "FLAG_INITIAL_STATE": FLAG_INITIAL_STATE, "FLAG_SPEC": FLAG_SPEC,
         "FLAG_BLOCK_ROWS": FLAG_BLOCK_ROWS, "FLAG_SEQ_ROWS": FLAG_SEQ_ROWS,
-        "FLAG_UNCOVERED": FLAG_UNCOVERED, "SPLIT_PARTS": SPLIT_PARTS,
+        "FLAG_UNCOVERED": FLAG_UNCOVERED, "FLAG_CHAIN": FLAG_CHAIN, "FLAG_TREE": FLAG_TREE,
+        "SPLIT_PARTS": SPLIT_PARTS,
     }
     if fast_exp:
         namespace["exp"], namespace["fdiv"] = _fast_silu_ops()

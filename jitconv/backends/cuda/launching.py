@@ -177,7 +177,7 @@ def _tables(plan, device, sim, stream=None):
             size = planner.ROWS_WORDS + plan.num_blocks * planner.NF
             tensor = torch.empty(size, dtype=torch.int32,
                                  device="cpu" if sim else device)
-            offsets = (0, planner.ROWS_WORDS)
+            offsets = (0, planner.ROWS_WORDS, 0)  # no links: a device plan has no chains
         else:
             host = [np.asarray(a, np.int32) for a in plan.host_tables]
             offsets = tuple(int(o) for o in np.cumsum([0] + [len(a) for a in host[:-1]]))
@@ -210,6 +210,8 @@ def _once_per_plan(plan, name, compute):
 def _plan_short_tokens(plan):
     """The short kernel a plan's launches can run (``source.short_tokens_for``)."""
     def compute():
+        if plan.has_chains:  # the chain piece is in the general kernel only
+            return 0
         return short_tokens_for(plan.geometry.width, plan.longest_sequences)
     return _once_per_plan(plan, "_cuda_short_tokens", compute)
 
@@ -221,13 +223,14 @@ def _uniform_decode(plan, short_tokens, tune):
 
 
 def launch(plan, x, weight, bias, conv_state, target, silu, dtype, math=None, key=None,
-           new_output=False, out2=None, split=SPLIT_NONE, spec_slot0=0):
+           new_output=False, out2=None, split=SPLIT_NONE, spec_slot0=0, windows=None):
     """One run of ``plan`` on checked tensors into ``target`` (StepPlan._launch checked
     them and chose target: channels of x and target contiguous, target apart from x):
     for a device plan its planner, then the conv kernel, on torch's current stream. With
     a ``key`` (``run_key``) the prepared launches are kept for ``run_remembered``;
     ``new_output``: target is a new tensor at every such run. ``split``, ``out2``,
-    ``spec_slot0``: split outputs (``backends.Launch``)."""
+    ``spec_slot0``: split outputs (``backends.Launch``); ``windows``: the intermediate
+    windows (``backends.Launch``)."""
     sim = simulating()
     if not sim and not have_numba_cuda():
         raise RuntimeError("x: a CUDA tensor, but numba-cuda is not installed: "
@@ -260,11 +263,11 @@ def launch(plan, x, weight, bias, conv_state, target, silu, dtype, math=None, ke
             record_types, record_values = _planner_values(plan, sim)
             if tune.constant_plan:
                 kind = plan_kind(record_values)
-            tables, offsets = record_values["errors"], (0, 0)
+            tables, offsets = record_values["errors"], (0, 0, 0)
         else:
             tables, offsets = _tables(plan, x.device, sim, stream)
         args = _arguments(tables, offsets, plan, x, weight, bias, conv_state, target, silu,
-                          dim, sim, out2, split, spec_slot0)
+                          dim, sim, out2, split, spec_slot0, windows)
         layout = _layout(args) if tune.constant_layout else None
         compact = layout is not None and tune.compact_args
         fixed = block if layout is not None and tune.fixed_block else None
@@ -277,7 +280,7 @@ def launch(plan, x, weight, bias, conv_state, target, silu, dtype, math=None, ke
             vector_taps=vector_taps_for(weight, tune), block=fixed, compact_args=compact,
             exact_grid=tune.exact_grid,
             uniform_decode=_uniform_decode(plan, short_tokens, tune), fused_plan=record_types,
-            shared_record=tune.shared_record, plan_kind=kind)
+            shared_record=tune.shared_record, plan_kind=kind, chains=plan.has_chains)
         names = CALL_ARGS if compact else ARG_NAMES
         if compact:  # the layout's values are in the kernel: pass the per-call ones
             args = tuple(args[i] for i in _call_at())
@@ -518,7 +521,7 @@ def _layout(args):
 
 
 def _arguments(tables, offsets, plan, x, weight, bias, conv_state, target, silu, dim, sim,
-               out2=None, split=SPLIT_NONE, spec_slot0=0):
+               out2=None, split=SPLIT_NONE, spec_slot0=0, windows=None):
     """The kernel's arguments (``kernels.abi.CONV_ARGS`` and ``source.EXTRA_ARGS``)."""
     xa, oa, wa, sa = (_as_kernel_arg(t, sim) for t in (x, target, weight, conv_state))
     ba = _as_kernel_arg(bias, sim) if bias is not None else wa  # not read without bias
@@ -531,9 +534,13 @@ def _arguments(tables, offsets, plan, x, weight, bias, conv_state, target, silu,
     else:
         o2 = _as_kernel_arg(out2, sim)
     split = (o2, 0, out2.stride(0), int(split), int(spec_slot0))
+    if windows is None:  # not read; as out2's stand-in
+        win = (np.zeros(1, xa.dtype) if sim else xa, 0, 0, 0, 0, 0)
+    else:
+        win = (_as_kernel_arg(windows, sim), 0, *windows.stride())
     return (xa, 0, x.stride(0), oa, 0, target.stride(0),
             wa, 0, weight.stride(0), weight.stride(1),
             ba, 0, bias.stride(0) if bias is not None else 1,
             sa, 0, *conv_state.stride(),
-            tables, *offsets, int(bias is not None), int(silu), *split,
+            tables, *offsets, int(bias is not None), int(silu), *split, *win,
             dim, plan.num_blocks)

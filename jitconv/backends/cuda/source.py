@@ -122,8 +122,10 @@ class KernelSpec:
     barrier; every warp computing the record itself doubled the instructions the H200
     executed for a spec step, 2.78 M against 5.51 M, ncu);
     ``plan_kind``: those of its RECORD_ARGS compiled in as constants (``plan_kind()``), the
-    kernel then taking the others. Values without effect are normalized, so that one
-    kernel has one spec."""
+    kernel then taking the others; ``chains``: the template's chain piece (parent maps,
+    intermediate windows), only in kernels of plans that have them, so that every other
+    launch runs the kernel it ran before the piece existed. Values without effect are
+    normalized, so that one kernel has one spec."""
     width: int
     dtype_name: str
     channels: int = 1
@@ -145,6 +147,7 @@ class KernelSpec:
     fused_plan: Optional[tuple] = None
     shared_record: bool = False
     plan_kind: Optional[tuple] = None
+    chains: bool = False
 
     def __post_init__(self):
         normal = {"native_bf16": self.native_bf16 and self.dtype_name == "bfloat16",
@@ -154,6 +157,7 @@ class KernelSpec:
         normal["shared_record"] = self.shared_record and self.fused_plan is not None and \
             _exact(self.layout, self.block, self.channels, normal["exact_grid"])
         normal["plan_kind"] = self.plan_kind if self.fused_plan is not None else None
+        normal["chains"] = self.chains and not self.short_tokens
         for name, value in normal.items():
             object.__setattr__(self, name, value)
 
@@ -190,7 +194,8 @@ def name_and_source(spec):
             f"{'_ng' if exact else ''}{'_ud' if spec.uniform_decode else ''}"
             f"{f'_fp{hash(fused_plan) % 10 ** 6}' if fused_plan else ''}"
             f"{'_sr' if spec.shared_record else ''}"
-            f"{f'_pk{hash(plan_kind) % 10 ** 6}' if plan_kind else ''}")
+            f"{f'_pk{hash(plan_kind) % 10 ** 6}' if plan_kind else ''}"
+            f"{'_ch' if spec.chains else ''}")
     backend = dataclasses.replace(CUDA, index=cuda_index(block, exact)) if block else CUDA
     # Bound at the body's top: the layout's values (kept as renamed parameters without
     # compact_args), then the plan kind's.
@@ -205,6 +210,6 @@ def name_and_source(spec):
                            vector_taps=spec.vector_taps, uniform_decode=spec.uniform_decode,
                            record_args=RECORD_ARGS if fused_plan else None,
                            shared_record=bool(fused_plan) and spec.shared_record,
-                           constants=constants)
+                           constants=constants, chains=spec.chains)
     names = CALL_ARGS if layout is not None and spec.compact_args else ARG_NAMES
     return name, source, names + (record_args_taken(plan_kind) if fused_plan else ())

@@ -75,7 +75,8 @@ class SyclBackend:
                 ("x", x, False, None), ("out", target, True, None),
                 ("weight", weight, False, None),
                 ("conv_state", conv_state, True, plan.written_lines),
-                ("out2", launch.out2, True, None)):
+                ("out2", launch.out2, True, None),
+                ("win", launch.windows, True, plan.window_rows.tolist())):
             if t is None:  # a split part without tokens: x stands in (see Launch)
                 continue
             views[name], wb = bridge.to_device(t, name, writable, queue, written)
@@ -94,7 +95,8 @@ class SyclBackend:
             # The kernel does not read bias then, but the argument must be a valid array.
             views["bias"] = dataclasses.replace(views["weight"], shape=(1,), strides=(1,))
         host_reads = write_backs or any(isinstance(t, torch.Tensor) and t.device.type == "cpu"
-                                        for t in (x, target, conv_state, launch.out2))
+                                        for t in (x, target, conv_state, launch.out2,
+                                                  launch.windows))
         wait = bool(host_reads) or not queue.is_in_order
         if not wait:
             tables.mark_unwaited(plan)
@@ -114,7 +116,7 @@ class SyclBackend:
             queue, plan.geometry.width, launch.dtype, views, table_args, plan.num_blocks,
             dim, has_bias=bias is not None, silu=launch.silu, fast=fast, wait=wait,
             after=after, split=launch.split, spec_slot0=launch.spec_slot0, fused=fused,
-            record=record)
+            record=record, chains=plan.has_chains)
         for wb in write_backs:
             wb()
         # Only zero-copy launches are remembered: a copy is new memory on every run.

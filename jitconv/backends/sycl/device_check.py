@@ -328,7 +328,7 @@ def refused_any():
 
 
 def verify(queue, width, dtype_name, wide, spirv, launch, force=False, fast=None,
-           record_types=None):
+           record_types=None, chains=False):
     """Make sure the kernel whose SPIR-V is ``spirv``, built for ``queue``'s device, passed
     the known-answer check there: from this process, the stored verdicts or a run now
     (always a run with ``force``). Raises DeviceCheckError (and refuses the device) when
@@ -351,7 +351,8 @@ def verify(queue, width, dtype_name, wide, spirv, launch, force=False, fast=None
             STATE.check_stats["read"] += 1
             return "stored"
     kernel = {"width": width, "dtype": dtype_name, "wide": bool(wide),
-              "cache_key": kernel_cache.key(width, dtype_name, wide, fast, record_types)}
+              "cache_key": kernel_cache.key(width, dtype_name, wide, fast, record_types,
+                                            chains)}
     if record_types is not None:
         kernel["record_types"] = list(record_types)
     problem = run_known_answer(queue, width, dtype_name, launch, record_types)

@@ -157,18 +157,20 @@ def _tree_text(node):
     return repr(node)
 
 
-def key(width, dtype_name, wide=False, fast=None, record_types=None):
+def key(width, dtype_name, wide=False, fast=None, record_types=None, chains=False):
     """Hash of everything that changes the SPIR-V (see the module docstring). ``fast``:
     silu's fast math or not (None: the dtype's default, ``abi.fast_silu``);
     ``record_types``: the fused kernel for device plans with metadata of those element
-    types (its code then also comes from PLANNER_FILES)."""
+    types (its code then also comes from PLANNER_FILES); ``chains``: the kernel with the
+    chain piece (parent maps, windows)."""
     fast = fast_silu(dtype_name) if fast is None else fast
     fused = record_types is not None
-    name, source = name_and_source(width, dtype_name, fast, wide, fused)
+    name, source = name_and_source(width, dtype_name, fast, wide, fused, chains)
     code = _code_fingerprint() + (_code_fingerprint(PLANNER_FILES) if fused else "")
     h = hashlib.sha256(json.dumps([FORMAT, __version__, _abi(record_types), name, source,
                                    code]).encode())
     kind = f"_fused_{record_types[1]}_{record_types[2]}" if fused else ""
+    kind += "_chains" if chains and not fused else ""
     return f"conv_w{width}_{dtype_name}{'_wide' if wide else ''}{kind}_{h.hexdigest()[:20]}"
 
 
@@ -215,10 +217,11 @@ def fused_specializations():
             for types in planner_specializations()]
 
 
-def load(width, dtype_name, wide=False, fast=None, record_types=None):
+def load(width, dtype_name, wide=False, fast=None, record_types=None, chains=False):
     """(spirv bytes, kernel name, path) of a valid entry, or None. Stale entries are
     recorded in the backend state's ``rejected`` and ignored."""
-    return _load(key(width, dtype_name, wide, fast, record_types), _abi(record_types))
+    return _load(key(width, dtype_name, wide, fast, record_types, chains),
+                 _abi(record_types))
 
 
 def load_planner(element_types):
@@ -259,7 +262,7 @@ def _load(k, abi):
 
 
 def store(width, dtype_name, spirv, kernel_name, directory=None, wide=False, fast=None,
-          record_types=None):
+          record_types=None, chains=False):
     """Write an entry atomically (a concurrent reader sees the old state or the new one,
     never half a file). Returns the path of the SPIR-V file."""
     fast = fast_silu(dtype_name) if fast is None else fast
@@ -267,7 +270,9 @@ def store(width, dtype_name, spirv, kernel_name, directory=None, wide=False, fas
             "abi": _abi(record_types)}
     if record_types is not None:
         meta["record_types"] = list(record_types)
-    return _store(key(width, dtype_name, wide, fast, record_types), meta, spirv,
+    if chains:
+        meta["chains"] = True
+    return _store(key(width, dtype_name, wide, fast, record_types, chains), meta, spirv,
                   kernel_name, directory)
 
 

@@ -29,7 +29,8 @@ from numba.core.extending import intrinsic
 import numba_dpex as dpex
 
 from jitconv.kernels import bit_conversions, planner
-from jitconv.kernels.abi import (FLAG_BLOCK_ROWS, FLAG_INITIAL_STATE, FLAG_SEQ_ROWS, FLAG_SPEC,
+from jitconv.kernels.abi import (FLAG_BLOCK_ROWS, FLAG_CHAIN, FLAG_INITIAL_STATE, FLAG_SEQ_ROWS,
+                                 FLAG_SPEC, FLAG_TREE,
                                  FLAG_UNCOVERED, SPLIT_PARTS, STORAGE, WIDE_CHANNELS,
                                  fast_silu)
 from jitconv.kernels.template import window_value
@@ -218,7 +219,7 @@ def planner_functions():
     return namespace
 
 
-def make_conv_kernel(width, dtype_name, fast=None, wide=False, fused=False,
+def make_conv_kernel(width, dtype_name, fast=None, wide=False, fused=False, chains=False,
                      **backend_options):
     """Build the mixed-batch causal-conv1d kernel for one (width, dtype) specialization;
     ``fast``: the fast silu (silu's exp is OpenCL's native_exp instead of math.exp);
@@ -234,7 +235,8 @@ def make_conv_kernel(width, dtype_name, fast=None, wide=False, fused=False,
     """
     if fast is None:
         fast = fast_silu(dtype_name)
-    name, source = name_and_source(width, dtype_name, fast, wide, fused, **backend_options)
+    name, source = name_and_source(width, dtype_name, fast, wide, fused, chains,
+                                   **backend_options)
     variant = "".join(f" {key}={value}" for key, value in sorted(backend_options.items()))
     filename = f"<jitconv kernel {name}{variant}>"
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
@@ -248,7 +250,8 @@ def make_conv_kernel(width, dtype_name, fast=None, wide=False, fused=False,
         "ZERO": STORAGE[dtype_name](0), "F32_ZERO": np.float32(0.0), "ONE": np.float32(1.0),
         "FLAG_INITIAL_STATE": FLAG_INITIAL_STATE, "FLAG_SPEC": FLAG_SPEC,
         "FLAG_BLOCK_ROWS": FLAG_BLOCK_ROWS, "FLAG_SEQ_ROWS": FLAG_SEQ_ROWS,
-        "FLAG_UNCOVERED": FLAG_UNCOVERED, "SPLIT_PARTS": SPLIT_PARTS,
+        "FLAG_UNCOVERED": FLAG_UNCOVERED, "FLAG_CHAIN": FLAG_CHAIN, "FLAG_TREE": FLAG_TREE,
+        "SPLIT_PARTS": SPLIT_PARTS,
     }
     if fused:
         namespace["slot_record"] = planner_functions()["slot_record"]

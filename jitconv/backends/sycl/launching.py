@@ -88,7 +88,8 @@ def _signature(width, dtype_name, queue, record_types=None):
     return types.void(*args)
 
 
-def compile_spirv(width, dtype_name, queue, wide=False, fast=None, record_types=None):
+def compile_spirv(width, dtype_name, queue, wide=False, fast=None, record_types=None,
+                  chains=False):
     """SPIR-V bytes and kernel name of one specialization, compiled by numba-dpex
     (``record_types``: the fused kernel for device plans with metadata of those element
     types, ``planner.METADATA_ARRAYS`` order; None: the kernel that reads the tables)."""
@@ -99,7 +100,7 @@ def compile_spirv(width, dtype_name, queue, wide=False, fast=None, record_types=
     queue = devices.compile_queue(queue)
     prepare_numba_dpex(queue)
     dispatcher = make_conv_kernel(width, dtype_name, fast, wide=wide,
-                                  fused=record_types is not None)
+                                  fused=record_types is not None, chains=chains)
     with target_override("dpex"):
         result = dispatcher.get_compile_result(_signature(width, dtype_name, queue,
                                                           record_types))
@@ -124,10 +125,10 @@ def program(queue, spirv, name):
     return kernel
 
 
-def _build(width, dtype_name, queue, wide, fast=None, record_types=None):
+def _build(width, dtype_name, queue, wide, fast=None, record_types=None, chains=False):
     """Disk cache first (no numba-dpex import at all), else compile and store. Returns
     (kernel, its SPIR-V)."""
-    entry = kernel_cache.load(width, dtype_name, wide, fast, record_types)
+    entry = kernel_cache.load(width, dtype_name, wide, fast, record_types, chains)
     if entry is not None:
         spirv, name, path = entry
         try:
@@ -142,27 +143,29 @@ def _build(width, dtype_name, queue, wide, fast=None, record_types=None):
         raise KernelUnavailableError(
             f"no usable prebuilt kernel for width={width}, dtype={dtype_name}"
             f"{' (wide)' if wide else ''}"
-            f"{f' (fused, metadata {record_types})' if record_types else ''} in "
+            f"{f' (fused, metadata {record_types})' if record_types else ''}"
+            f"{' (with the chain piece: parent maps or windows)' if chains else ''} in "
             f"{[str(d) for d in kernel_cache.search_dirs()]} and numba-dpex is not "
             f"installed to compile one; run `python -m jitconv build-kernels` where "
             f"numba-dpex is installed and point JITCONV_CACHE_DIR at the result"
             + (f" (ignored: {STATE.rejected})" if STATE.rejected else ""))
     return compile_and_store(width, dtype_name, queue, required=False, wide=wide,
-                             with_spirv=True, fast=fast, record_types=record_types)
+                             with_spirv=True, fast=fast, record_types=record_types,
+                             chains=chains)
 
 
 def compile_and_store(width, dtype_name, queue, directory=None, required=True, wide=False,
-                      with_spirv=False, fast=None, record_types=None):
+                      with_spirv=False, fast=None, record_types=None, chains=False):
     """Compile with numba-dpex, build (only what builds is stored), store the SPIR-V.
     Returns (kernel, path of the stored SPIR-V), or (kernel, SPIR-V bytes) ``with_spirv``.
     With ``required=False`` a cache that cannot be written (read-only, no home directory)
     costs a warning, once per directory, and the kernel is still returned (path None):
     compiled once, not cached."""
-    spirv, name = compile_spirv(width, dtype_name, queue, wide, fast, record_types)
+    spirv, name = compile_spirv(width, dtype_name, queue, wide, fast, record_types, chains)
     kernel = program(queue, spirv, name)
     try:
         path = kernel_cache.store(width, dtype_name, spirv, name, directory, wide, fast,
-                                  record_types)
+                                  record_types, chains)
         return kernel, spirv if with_spirv else path
     except OSError as exc:
         if required:
@@ -178,16 +181,18 @@ def compile_and_store(width, dtype_name, queue, directory=None, required=True, w
         return kernel, spirv if with_spirv else None
 
 
-def get_conv_kernel(width, dtype_name, queue, wide=False, fast=None, record_types=None):
+def get_conv_kernel(width, dtype_name, queue, wide=False, fast=None, record_types=None,
+                    chains=False):
     """The built SYCL kernel for (the queue's device and context, width, dtype, wide or
     not, silu's math: ``fast``, None for the dtype's default; ``record_types``: the fused
-    kernel for device plans with metadata of those element types): from this process's
+    kernel for device plans with metadata of those element types; ``chains``: the kernel
+    with the chain piece, for plans with parent maps or windows): from this process's
     table, the disk cache, or a fresh numba-dpex compile, in that order. A program belongs
     to one context: a queue of another context (torch's, a user's) gets its own build of
     the same SPIR-V."""
     fast = fast_silu(dtype_name) if fast is None else fast
     key = (devices.name_of(queue.sycl_device), queue.sycl_context, width, dtype_name, wide,
-           fast, record_types)
+           fast, chains, record_types)
     kernel = STATE.kernels.get(key)
     if kernel is None:
         with STATE.kernels_lock:
@@ -196,12 +201,13 @@ def get_conv_kernel(width, dtype_name, queue, wide=False, fast=None, record_type
                 refused = device_check.refusal(key[0])
                 if refused is not None:
                     raise refused
-                kernel, spirv = _build(width, dtype_name, queue, wide, fast, record_types)
+                kernel, spirv = _build(width, dtype_name, queue, wide, fast, record_types,
+                                       chains)
                 # Before its first launch: a kernel that fails is never kept or launched.
                 device_check.verify(queue, width, dtype_name, wide, spirv,
                                     _known_answer_launch(kernel, queue, dtype_name, wide,
                                                          record_types),
-                                    fast=fast, record_types=record_types)
+                                    fast=fast, record_types=record_types, chains=chains)
                 STATE.kernels[key] = kernel
     return kernel
 
@@ -286,7 +292,9 @@ _PACKED = (("x", "x_offset", "x_row_stride", "out", "out_offset", "out_row_strid
             "weight", "weight_offset", "weight_stride_c", "weight_stride_k", "bias",
             "bias_offset", "bias_stride", "state", "state_offset", "state_stride_line",
             "state_stride_c", "state_stride_col", "tables") + TABLES + ("has_bias", "silu",
-            "out2", "out2_offset", "out2_row_stride", "split", "spec_slot0"))
+            "out2", "out2_offset", "out2_row_stride", "split", "spec_slot0", "win",
+            "win_offset", "win_stride_row", "win_stride_step", "win_stride_c",
+            "win_stride_col"))
 if tuple(a[0] for a in CONV_ARGS) != _PACKED:
     raise ImportError("kernels.abi.CONV_ARGS changed: update launching.submit_conv")
 # Which packed parameters are USM pointers (the third of an array's five).
@@ -363,12 +371,17 @@ def _pack(views, tables, has_bias, silu, split=SPLIT_NONE, spec_slot0=0):
     values.append(1 if silu else 0)
     values += array_args(out2, out2.offset, out2.strides[0])
     values += [int(split), int(spec_slot0)]
+    win = views.get("win")
+    if win is None:  # no windows: x stands in (never read)
+        values += array_args(x, x.offset, 0, 0, 0, 0)
+    else:
+        values += array_args(win, win.offset, *win.strides)
     return values
 
 
 def submit_conv(queue, width, dtype_name, views, tables, num_blocks, dim, *, has_bias,
                 silu, fast=None, wait=True, after=None, split=SPLIT_NONE, spec_slot0=0,
-                fused=None, record=None):
+                fused=None, record=None, chains=False):
     """Pack the conv kernel's arguments (kernels.abi.CONV_ARGS, in order) and submit it
     over (num_blocks, dim / C) work-items on ``queue`` (C channels per work-item: 1, or
     the wide kernel's where ``wide_fits``); wait for it when ``wait``.
@@ -381,7 +394,7 @@ def submit_conv(queue, width, dtype_name, views, tables, num_blocks, dim, *, has
     needs to submit the same launch again.
     """
     wide = wide_fits(views, dim, dtype_name)
-    kernel = fused or get_conv_kernel(width, dtype_name, queue, wide, fast)
+    kernel = fused or get_conv_kernel(width, dtype_name, queue, wide, fast, chains=chains)
     values = _pack(views, tables, has_bias, silu, split, spec_slot0)
     if fused is not None:
         values += record

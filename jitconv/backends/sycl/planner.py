@@ -137,7 +137,8 @@ class _Tables:
                 raise RuntimeError("device plan: its error words are not device memory "
                                    "of this queue")
         self.table_args = launching.table_args(
-            self.views["tables"], dict(zip(("rows", "blocks"), (0, planner.ROWS_WORDS))))
+            self.views["tables"],
+            dict(zip(("rows", "blocks", "links"), (0, planner.ROWS_WORDS, 0))))  # no links
         self.queue = queue
         self.launch = None  # (kernel, packed values), kept when every view is zero-copy
         self.record = None  # the fused kernel's record parameters, kept likewise

@@ -18,13 +18,15 @@ SYCL = Backend(
           "    b = item.get_id(1)  # block")
 
 
-def kernel_source(width, name, dtype_name, wide=False, record_args=None, **backend_options):
+def kernel_source(width, name, dtype_name, wide=False, record_args=None, chains=False,
+                  **backend_options):
     """The Python source of the SYCL conv kernel for one width and dtype: one channel per
     work-item, or with ``wide`` (a dtype of ``kernels.abi.WIDE_CHANNELS``) that many, each
     row of x, out and the conv state accessed that many channels at once.
-    ``record_args``: the fused kernel's (``template.kernel_source``). ``backend_options``:
-    other values of ``SYCL``'s flags (e.g. ``unit_stride_reads=False``: the kernel
-    without its stride-specific reads), only for same-run comparisons."""
+    ``record_args``: the fused kernel's (``template.kernel_source``); ``chains``: the
+    template's chain piece. ``backend_options``: other values of ``SYCL``'s flags (e.g.
+    ``unit_stride_reads=False``: the kernel without its stride-specific reads), only for
+    same-run comparisons."""
     backend = dataclasses.replace(SYCL, **backend_options)
     channels = 1
     if wide:
@@ -35,21 +37,27 @@ def kernel_source(width, name, dtype_name, wide=False, record_args=None, **backe
     return _template_source(
         width, name, backend, channels=channels, row_group=channels,
         word_taps=backend.unit_stride_reads and width == 4 and STORAGE[dtype_name] == np.int16,
-        record_args=record_args)
+        record_args=record_args, chains=chains)
 
 
-def name_and_source(width, dtype_name, fast=None, wide=False, fused=False,
+def name_and_source(width, dtype_name, fast=None, wide=False, fused=False, chains=False,
                     **backend_options):
     """(kernel name, Python source) of one specialization. ``fast``: the fast silu (None:
     the dtype's default, ``abi.fast_silu``); ``wide``, ``backend_options``: as in
     ``kernel_source``; ``fused``: the kernel that computes its block's record from a
     device plan's metadata (``template.kernel_source``'s ``record_args``: it also takes
-    ``planner.RECORD_ARGS``) instead of reading it from the tables."""
+    ``planner.RECORD_ARGS``) instead of reading it from the tables; ``chains``: the
+    kernel with the template's chain piece (for plans with parent maps or windows; the
+    others run the kernel without it, which the chain piece made up to 1.12x slower on
+    opencl:cpu: docs/performance.md)."""
     if width not in SUPPORTED_WIDTHS:
         raise ValueError(f"width must be one of {SUPPORTED_WIDTHS}, got {width}")
     if fast is None:
         fast = fast_silu(dtype_name)
+    chains = backend_options.pop("chains", chains) and not fused
     name = (f"jitconv_conv_w{width}_{dtype_name}" + ("_fast" if fast else "")
-            + ("_wide" if wide else "") + ("_fused" if fused else ""))
+            + ("_wide" if wide else "") + ("_fused" if fused else "")
+            + ("_chains" if chains else ""))
     return name, kernel_source(width, name, dtype_name, wide,
-                               RECORD_ARGS if fused else None, **backend_options)
+                               RECORD_ARGS if fused else None, chains=chains,
+                               **backend_options)

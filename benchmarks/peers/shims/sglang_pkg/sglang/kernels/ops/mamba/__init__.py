@@ -1,0 +1,1 @@
+# shim for a side-by-side run, not SGLang's code (empty package marker)
