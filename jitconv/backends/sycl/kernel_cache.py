@@ -89,6 +89,7 @@ def shipped_files():
     default of each dtype)."""
     keys = [key(*spec) for spec in specializations()]
     keys += [key(*spec) for spec in fused_specializations()]
+    keys += [key(w, d, wide, fast, None, True) for w, d, wide, fast in chain_specializations()]
     keys += [planner_key(types) for types in planner_specializations()]
     return sorted(f"{k}{suffix}" for k in keys for suffix in (".json", ".spv"))
 
@@ -206,6 +207,19 @@ def planner_specializations():
 # Other widths compile where numba-dpex is installed, else a device plan submits its
 # planner before the kernel that reads the tables.
 FUSED_WIDTHS = (4,)
+
+
+# The kernels with the chain piece shipped (steps with parent maps or intermediate
+# windows: EAGLE-tree verify, SGLang's target verify), by width: the engines' width. A
+# process that holds torch XPU's SYCL runtime cannot load numba-dpex, so what an engine
+# there needs must ship; other widths compile where numba-dpex is installed.
+CHAIN_WIDTHS = (4,)
+
+
+def chain_specializations():
+    """(width, dtype, wide, fast) of the kernels with the chain piece the package ships:
+    each width of CHAIN_WIDTHS and dtype, one-channel and wide, silu's two maths."""
+    return [s for s in specializations() if s[0] in CHAIN_WIDTHS]
 
 
 def fused_specializations():
