@@ -343,8 +343,7 @@ def with_rules(case, gen, *, trees=True, windows="some", usm=False):
     rows; returns (case, windows tensor: random values, so untouched entries mean
     something). The windows tensor is None when no sequence has a row."""
     case = dict(case)
-    rows_needed, steps = 0, 1
-    order = []
+    steps, order = 1, []
     for part in ("non_spec", "spec"):
         qsl = case.get(f"{part}_query_start_loc")
         if qsl is None:
@@ -366,10 +365,9 @@ def with_rules(case, gen, *, trees=True, windows="some", usm=False):
         case[f"{part}_window_rows"][i] = row + 1  # row 0 stays unwritten
     if not order:
         return case, None
-    rows_needed = len(order) + 1
     x = case["x"]
     width = case["weight"].shape[-1]
-    shape = (rows_needed, steps + 1, x.shape[1], width - 1)
+    shape = (len(order) + 1, steps + 1, x.shape[1], width - 1)
     win = randn(gen, shape, x.dtype, usm)
     return case, win
 

@@ -204,16 +204,16 @@ class StepPlan:
         return SplitOutputs(slots[non_spec:non_spec + spec] if spec else None,
                             slots[:non_spec] if non_spec else None)
 
-    def _check_windows(self, windows, x, conv_state, out, extents):
-        return validation.check_windows(windows, x, conv_state, out, self.window_rows,
-                                        self.window_steps, self.geometry.width, extents)
+    def _check_windows(self, windows, x, extents):
+        return validation.check_windows(windows, x, self.window_rows, self.window_steps,
+                                        self.geometry.width, extents)
 
     def _launch_split(self, backend, tensors, silu, math, dtype, split, windows=None):
         """Launch with split outputs (``run``'s out_spec / out_non_spec), checked first."""
         x, weight, bias, conv_state, out = tensors
         validation.check_writable(x, weight, bias, conv_state, out)
         extents = validation.check_aliasing(x, weight, bias, conv_state, out, self.lines)
-        self._check_windows(windows, x, conv_state, out, extents)
+        self._check_windows(windows, x, extents)
         out_spec, out_non_spec = (registry.normalize(t, n)
                                   for t, n in zip(split, validation.SPLIT_NAMES))
         validation.check_split_outputs(x, weight, bias, conv_state, (out_spec, out_non_spec),
@@ -239,7 +239,7 @@ class StepPlan:
         x, weight, bias, conv_state, out = tensors
         validation.check_writable(x, weight, bias, conv_state, out)
         extents = validation.check_aliasing(x, weight, bias, conv_state, out, self.lines)
-        self._check_windows(windows, x, conv_state, out, extents)
+        self._check_windows(windows, x, extents)
         dim = validation.shape_of(x)[1]
         # The kernel needs channels contiguous in x and out (see kernels.abi). out may also
         # alias x, and the kernel reads neighbouring rows of x: then compute into a

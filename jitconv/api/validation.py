@@ -29,6 +29,14 @@ def check_activation(activation):
     return activation is not None
 
 
+def activation_name(activation):
+    """An engine's activation argument as the ops take it: True / False (SGLang, old vLLM
+    releases) are "silu" / None; anything else as given (checked by check_activation)."""
+    if isinstance(activation, bool):
+        return "silu" if activation else None
+    return activation
+
+
 def check_math(math):
     """``math``: None (the backend's default for the dtype), "exact" or "fast"."""
     if math not in abi.MATHS:
@@ -463,7 +471,7 @@ def window_rows(rows, name, nseq, real):
     return np.where(real, rows, -1)
 
 
-def check_windows(windows, x, conv_state, out, plan_rows, steps, width, extents):
+def check_windows(windows, x, plan_rows, steps, width, extents):
     """The intermediate windows of a run: (rows, steps, dim, width - 1) in x's dtype on
     x's device, with every row the plan's sequences name and as many steps as their
     longest sequence, apart from every other argument. (Elements of the windows may

@@ -117,7 +117,8 @@ def build_batch(parts, num_tokens, block_tokens=DEFAULT_BLOCK_TOKENS):
     uncovered = np.flatnonzero(~covered)
 
     seq_tok, seq_len, seq_line, seq_off, seq_flags = [], [], [], [], []
-    parent, window_row = [], []  # per token slot (abi.LINK_FIELDS)
+    chains = any(p.parents is not None or p.window_rows is not None for p in parts)
+    parent, window_row = [], []  # per token slot (abi.LINK_FIELDS), for chains only
     slot = 0
     for p in parts:
         qsl = p.query_start_loc
@@ -130,13 +131,13 @@ def build_batch(parts, num_tokens, block_tokens=DEFAULT_BLOCK_TOKENS):
         real = p.lines >= 0
         if p.parents is not None:
             flags = flags | np.where(real, FLAG_CHAIN | FLAG_TREE, 0)
-            parent.append(p.parents)
-        else:
-            parent.append(np.arange(int(qsl[-1])) - np.repeat(qsl[:-1], lengths) - 1)
-        rows_of = np.full(len(lengths), -1) if p.window_rows is None else p.window_rows
         if p.window_rows is not None:
             flags = flags | np.where(real & (p.window_rows >= 0), FLAG_CHAIN, 0)
-        window_row.append(np.repeat(rows_of, lengths))
+        if chains:
+            parent.append(p.parents if p.parents is not None else
+                          np.arange(int(qsl[-1])) - np.repeat(qsl[:-1], lengths) - 1)
+            rows_of = np.full(len(lengths), -1) if p.window_rows is None else p.window_rows
+            window_row.append(np.repeat(rows_of, lengths))
         seq_flags.append(flags)
         slot += int(qsl[-1])
     if len(uncovered):
@@ -146,8 +147,9 @@ def build_batch(parts, num_tokens, block_tokens=DEFAULT_BLOCK_TOKENS):
         seq_line.append([-1])
         seq_off.append([0])
         seq_flags.append([FLAG_UNCOVERED])
-        parent.append(np.full(len(uncovered), -1))
-        window_row.append(np.full(len(uncovered), -1))
+        if chains:
+            parent.append(np.full(len(uncovered), -1))
+            window_row.append(np.full(len(uncovered), -1))
     rows.append(uncovered)
 
     def cat(chunks):

@@ -27,15 +27,9 @@ import numpy as np
 import torch
 
 from jitconv.api import ops
-from jitconv.api.validation import host_ints
+from jitconv.api.validation import activation_name, host_ints
 
 PAD_SLOT_ID = -1
-
-
-def _activation(activation):
-    if isinstance(activation, bool):
-        return "silu" if activation else None
-    return activation
 
 
 def _refuse(name, value, what):
@@ -80,7 +74,7 @@ def causal_conv1d_fn(x, weight, bias, conv_states, query_start_loc, seq_lens_cpu
                             non_spec_query_start_loc=qsl[:nseq + 1] - qsl[0],
                             non_spec_state_indices=lines, has_initial_state=initial,
                             non_spec_token_indx=rows,
-                            activation=_activation(activation), pad_slot_id=pad_slot_id,
+                            activation=activation_name(activation), pad_slot_id=pad_slot_id,
                             out=out)
     return out.transpose(0, 1)
 
@@ -110,8 +104,9 @@ def tree_parents(next_token, next_sibling, lengths, real):
         par_seen = np.zeros(n, bool)
         par_seen[0] = True
         for t in range(n):
-            for name, table, value in (("retrieve_next_token", nxt, t),
-                                       ("retrieve_next_sibling", sib, None)):
+            # t's first child gets parent t, t's next sibling t's parent
+            for name, table, parent in (("retrieve_next_token", nxt, t),
+                                        ("retrieve_next_sibling", sib, par[t])):
                 child = int(table[i, t])
                 if child == -1:
                     continue
@@ -122,7 +117,7 @@ def tree_parents(next_token, next_sibling, lengths, real):
                 if par_seen[child]:
                     raise ValueError(f"{name}: batch entry {i}: position {child} is "
                                      f"reached twice (not a tree)")
-                par[child] = t if value is not None else par[t]
+                par[child] = parent
                 par_seen[child] = True
         parents[i, :n] = par  # a position in no list keeps parent 0, as in SGLang
     return parents
@@ -189,7 +184,7 @@ def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None,
     out = torch.empty(tuple(tokens.shape), dtype=x.dtype, device=x.device)
     try:
         ops.causal_conv1d_mixed(tokens, weight, bias, conv_state,
-                                activation=_activation(activation),
+                                activation=activation_name(activation),
                                 pad_slot_id=pad_slot_id, out=out,
                                 intermediate_windows=windows, **meta)
     except ValueError as exc:  # name SGLang's arguments, not the core's

@@ -29,15 +29,9 @@ import torch
 
 from jitconv.api import device_calls, ops, validation
 from jitconv.api.plan import SplitOutputs
-from jitconv.api.validation import host_ints
+from jitconv.api.validation import activation_name, host_ints
 from jitconv.vllm import conventions
 from jitconv.vllm.conventions import NULL_BLOCK_ID, PAD_SLOT_ID
-
-
-def activation_name(activation):
-    if isinstance(activation, bool):
-        return "silu" if activation else None
-    return activation
 
 
 # Arguments of vLLM's conv ops (in some releases or revisions) that jitconv does not

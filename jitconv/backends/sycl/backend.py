@@ -76,7 +76,8 @@ class SyclBackend:
                 ("weight", weight, False, None),
                 ("conv_state", conv_state, True, plan.written_lines),
                 ("out2", launch.out2, True, None),
-                ("win", launch.windows, True, plan.window_rows.tolist())):
+                ("win", launch.windows, True,
+                 None if launch.windows is None else plan.window_rows.tolist())):
             if t is None:  # a split part without tokens: x stands in (see Launch)
                 continue
             views[name], wb = bridge.to_device(t, name, writable, queue, written)
