@@ -121,10 +121,11 @@ def wide_choices(monkeypatch):
 
 def build_mixed(seed, *, dtype, width, dim, layout="SD", use_bias=True, pads=True,
                 shuffle=True, usm=False, non_spec=True, spec=True, spec_2d=True,
-                non_spec_accepted=False, strided=False):
+                non_spec_accepted=False, strided=False, extra_lines=3):
     """kwargs for one mixed step; the same names serve jitconv and the reference.
     Non-spec lengths {1, 2, width-1, 8, 129} in random order, six ragged spec sequences
-    of 1 + (0..4) tokens, one pad of each kind, 2 spare state columns, 3 unused lines."""
+    of 1 + (0..4) tokens, one pad of each kind, 2 spare state columns, ``extra_lines``
+    unused lines."""
     gen = torch.Generator().manual_seed(seed)
     ns_lengths = [1, 2, width - 1, 8, 129] if non_spec else []
     ns_lengths = [ns_lengths[i] for i in torch.randperm(len(ns_lengths), generator=gen)]
@@ -133,17 +134,68 @@ def build_mixed(seed, *, dtype, width, dim, layout="SD", use_bias=True, pads=Tru
                       sp_lengths=sp_lengths, rows="shuffled" if shuffle else "plain",
                       ns_pads=int(pads), sp_pads=int(pads), initial="alternate",
                       spec_columns=4 if spec_2d else 1, extra_state_columns=2,
-                      extra_lines=3, layout=layout, bias=use_bias, usm=usm,
+                      extra_lines=extra_lines, layout=layout, bias=use_bias, usm=usm,
                       strided=strided, non_spec_accepted=non_spec_accepted)
 
 
 def used_lines(case):
+    """The cache lines a case reads or writes (write lines and checkpoints included)."""
     lines = []
-    for key in ("non_spec_state_indices", "spec_state_indices"):
-        if key in case:
+    for key in ("non_spec_state_indices", "spec_state_indices", "non_spec_write_indices",
+                "spec_write_indices", "non_spec_checkpoint_indices"):
+        if case.get(key) is not None:
             t = case[key]
             lines += (t[:, 0] if t.dim() == 2 else t).tolist()
     return [line for line in lines if line >= 0]
+
+
+def read_lines(case, part):
+    t = case[f"{part}_state_indices"]
+    return (t[:, 0] if t.dim() == 2 else t).tolist()
+
+
+def with_lines(case, gen):
+    """``case`` with write lines for some sequences of both parts and up to three
+    checkpoints for some non-spec sequences (a sequence that moves its state writing its
+    first checkpoint into the line it read, as vLLM's 'all' mode does), all on lines no
+    sequence reads, in a random order (the case needs that many spare lines)."""
+    case = dict(case)
+    used = set(used_lines(case))
+    free = [line for line in range(case["conv_state"].shape[0]) if line not in used]
+    free = [free[i] for i in torch.randperm(len(free), generator=gen).tolist()]
+    for part in ("non_spec", "spec"):
+        if case.get(f"{part}_query_start_loc") is None:
+            continue
+        lines = read_lines(case, part)
+        writes = [line if line < 0 or torch.rand(1, generator=gen) < 0.4 else free.pop()
+                  for line in lines]
+        case[f"{part}_write_indices"] = torch.tensor(writes, dtype=torch.int32)
+        if part == "spec":
+            continue
+        loc, pos, ind = [0], [], []
+        for i, n in enumerate(lengths_of(case["non_spec_query_start_loc"])):
+            if lines[i] >= 0 and n >= 1 and torch.rand(1, generator=gen) < 0.8:
+                picks = torch.randint(1, n + 1, (3,), generator=gen).tolist()
+                for j, p in enumerate(sorted(set(picks))):
+                    pos.append(p)
+                    ind.append(lines[i] if j == 0 and writes[i] != lines[i] else free.pop())
+            loc.append(len(pos))
+        case.update(non_spec_checkpoint_loc=torch.tensor(loc, dtype=torch.int32),
+                    non_spec_checkpoint_pos=torch.tensor(pos, dtype=torch.int32),
+                    non_spec_checkpoint_indices=torch.tensor(ind, dtype=torch.int32))
+    return case
+
+
+def with_ring(case, gen):
+    """``case`` with circular non-spec lines: random counts written so far, from 0 to
+    three times around the ring (no non-spec accepted counts: rings take none)."""
+    case = dict(case)
+    case.pop("non_spec_num_accepted_tokens", None)
+    count = len(case["non_spec_query_start_loc"]) - 1
+    state_len = case["conv_state"].shape[2]
+    case["non_spec_cache_seqlens"] = torch.randint(0, 3 * state_len, (count,),
+                                                   generator=gen, dtype=torch.int32)
+    return case
 
 
 def run_and_check(case, *, dtype, activation="silu", out=None):

@@ -96,12 +96,64 @@ def test_links_and_one_block_per_tree():
     # the linear sequence in blocks of 16; the 20-token tree in one block
     assert b.blk_len.tolist() == [16, 16, 8, 20, 3, 2]
     assert b.has_chains()
-    parent, window_row = b.links[:, 0], b.links[:, 1]
-    assert parent[:40].tolist() == list(range(-1, 39))  # the linear chain
-    assert parent[40 + 20:40 + 23].tolist() == [-1, 0, 0]
-    assert window_row[:40].tolist() == [5] * 40
-    assert window_row[40:60].tolist() == [-1] * 20 and window_row[63:65].tolist() == [2, 2]
-    assert len(b.tables()[2]) == 2 * len(b.rows)
+    links = decode_links(b, len(b.rows))
+    parent = [p for p, _record in links]
+    window_row = [record["window_row"] for _p, record in links]
+    assert parent[:40] == list(range(-1, 39))  # the linear chain
+    assert parent[40 + 20:40 + 23] == [-1, 0, 0]
+    assert window_row[:40] == [5] * 40
+    assert window_row[40:60] == [-1] * 20 and window_row[63:65] == [2, 2]
+    assert all(record["checkpoints"] == [] and record["ring_len"] == 0
+               for _p, record in links)
+
+
+def decode_links(b, slots):
+    """The "links" table of a Batch with ``slots`` link slots, read back as the kernel
+    reads it: per slot (parent, its sequence's record by SEQUENCE_FIELDS name, the
+    checkpoints as (position, line) pairs)."""
+    from jitconv.kernels.abi import LINK_FIELDS, SEQUENCE_FIELDS
+    flat = b.links.tolist()
+    out = []
+    for k in range(slots):
+        parent = flat[len(LINK_FIELDS) * k + LINK_FIELDS.index("parent")]
+        at = flat[len(LINK_FIELDS) * k + LINK_FIELDS.index("sequence")]
+        record = dict(zip(SEQUENCE_FIELDS, flat[at:at + len(SEQUENCE_FIELDS)]))
+        pairs = flat[at + len(SEQUENCE_FIELDS):at + len(SEQUENCE_FIELDS)
+                     + 2 * record["checkpoints"]]
+        record["checkpoints"] = list(zip(pairs[::2], pairs[1::2]))
+        out.append((parent, record))
+    return out
+
+
+def test_lines_rings_and_empty_sequences_in_links():
+    """Write lines and checkpoints set FLAG_LINES (a write line equal to the read line
+    does not), rings FLAG_RING; each sequence's record carries them; an empty sequence
+    with rules gets a link slot of its own after the token slots (its first slot), so
+    that it never reads another sequence's record; pads get no rule flag."""
+    from jitconv.kernels.abi import FLAG_LINES, FLAG_RING
+    lines = Part(query_start_loc=np.array([0, 5, 5, 9, 12]), lines=np.array([3, 4, -1, 6]),
+                 rows=np.arange(12), offsets=np.zeros(4, np.int64),
+                 initial=np.ones(4, bool), spec=False, write_lines=np.array([7, 8, -1, 6]),
+                 checkpoints=(np.array([0, 2, 2, 2, 3]), np.array([1, 4, 2]),
+                              np.array([3, 9, 10])))
+    ring = Part(query_start_loc=np.array([0, 0, 2]), lines=np.array([1, 2]),
+                rows=np.arange(12, 14), offsets=np.zeros(2, np.int64),
+                initial=np.ones(2, bool), spec=True, ring=(np.array([3, 0]), 5))
+    b = build_batch([lines, ring], 14, block_tokens=16)
+    flags = b.seq_flags.tolist()
+    assert [bool(f & FLAG_LINES) for f in flags] == [True, True, False, True, False, False]
+    assert [bool(f & FLAG_RING) for f in flags] == [False] * 4 + [True, True]
+    # the two empty sequences with rules: slots 14 and 15; the empty pad keeps slot 5
+    assert b.seq_tok.tolist() == [0, 14, 5, 9, 15, 12]
+    links = decode_links(b, 16)
+    record = {k: links[k][1] for k in (0, 14, 9, 15, 12)}
+    assert record[0] == dict(window_row=-1, write_line=7, ring_pos=-1, ring_len=0,
+                             checkpoints=[(1, 3), (4, 9)])
+    assert record[14]["write_line"] == 8 and record[14]["checkpoints"] == []
+    assert record[9] == dict(window_row=-1, write_line=6, ring_pos=-1, ring_len=0,
+                             checkpoints=[(2, 10)])
+    assert (record[15]["ring_pos"], record[15]["ring_len"]) == (3, 5)
+    assert (record[12]["ring_pos"], record[12]["ring_len"]) == (0, 5)
 
 
 def test_blocks_shorter_than_the_widest_window_are_refused():

@@ -682,15 +682,18 @@ def test_split_outputs(cuda_device, dtype_name, shape):
 
 @pytest.mark.parametrize("dtype_name", list(DTYPES))
 @pytest.mark.parametrize("width", [3, 4])
-def test_trees_and_windows(cuda_device, monkeypatch, dtype_name, width):
-    """Parent maps and intermediate windows in one launch of a mixed step (prefill chunks,
-    decodes, tree-verify sequences, pads), as in tests/test_state_rules.py: states and
-    windows bit-exact, the general kernel (never a short one) for such a step."""
-    from helpers import check_rules_case, with_rules
+@pytest.mark.parametrize("rules", ["lines", "ring"])
+def test_trees_and_windows(cuda_device, monkeypatch, dtype_name, width, rules):
+    """Every state rule in one launch of a mixed step, as in tests/test_state_rules.py:
+    prefill chunks, decodes, tree-verify sequences and pads with windows, and write lines
+    with checkpoints or circular lines; states and windows bit-exact, the general kernel
+    (never a short one) for such a step."""
+    from helpers import check_rules_case, with_lines, with_ring, with_rules
     dtype = DTYPES[dtype_name]
     gen = torch.Generator().manual_seed(width)
-    case = build_mixed(width, dtype=dtype, width=width, dim=DIM, usm=True)
+    case = build_mixed(width, dtype=dtype, width=width, dim=DIM, usm=True, extra_lines=40)
     case, windows = with_rules(case, gen, usm=True)
+    case = with_lines(case, gen) if rules == "lines" else with_ring(case, gen)
     short = []
     lookup = cuda_backend.get_kernel
     monkeypatch.setattr(cuda_backend, "get_kernel",

@@ -144,15 +144,41 @@ def test_prefill(cpu_tensor_device):
         assert_state_exact(state, ref_state)
 
 
-@pytest.mark.parametrize("argument", ["cache_seqlens", "metadata"])
-def test_update_refuses_what_it_does_not_implement(cpu_tensor_device, argument):
+def test_update_refuses_metadata(cpu_tensor_device):
     gen = torch.Generator().manual_seed(2)
     t = _tensors(gen, 2, 1, 4)
     before = bits(t["conv_state"])
-    with pytest.raises(NotImplementedError, match=f"^{argument}: not implemented"):
+    with pytest.raises(NotImplementedError, match="^metadata: not implemented"):
         jsg.causal_conv1d_update(t["x"], t["conv_state"], t["weight"],
                                  conv_state_indices=torch.tensor([0, 1]),
-                                 **{argument: torch.tensor([3, 3], dtype=torch.int32)})
+                                 metadata=torch.tensor([3, 3], dtype=torch.int32))
+    assert torch.equal(bits(t["conv_state"]), before)
+
+
+def test_update_with_cache_seqlens_runs_circular_lines(cpu_tensor_device):
+    """``cache_seqlens``: each line a ring (SGLang's CUDA op's meaning), decodes and
+    3-token sequences, positions wrapping; with num_accept_tokens, refused by name."""
+    gen = torch.Generator().manual_seed(2)
+    for seqlen in (1, 3):
+        t = _tensors(gen, 3, seqlen, 4, state_extra=2)
+        lines = torch.tensor([4, 0, 2])
+        counts = torch.tensor([3, 4, 10], dtype=torch.int32)
+        ref_out, ref_state = causal_conv1d_reference(
+            t["x"], t["weight"], t["bias"], t["conv_state"],
+            non_spec_query_start_loc=torch.arange(0, 3 * seqlen + 1, seqlen),
+            non_spec_state_indices=lines, non_spec_cache_seqlens=counts, activation="silu")
+        x = t["x"] if seqlen == 1 else t["x3"]
+        out = jsg.causal_conv1d_update(x, t["conv_state"], t["weight"], t["bias"], "silu",
+                                       cache_seqlens=counts, conv_state_indices=lines)
+        tokens = out if seqlen == 1 else out.transpose(1, 2).reshape(-1, DIM)
+        assert_outputs_close(tokens, ref_out, torch.float32)
+        assert_state_exact(t["conv_state"], ref_state)
+    before = bits(t["conv_state"])
+    with pytest.raises(ValueError, match="^cache_seqlens: circular lines do not combine "
+                                         "with num_accept_tokens"):
+        jsg.causal_conv1d_update(t["x3"], t["conv_state"], t["weight"], None, "silu",
+                                 cache_seqlens=counts, conv_state_indices=lines,
+                                 num_accept_tokens=torch.ones(3, dtype=torch.int32))
     assert torch.equal(bits(t["conv_state"]), before)
 
 

@@ -362,14 +362,15 @@ PAD_SLOT_OPS = """
 def test_install_follows_ops_without_a_null_block(cpu_tensor_device, standin, caplog):
     """Ops that take pad_slot_id and no null_block_id (vLLM 0.11's): the ops installed
     skip pad_slot_id (-1) lines and treat line 0 as a cache line, as those callers expect;
-    a positional call binds by the installed op's order (cache_seqlens sixth)."""
+    a positional call binds by the installed op's order (cache_seqlens sixth: circular
+    lines)."""
     write_ops(standin, PAD_SLOT_OPS)
     caplog.set_level(logging.INFO, logger=vllm_plugin.logger.name)
     assert vllm_plugin.install() == TARGET_NAMES
     line = plugin_lines(caplog)[0]
     assert "conventions read from the installed vLLM: pad slot -1 (causal_conv1d_update " \
         "takes pad_slot_id=-1" in line, line
-    assert "refused when given: causal_conv1d_update(cache_seqlens)" in line, line
+    assert "refused" not in line, line  # cache_seqlens: circular lines
     import vllm.model_executor.layers.mamba.mamba_mixer2 as mixer
     gen = torch.Generator().manual_seed(32)
     lines = torch.tensor([0, -1, 3, 2], dtype=torch.int32)
@@ -397,11 +398,14 @@ def test_install_follows_ops_without_a_null_block(cpu_tensor_device, standin, ca
                                  torch.tensor([True, True]))
     assert_outputs_close(out.t(), ref_out, torch.float32)
     assert_state_exact(state, ref_state)
-    # cache_seqlens (a circular buffer) is refused by name, nothing written
-    before = bits(state)
-    with pytest.raises(NotImplementedError, match="^cache_seqlens: not implemented"):
-        mixer.causal_conv1d_update(x.clone(), state, w, b, "silu", torch.zeros(4), lines)
-    assert torch.equal(bits(state), before)
+    # cache_seqlens (sixth): circular lines, as Dao-AILab/causal-conv1d's op defines them
+    counts = torch.tensor([1, 0, 5, 2], dtype=torch.int32)
+    ref_out, ref_state = causal_conv1d_reference(
+        x, w, b, state, non_spec_query_start_loc=[0, 1, 2, 3, 4],
+        non_spec_state_indices=lines, non_spec_cache_seqlens=counts, activation="silu")
+    out = mixer.causal_conv1d_update(x.clone(), state, w, b, "silu", counts, lines)
+    assert_outputs_close(out, ref_out, torch.float32)
+    assert_state_exact(state, ref_state)
 
 
 # vLLM 0.32's signatures: the null block and the prefix-caching arguments.
@@ -423,50 +427,125 @@ PREFIX_CACHING_OPS = """
                              initial_state_idx=None, validate_data=False, out=None):
         raise AssertionError("vLLM's causal_conv1d_update was called")
     """
-FN_REFUSED = ["block_idx_first_scheduled_token", "block_idx_last_scheduled_token",
-              "initial_state_idx", "num_computed_tokens", "block_size_to_align"]
 
 
-@pytest.mark.parametrize("op, argument", [("causal_conv1d_fn", a) for a in FN_REFUSED] + [
-    ("causal_conv1d_fn", "cache_indices"),
-    ("causal_conv1d_update", "block_idx_last_scheduled_token"),
-    ("causal_conv1d_update", "initial_state_idx")])
-def test_installed_op_refuses_what_jitconv_does_not_implement(cpu_tensor_device, standin,
-                                                              op, argument):
-    """Each prefix-caching argument vLLM 0.32's ops take, given to the installed op (by
-    keyword, and by position for the update's), raises NotImplementedError naming it and
-    the vLLM setting, before anything runs: conv_state untouched."""
+def _prefix_caching_step(gen):
+    """Two prefill chunks of vLLM 0.32's prefix caching in 'all' mode (block size 16),
+    with the rules they mean worked out by hand: sequence 0 (20 tokens after 10) starts
+    in block 0 of its table row and ends in block 1 (one boundary, at position 6, into
+    block 0: the line it read); sequence 1 (40 tokens after 32, its state read from
+    block 1's line) crosses blocks 2, 3, 4 (boundaries at positions 16 and 32 into blocks
+    2 and 3). Unused entries hold the null block 0."""
+    table = torch.tensor([[4, 7, 0, 0, 0], [0, 5, 9, 1, 6]], dtype=torch.int32)
+    apc = dict(block_idx_first_scheduled_token=torch.tensor([0, 2], dtype=torch.int32),
+               block_idx_last_scheduled_token=torch.tensor([1, 4], dtype=torch.int32),
+               initial_state_idx=torch.tensor([0, 1], dtype=torch.int32),
+               num_computed_tokens=torch.tensor([10, 32], dtype=torch.int32),
+               block_size_to_align=16)
+    rules = dict(non_spec_state_indices=[4, 5], non_spec_write_indices=[7, 6],
+                 non_spec_checkpoint_loc=[0, 1, 3], non_spec_checkpoint_pos=[6, 16, 32],
+                 non_spec_checkpoint_indices=[4, 9, 1])
+    qsl = torch.tensor([0, 20, 60], dtype=torch.int32)
+    return table, apc, rules, qsl
+
+
+def test_installed_op_runs_prefix_caching(cpu_tensor_device, standin):
+    """vLLM 0.32's prefix-caching arguments, given to the installed ops (by keyword, and
+    the update's by position): the read line, the write line and every block-boundary
+    checkpoint as SEMANTICS.md translates them, in one launch, against the reference
+    (states bit-exact, everything else untouched)."""
     write_ops(standin, PREFIX_CACHING_OPS)
     assert vllm_plugin.install() == TARGET_NAMES
     import vllm.model_executor.layers.mamba.mamba_mixer2 as mixer
     gen = torch.Generator().manual_seed(3)
-    state = randn(gen, (5, DIM, WIDTH - 1), torch.float32)
+    table, apc, rules, qsl = _prefix_caching_step(gen)
+    state = randn(gen, (12, DIM, WIDTH - 1), torch.float32)
+    w, b = randn(gen, (DIM, WIDTH), torch.float32), randn(gen, (DIM,), torch.float32)
+    tokens = randn(gen, (60, DIM), torch.float32)
+    init = torch.tensor([True, False])
+    ref_out, ref_state = causal_conv1d_reference(
+        tokens, w, b, state, non_spec_query_start_loc=qsl, has_initial_state=init,
+        activation="silu", **rules)
+    out = mixer.causal_conv1d_fn(tokens.t(), w, b, state, qsl, table, init, **apc)
+    assert_outputs_close(out.t(), ref_out, torch.float32)
+    assert_state_exact(state, ref_state)
+    # the update: decodes read column initial_state_idx, write block_idx_last_...
+    state = randn(gen, (12, DIM, WIDTH - 1), torch.float32)
+    x = randn(gen, (2, DIM), torch.float32)
+    last = torch.tensor([1, 3], dtype=torch.int32)
+    initial = torch.tensor([0, 2], dtype=torch.int32)
+    ref_out, ref_state = causal_conv1d_reference(
+        x, w, b, state, non_spec_query_start_loc=[0, 1, 2], non_spec_state_indices=[4, 9],
+        non_spec_write_indices=[7, 1], activation="silu")
+    positional = [x.clone(), state, w, b, "silu", table, None, None, -1, 0, last, initial]
+    out = mixer.causal_conv1d_update(*positional)
+    assert_outputs_close(out, ref_out, torch.float32)
+    assert_state_exact(state, ref_state)
+
+
+@pytest.mark.parametrize("bad, error, message", [
+    ("no_last", ValueError, "^initial_state_idx: given without "
+                            "block_idx_last_scheduled_token"),
+    ("no_first", ValueError, "^block_idx_first_scheduled_token: required with "
+                             "block_idx_last_scheduled_token"),
+    ("align", ValueError, "^block_size_to_align: expected a positive multiple of 8"),
+    ("column", ValueError, "^block_idx_last_scheduled_token: entry 1 is 5; expected a "
+                           "column of the block table in \\[0, 5\\)"),
+    ("boundary", ValueError, "^block_idx_first_scheduled_token / num_computed_tokens: "
+                             "sequence 1"),
+    ("one_d", ValueError, "^cache_indices: expected vLLM's 2-D block table"),
+    ("written_twice", ValueError, "cache line 6 is written twice"),
+])
+def test_bad_prefix_caching_is_refused_by_name(cpu_tensor_device, standin, bad, error,
+                                               message):
+    """Prefix-caching arguments that vLLM would misread: an error naming vLLM's argument
+    before anything runs, conv_state untouched."""
+    write_ops(standin, PREFIX_CACHING_OPS)
+    vllm_plugin.install()
+    import vllm.model_executor.layers.mamba.mamba_mixer2 as mixer
+    gen = torch.Generator().manual_seed(5)
+    table, apc, _rules, qsl = _prefix_caching_step(gen)
+    state = randn(gen, (12, DIM, WIDTH - 1), torch.float32)
     w = randn(gen, (DIM, WIDTH), torch.float32)
-    lines = torch.tensor([1, 2], dtype=torch.int32)
-    value = 16 if argument == "block_size_to_align" else torch.tensor([0, 0], dtype=torch.int32)
+    tokens = randn(gen, (DIM, 60), torch.float32)
+    if bad == "no_last":
+        apc = dict(initial_state_idx=apc["initial_state_idx"])
+    elif bad == "no_first":
+        apc["block_idx_first_scheduled_token"] = None
+    elif bad == "align":
+        apc["block_size_to_align"] = 12
+    elif bad == "column":
+        apc["block_idx_last_scheduled_token"] = torch.tensor([1, 5], dtype=torch.int32)
+    elif bad == "boundary":
+        apc["num_computed_tokens"] = torch.tensor([10, 12], dtype=torch.int32)
+    elif bad == "one_d":
+        table = table[:, 0]
+    elif bad == "written_twice":
+        table[0, 1] = 6
     before = bits(state)
-    calls = []
-    if op == "causal_conv1d_fn":
-        tokens, qsl = randn(gen, (DIM, 4), torch.float32), torch.tensor([0, 2, 4])
-        if argument == "cache_indices":  # vLLM's 2-D block table
-            calls.append(lambda: mixer.causal_conv1d_fn(tokens, w, None, state, qsl,
-                                                        cache_indices=lines[:, None]))
-        else:
-            calls.append(lambda: mixer.causal_conv1d_fn(tokens, w, None, state, qsl, lines,
-                                                        **{argument: value}))
-    else:
-        x = randn(gen, (2, DIM), torch.float32)
-        calls.append(lambda: mixer.causal_conv1d_update(x, state, w, None, "silu", lines,
-                                                        **{argument: value}))
-        positional = [x, state, w, None, "silu", lines, None, None, -1, 0, None, None]
-        positional[10 if argument == "block_idx_last_scheduled_token" else 11] = value
-        calls.append(lambda: mixer.causal_conv1d_update(*positional))
-    for call in calls:
-        with pytest.raises(NotImplementedError, match=f"^{argument}: .*not implemented") \
-                as raised:
-            call()
-        assert "--mamba-cache-mode all" in str(raised.value)
-        assert torch.equal(bits(state), before)
+    with pytest.raises(error, match=message):
+        mixer.causal_conv1d_fn(tokens, w, None, state, qsl, table, None, **apc)
+    assert torch.equal(bits(state), before)
+
+
+def test_a_block_table_without_prefix_caching_means_column_0(cpu_tensor_device, standin):
+    """vLLM's kernels read column 0 of a 2-D cache_indices when no block index is given:
+    so does the installed causal_conv1d_fn."""
+    write_ops(standin, PREFIX_CACHING_OPS)
+    vllm_plugin.install()
+    import vllm.model_executor.layers.mamba.mamba_mixer2 as mixer
+    gen = torch.Generator().manual_seed(6)
+    table, _apc, _rules, qsl = _prefix_caching_step(gen)
+    state = randn(gen, (12, DIM, WIDTH - 1), torch.float32)
+    w = randn(gen, (DIM, WIDTH), torch.float32)
+    tokens = randn(gen, (60, DIM), torch.float32)
+    table[1, 0] = 2
+    ref_out, ref_state = causal_conv1d_reference(
+        tokens, w, None, state, non_spec_query_start_loc=qsl, non_spec_state_indices=[4, 2],
+        activation="silu")
+    out = mixer.causal_conv1d_fn(tokens.t(), w, None, state, qsl, table)
+    assert_outputs_close(out.t(), ref_out, torch.float32)
+    assert_state_exact(state, ref_state)
 
 
 def test_install_refuses_ops_with_an_argument_jitconv_does_not_know(standin, caplog):
@@ -511,11 +590,9 @@ def test_gdn_route_is_logged_on_xpu(standin, caplog, backend, reaches):
 # line, and the arguments refused per op. 0.19.0 is the last release without the null
 # block.
 RELEASES = {
-    "0.11.0": ("pad slot", -1, [], ["cache_seqlens"]),
-    "0.19.0": ("pad slot", -1, FN_REFUSED, ["block_idx_last_scheduled_token",
-                                            "initial_state_idx"]),
-    "0.32.0": ("null block", 0, FN_REFUSED, ["block_idx_last_scheduled_token",
-                                              "initial_state_idx"]),
+    "0.11.0": ("pad slot", -1, [], []),
+    "0.19.0": ("pad slot", -1, [], []),
+    "0.32.0": ("null block", 0, [], []),
     "0.33.0": ("null block", 0, [], []),
     "0.34.0": ("null block", 0, [], []),
 }

@@ -4,8 +4,10 @@ kernels, for the state rules of docs/SEMANTICS.md "More state rules", on random 
 - SGLang 0.5.23's ``causal_conv1d_update`` (target verify: windows for every token,
   EAGLE trees from first-child / next-sibling arrays, padded entries; plain decodes) and
   ``causal_conv1d_fn`` (varlen prefill) against ``jitconv.sglang``;
-- vLLM's tree verify (its PR 29846, ``retrieve_parent_token``) against
-  ``jitconv.vllm.plugin``'s replacement built from that ops module's signature.
+- vLLM's tree verify (its PR 29846, ``retrieve_parent_token``) and its prefix caching in
+  'all' mode (``causal_conv1d_fn`` with block-boundary checkpoints, ``causal_conv1d_update``
+  reading one block's line and writing another's) against ``jitconv.vllm.plugin``'s
+  replacements built from that ops module's signatures.
 
 Both sides get clones of the same inputs. States, windows and parent maps must be
 bit-identical; outputs of both sides are compared with the float64 reference
@@ -286,6 +288,142 @@ def vllm_tree(rng, tally, vllm_op, jit_op, index):
               {"jitconv": err_j, "vllm": err_v}, diff)
 
 
+def prefix_caching_sequence(rng, B, S):
+    """One sequence of vLLM's prefix caching in 'all' mode: (tokens computed before,
+    tokens now, initial block, first block, last block). Chunks of at least S tokens
+    whose first boundary is at least S tokens in (where vLLM's kernel and the contract
+    agree: SEMANTICS.md says where they differ)."""
+    while True:
+        done = rng.choice([0, rng.randrange(1, 3 * B)])
+        n = rng.randint(S, 3 * B)
+        first, last = done // B, (done + n - 1) // B
+        if last > first and (first + 1) * B - done < S:
+            continue
+        initial = first if done % B else max(first - 1, 0)
+        return done, n, initial, first, last
+
+
+def vllm_apc_fn(rng, tally, vllm_op, jit_op, index):
+    """vLLM's causal_conv1d_fn with prefix caching: read line, write line and every
+    block-boundary checkpoint, from a 2-D block table."""
+    dtype_name = rng.choice(list(DTYPES))
+    dtype = DTYPES[dtype_name]
+    width = rng.choice([2, 3, 4])
+    S = width - 1
+    B = rng.choice([16, 32, 64])
+    nseq = rng.randint(1, 6)
+    seqs = [prefix_caching_sequence(rng, B, S) for _ in range(nseq)]
+    K = max(s[4] for s in seqs) + 2
+    lines_total = 1 + nseq * K
+    free = rng.sample(range(1, lines_total), nseq * K)  # line 0: vLLM's null block
+    table = torch.tensor(free, dtype=torch.int32).view(nseq, K)
+    lengths = [s[1] for s in seqs]
+    qsl = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    n = int(qsl[-1])
+    dim = rng.choice([64, 2048])
+    x = torch.randn(n, dim).to(dtype)
+    w = torch.randn(dim, width).to(dtype).to(DEV)
+    b = torch.randn(dim).to(dtype).to(DEV)
+    # vLLM's layout: (lines, dim, S) views of (lines, S, dim) memory
+    state = torch.randn(lines_total, S, dim).to(dtype).to(DEV).transpose(1, 2)
+    init = torch.tensor([s[0] > 0 for s in seqs])
+    col = lambda k: torch.tensor([s[k] for s in seqs], dtype=torch.int32).to(DEV)  # noqa: E731
+    apc = dict(block_idx_first_scheduled_token=col(3), block_idx_last_scheduled_token=col(4),
+               initial_state_idx=col(2), num_computed_tokens=col(0), block_size_to_align=B)
+    results = {}
+    for side, op in (("vllm", vllm_op), ("jitconv", jit_op)):
+        st = state.clone()
+        out = op(x.clone().to(DEV).t(), w, b, st, torch.from_numpy(qsl).to(DEV),
+                 cache_indices=table.to(DEV), has_initial_state=init.to(DEV),
+                 activation="silu", **apc)
+        sync()
+        results[side] = (out.t(), st)
+    loc, pos, ind = [0], [], []
+    for i, (done, m, initial, first, last) in enumerate(seqs):
+        for k in range(first, last):
+            pos.append((k + 1) * B - done)
+            ind.append(int(table[i, k]))
+        loc.append(len(pos))
+    ref = causal_conv1d_reference(
+        x, w.cpu(), b.cpu(), state.cpu(), non_spec_query_start_loc=qsl,
+        non_spec_state_indices=[int(table[i, s[2]]) for i, s in enumerate(seqs)],
+        has_initial_state=init.numpy(),
+        non_spec_write_indices=[int(table[i, s[4]]) for i, s in enumerate(seqs)],
+        non_spec_checkpoint_loc=loc, non_spec_checkpoint_pos=pos,
+        non_spec_checkpoint_indices=ind)
+    keep = list(range(n))
+    (o_v, st_v), (o_j, st_j) = results["vllm"], results["jitconv"]
+    ok_v, err_v = within(o_v, ref[0], dtype_name, keep)
+    ok_j, err_j = within(o_j, ref[0], dtype_name, keep)
+    state_same = bits_equal(st_v, st_j)
+    ref_same = bits_equal(st_j.cpu(), torch.from_numpy(ref[1]).to(dtype))
+    diff = float((o_v.float() - o_j.float()).abs().max())
+    tally.add(f"vllm-apc-fn:{index} {dtype_name} w{width} B{B} seqs{nseq} d{dim} "
+              f"checkpoints{len(pos)}", ok_j and state_same and ref_same,
+              dict(jitconv_within=ok_j, vllm_within=ok_v, state_same=state_same,
+                   state_is_reference=ref_same),
+              {"jitconv": err_j, "vllm": err_v}, diff)
+
+
+def vllm_apc_update(rng, tally, vllm_op, jit_op, index):
+    """vLLM's causal_conv1d_update with prefix caching: each sequence reads one block's
+    line and writes another's (decodes, or spec verify carrying every draft: where
+    vLLM's whole-line shift and the contract agree)."""
+    dtype_name = rng.choice(list(DTYPES))
+    dtype = DTYPES[dtype_name]
+    width = rng.choice([2, 3, 4])
+    S = width - 1
+    batch, K = rng.randint(1, 10), 4
+    spec = rng.random() < 0.5
+    k = rng.randint(1, 3) if spec else 0
+    state_len = S + k
+    lines_total = 1 + batch * K
+    table = torch.tensor(rng.sample(range(1, lines_total), batch * K),
+                         dtype=torch.int32).view(batch, K)
+    initial = torch.tensor([rng.randrange(K) for _ in range(batch)], dtype=torch.int32)
+    last = torch.tensor([rng.choice([int(i), rng.randrange(K)]) for i in initial],
+                        dtype=torch.int32)
+    T = k + 1
+    n = batch * T
+    dim = rng.choice([64, 2048])
+    x = torch.randn(n, dim).to(dtype)
+    w = torch.randn(dim, width).to(dtype).to(DEV)
+    b = torch.randn(dim).to(dtype).to(DEV) if rng.random() < 0.7 else None
+    state = torch.randn(lines_total, state_len, dim).to(dtype).to(DEV).transpose(1, 2)
+    qsl = np.arange(0, n + 1, T).astype(np.int32)
+    accepted = torch.tensor([rng.randint(1, k + 1) for _ in range(batch)], dtype=torch.int32)
+    extra = dict(num_accepted_tokens=accepted.to(DEV),
+                 query_start_loc=torch.from_numpy(qsl).to(DEV), max_query_len=T) if spec \
+        else {}
+    results = {}
+    for side, op in (("vllm", vllm_op), ("jitconv", jit_op)):
+        st = state.clone()
+        out = op(x.clone().to(DEV), st, w, b, activation="silu",
+                 conv_state_indices=table.to(DEV), block_idx_last_scheduled_token=last.to(DEV),
+                 initial_state_idx=initial.to(DEV), **extra)
+        sync()
+        results[side] = (out.clone(), st)
+    rows = np.arange(batch)
+    read, write = table[rows, initial].numpy(), table[rows, last].numpy()
+    part = "spec" if spec else "non_spec"
+    meta = {f"{part}_query_start_loc": qsl, f"{part}_state_indices": read,
+            f"{part}_write_indices": write}
+    if spec:
+        meta["num_accepted_tokens"] = accepted.numpy()
+    ref = causal_conv1d_reference(x, w.cpu(), None if b is None else b.cpu(), state.cpu(),
+                                  activation="silu", **meta)
+    keep = list(range(n))
+    (o_v, st_v), (o_j, st_j) = results["vllm"], results["jitconv"]
+    ok_v, err_v = within(o_v, ref[0], dtype_name, keep)
+    ok_j, err_j = within(o_j, ref[0], dtype_name, keep)
+    state_same = bits_equal(st_v, st_j)
+    diff = float((o_v.float() - o_j.float()).abs().max())
+    tally.add(f"vllm-apc-update:{index} {dtype_name} w{width} b{batch} "
+              f"{'spec k' + str(k) if spec else 'decode'} d{dim}", ok_j and state_same,
+              dict(jitconv_within=ok_j, vllm_within=ok_v, state_same=state_same),
+              {"jitconv": err_j, "vllm": err_v}, diff)
+
+
 def main(argv):
     parser = argparse.ArgumentParser()
     parser.add_argument("--cases", type=int, default=200)
@@ -293,7 +431,11 @@ def main(argv):
     parser.add_argument("--out", default=None)
     parser.add_argument("--device", default="cuda", help="torch device of the tensors")
     parser.add_argument("--jitconv-device", default="cuda:0")
-    parser.add_argument("--only", default="sglang-verify,sglang-prefill,vllm-tree")
+    parser.add_argument("--budget", type=float, default=None,
+                        help="stop starting cases after this many seconds (the summary "
+                             "says how many ran)")
+    parser.add_argument("--only", default="sglang-verify,sglang-prefill,vllm-tree,"
+                                           "vllm-apc-fn,vllm-apc-update")
     args = parser.parse_args(argv)
     global DEV
     DEV = args.device
@@ -306,17 +448,27 @@ def main(argv):
     import vllm.model_executor.layers.mamba.ops.causal_conv1d as vllm_ops
     from jitconv.vllm import installed, plugin
     vllm_op = vllm_ops.causal_conv1d_update
-    jit_op = plugin.replacements(installed.read_module(vllm_ops))["causal_conv1d_update"]
+    made = plugin.replacements(installed.read_module(vllm_ops))
+    jit_op = made["causal_conv1d_update"]
     tally = Tally()
     start = time.time()
     only = args.only.split(",")
     for i in range(args.cases):
+        if args.budget is not None and time.time() - start > args.budget:
+            break
+        if i % 10 == 0:
+            print(f"round {i}: {tally.cases} cases, {len(tally.failures)} failed, "
+                  f"{time.time() - start:.0f} s", flush=True)
         if "sglang-verify" in only:
             sglang_verify(rng, tally, sgl, i)
         if "sglang-prefill" in only:
             sglang_prefill(rng, tally, sgl, i)
         if "vllm-tree" in only:
             vllm_tree(rng, tally, vllm_op, jit_op, i)
+        if "vllm-apc-fn" in only:
+            vllm_apc_fn(rng, tally, vllm_ops.causal_conv1d_fn, made["causal_conv1d_fn"], i)
+        if "vllm-apc-update" in only:
+            vllm_apc_update(rng, tally, vllm_op, jit_op, i)
     summary = dict(cases=tally.cases, failures=tally.failures[:20],
                    failed=len(tally.failures), outside_tolerance=tally.outside,
                    peer_outside_by_dtype={d: sum(f" {d} " in c["case"] for c in tally.peer_outside)

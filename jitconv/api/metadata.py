@@ -22,7 +22,9 @@ NAMES = ("non_spec_query_start_loc", "non_spec_state_indices", "has_initial_stat
 # step's metadata may carry: host metadata only (device plans and the custom ops' schemas
 # take the nine above).
 RULE_NAMES = ("spec_parent_token", "non_spec_parent_token", "spec_window_rows",
-              "non_spec_window_rows")
+              "non_spec_window_rows", "spec_write_indices", "non_spec_write_indices",
+              "non_spec_checkpoint_loc", "non_spec_checkpoint_pos",
+              "non_spec_checkpoint_indices", "non_spec_cache_seqlens")
 ALL_NAMES = NAMES + RULE_NAMES
 # The device planner's array of each (``kernels.planner.METADATA_ARRAYS``); token maps
 # have none: a device plan takes no maps.
@@ -49,6 +51,12 @@ class StepMetadata:
     non_spec_parent_token: Any = None
     spec_window_rows: Any = None
     non_spec_window_rows: Any = None
+    spec_write_indices: Any = None
+    non_spec_write_indices: Any = None
+    non_spec_checkpoint_loc: Any = None
+    non_spec_checkpoint_pos: Any = None
+    non_spec_checkpoint_indices: Any = None
+    non_spec_cache_seqlens: Any = None
 
     @classmethod
     def of(cls, values):

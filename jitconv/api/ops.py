@@ -131,15 +131,38 @@ def spec_part(query_start_loc, state_indices, token_indx, num_accepted_tokens, n
                 offsets=offsets, initial=np.ones(len(lines), bool), spec=True)
 
 
-def with_chains(part, parents, rows, names):
-    """``part`` with its parent map and windows rows (SEMANTICS.md "More state rules"),
-    validated; ``names``: the caller's argument names ("parents", "window_rows")."""
+def with_rules(part, values, names, geo):
+    """``part`` with its state rules (SEMANTICS.md "More state rules"), validated:
+    ``values`` and ``names`` (the caller's argument names) by role: "parents",
+    "window_rows", "write_lines", and for the non-spec part "loc", "pos", "lines" (the
+    checkpoints)."""
     real = part.lines >= 0
-    if parents is not None:
-        parents = validation.parent_map(parents, names["parents"], part.query_start_loc, real)
-    if rows is not None:
-        rows = validation.window_rows(rows, names["window_rows"], len(part.lines), real)
-    return dataclasses.replace(part, parents=parents, window_rows=rows)
+    nseq = len(part.lines)
+    rules = {}
+    if values.get("parents") is not None:
+        rules["parents"] = validation.parent_map(values["parents"], names["parents"],
+                                                 part.query_start_loc, real)
+    if values.get("window_rows") is not None:
+        rules["window_rows"] = validation.window_rows(values["window_rows"],
+                                                      names["window_rows"], nseq, real)
+    if values.get("write_lines") is not None:
+        rules["write_lines"] = validation.write_lines(values["write_lines"],
+                                                      names["write_lines"], nseq,
+                                                      geo.num_lines, real)
+    if "loc" in names:
+        rules["checkpoints"] = validation.checkpoints(
+            values, names, part.query_start_loc, geo.num_lines, real)
+    if values.get("ring") is not None:
+        others = [names[r] for r in ("write_lines", "loc") if values.get(r) is not None]
+        if values.get("accepted") is not None:
+            others.append("non_spec_num_accepted_tokens")
+        if others:
+            raise ValueError(f"{names['ring']}: circular lines do not combine with "
+                             f"{others[0]} (a ring has no fixed columns to move or "
+                             f"checkpoint); pass one or the other")
+        rules["ring"] = validation.ring_positions(values["ring"], names["ring"], nseq,
+                                                  geo.state_len, real)
+    return dataclasses.replace(part, **rules)
 
 
 def _prepare(x, weight, bias, conv_state, out, activation, math, pad_slot_id):
@@ -364,7 +387,13 @@ def causal_conv1d_mixed(x: Array, weight: Array, bias: Optional[Array], conv_sta
                         non_spec_parent_token: Optional[Ints] = None,
                         spec_window_rows: Optional[Ints] = None,
                         non_spec_window_rows: Optional[Ints] = None,
-                        intermediate_windows: Optional[Array] = None) -> Array:
+                        intermediate_windows: Optional[Array] = None,
+                        spec_write_indices: Optional[Ints] = None,
+                        non_spec_write_indices: Optional[Ints] = None,
+                        non_spec_checkpoint_loc: Optional[Ints] = None,
+                        non_spec_checkpoint_pos: Optional[Ints] = None,
+                        non_spec_checkpoint_indices: Optional[Ints] = None,
+                        non_spec_cache_seqlens: Optional[Ints] = None) -> Array:
     """One engine step of a hybrid model in ONE kernel launch: prefill chunks, plain
     decodes (the non-spec part) and spec-decode verify sequences (the spec part).
 
@@ -414,6 +443,23 @@ def causal_conv1d_mixed(x: Array, weight: Array, bias: Optional[Array], conv_sta
         Written for the sequences with window rows: [row, t] gets token t's S newest
         inputs (the state after it, along its chain); x's dtype, any strides. With
         parent maps or windows, out may not alias x.
+    spec_write_indices, non_spec_write_indices : ints, (sequences,), optional
+        The line each sequence writes its new state to; its window is still read from
+        its state_indices line, which is then left as it was (unless a checkpoint
+        writes it). Prefix caching: read one block's line, write another's.
+    non_spec_checkpoint_loc, non_spec_checkpoint_pos, non_spec_checkpoint_indices : ints
+        Checkpoints of non-spec sequences: loc (sequences + 1,) cumulative counts, pos
+        and indices (loc[-1],). Checkpoint k of sequence i (entries loc[i]:loc[i+1],
+        positions increasing, each in [1, its tokens]) writes the S inputs before token
+        pos (the state after its first pos tokens) to columns 0..S-1 of line
+        indices[k]. A checkpoint may write the line the sequence reads; every other
+        line a step writes belongs to one sequence and is read by no other.
+    non_spec_cache_seqlens : ints, (sequences,), optional
+        Circular lines (the Dao-AILab/causal-conv1d convention): each non-spec line is a
+        ring of state_len inputs holding cache_seqlens of them so far; with c =
+        cache_seqlens % state_len the window is columns (c - S + k) % state_len, and
+        token k goes to column (c + k) % state_len (the caller advances the counts). Not
+        with write lines, checkpoints or non_spec_num_accepted_tokens.
 
     Returns
     -------
@@ -461,7 +507,13 @@ def plan(num_tokens: int, num_cache_lines: int, state_len: int, width: int, *,
          queue: Any = None, spec_parent_token: Optional[Ints] = None,
          non_spec_parent_token: Optional[Ints] = None,
          spec_window_rows: Optional[Ints] = None,
-         non_spec_window_rows: Optional[Ints] = None) -> StepPlan:
+         non_spec_window_rows: Optional[Ints] = None,
+         spec_write_indices: Optional[Ints] = None,
+         non_spec_write_indices: Optional[Ints] = None,
+         non_spec_checkpoint_loc: Optional[Ints] = None,
+         non_spec_checkpoint_pos: Optional[Ints] = None,
+         non_spec_checkpoint_indices: Optional[Ints] = None,
+         non_spec_cache_seqlens: Optional[Ints] = None) -> StepPlan:
     """Validate one engine step's metadata once, for every layer of the step.
 
     Parameters
@@ -473,9 +525,9 @@ def plan(num_tokens: int, num_cache_lines: int, state_len: int, width: int, *,
     non_spec_query_start_loc, ..., non_spec_num_accepted_tokens, pad_slot_id
         ``causal_conv1d_mixed``'s metadata: same rules, same errors. Numpy arrays,
         lists, CPU or device tensors: read here, once, and never again.
-    spec_parent_token, ..., non_spec_window_rows
-        Parent maps and windows rows, as in ``causal_conv1d_mixed`` (runs with window
-        rows take ``intermediate_windows=``).
+    spec_parent_token, ..., non_spec_cache_seqlens
+        Parent maps, windows rows, write lines, checkpoints and rings, as in
+        ``causal_conv1d_mixed`` (runs with window rows take ``intermediate_windows=``).
     queue : dpctl.SyclQueue, optional
         Where runs go on SYCL (default: torch's current stream for XPU tensors, an
         array's own queue for dpctl/dpnp arrays, else the current device's queue).
@@ -491,6 +543,15 @@ def plan(num_tokens: int, num_cache_lines: int, state_len: int, width: int, *,
     return plan_from(meta, geo, queue)
 
 
+# The state rules' argument names by role (``with_rules``).
+SPEC_RULES = dict(parents="spec_parent_token", window_rows="spec_window_rows",
+                  write_lines="spec_write_indices")
+NON_SPEC_RULES = dict(parents="non_spec_parent_token", window_rows="non_spec_window_rows",
+                      write_lines="non_spec_write_indices", loc="non_spec_checkpoint_loc",
+                      pos="non_spec_checkpoint_pos", lines="non_spec_checkpoint_indices",
+                      ring="non_spec_cache_seqlens")
+
+
 def plan_from(meta, geo, queue=None):
     """The StepPlan of a step's ``StepMetadata`` for a checked Geometry (``jitconv.plan``
     once its geometry is checked): each part validated, errors naming the metadata
@@ -501,8 +562,7 @@ def plan_from(meta, geo, queue=None):
     if m.non_spec_query_start_loc is None:
         _reject_orphans(m, ("non_spec_state_indices", "has_initial_state",
                             "non_spec_token_indx", "non_spec_num_accepted_tokens",
-                            "non_spec_parent_token", "non_spec_window_rows"),
-                        "non_spec_query_start_loc")
+                            *NON_SPEC_RULES.values()), "non_spec_query_start_loc")
     else:
         parts.append(non_spec_part(
             m.non_spec_query_start_loc, m.non_spec_state_indices, m.has_initial_state,
@@ -511,13 +571,15 @@ def plan_from(meta, geo, queue=None):
              "init": "has_initial_state", "rows": "non_spec_token_indx",
              "accepted": "non_spec_num_accepted_tokens"},
             geo, whole_x=no_maps and m.spec_query_start_loc is None))
-        parts[-1] = with_chains(parts[-1], m.non_spec_parent_token, m.non_spec_window_rows,
-                                {"parents": "non_spec_parent_token",
-                                 "window_rows": "non_spec_window_rows"})
+        parts[-1] = with_rules(parts[-1], dict(
+            parents=m.non_spec_parent_token, window_rows=m.non_spec_window_rows,
+            write_lines=m.non_spec_write_indices, loc=m.non_spec_checkpoint_loc,
+            pos=m.non_spec_checkpoint_pos, lines=m.non_spec_checkpoint_indices,
+            ring=m.non_spec_cache_seqlens, accepted=m.non_spec_num_accepted_tokens),
+            NON_SPEC_RULES, geo)
     if m.spec_query_start_loc is None:
         _reject_orphans(m, ("spec_state_indices", "spec_token_indx", "num_accepted_tokens",
-                            "spec_parent_token", "spec_window_rows"),
-                        "spec_query_start_loc")
+                            *SPEC_RULES.values()), "spec_query_start_loc")
     else:
         first = int(parts[0].query_start_loc[-1]) if parts else 0
         parts.append(spec_part(
@@ -526,9 +588,9 @@ def plan_from(meta, geo, queue=None):
             {"qsl": "spec_query_start_loc", "lines": "spec_state_indices",
              "rows": "spec_token_indx", "accepted": "num_accepted_tokens"},
             geo, first_row=first, whole_x=no_maps))
-        parts[-1] = with_chains(parts[-1], m.spec_parent_token, m.spec_window_rows,
-                                {"parents": "spec_parent_token",
-                                 "window_rows": "spec_window_rows"})
+        parts[-1] = with_rules(parts[-1], dict(
+            parents=m.spec_parent_token, window_rows=m.spec_window_rows,
+            write_lines=m.spec_write_indices), SPEC_RULES, geo)
     return StepPlan(parts, geo, queue=queue,
                     row_names="non_spec_token_indx/spec_token_indx",
                     line_names="non_spec_state_indices/spec_state_indices")

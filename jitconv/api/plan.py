@@ -48,8 +48,11 @@ class StepPlan:
         all_rows = np.concatenate([p.rows for p in parts] + [np.zeros(0, np.int64)])
         validation.check_unique(all_rows, row_names, "row", geo.num_tokens)
         all_lines = np.concatenate([p.lines for p in parts] + [np.zeros(0, np.int64)])
-        lines = all_lines[all_lines >= 0]  # the cache lines a run writes
-        validation.check_unique(lines, line_names, "cache line", geo.num_lines)
+        validation.check_unique(all_lines[all_lines >= 0], line_names, "cache line",
+                                geo.num_lines)
+        # the cache lines a run reads or writes (write lines and checkpoints included)
+        lines = validation.check_written_lines(
+            parts, "non_spec_write_indices/spec_write_indices/non_spec_checkpoint_indices")
         window_rows, window_steps = [], 0  # rows of the intermediate windows written
         for p in parts:
             if p.window_rows is not None:
@@ -69,7 +72,8 @@ class StepPlan:
             # Every sequence with a cache line in one block: then each element of x is
             # read and its output written by one work-item, reads first, so out may be x.
             # Not with chains: a token's inputs are other tokens' rows of x.
-            in_place=max(longest_sequences) <= DEFAULT_BLOCK_TOKENS and not batch.has_chains(),
+            in_place=(max(longest_sequences) <= DEFAULT_BLOCK_TOKENS
+                      and not batch.has_chain_tokens()),
             queue=queue, has_chains=batch.has_chains(), window_rows=window_rows,
             window_steps=window_steps)
         self.host_tables = batch.tables()  # the kernel's int32 tables (kernels.abi.TABLES)
@@ -89,7 +93,8 @@ class StepPlan:
                      window_rows=np.zeros(0, np.int64), window_steps=0):
         """The fields every plan has (host and device plans alike), set by both
         constructors through this one call."""
-        self.has_chains = has_chains  # parent maps or windows: the general token loops
+        # parent maps, windows, write lines or checkpoints: a kernel with the rule pieces
+        self.has_chains = has_chains
         self.window_rows = window_rows  # rows of intermediate_windows a run writes
         self.window_steps = window_steps  # steps they need (the longest such sequence)
         self.derived = {}  # (see the module docstring)

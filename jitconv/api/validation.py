@@ -471,6 +471,120 @@ def window_rows(rows, name, nseq, real):
     return np.where(real, rows, -1)
 
 
+def write_lines(lines, name, nseq, num_lines, real):
+    """A part's write lines (SEMANTICS.md "More state rules"): (sequences,) cache lines
+    in [0, num_lines), padded sequences' not checked. Returns them with -1 for pads."""
+    lines = host_ints(lines, name)
+    if len(lines) != nseq:
+        raise ValueError(f"{name}: expected {nseq} entries (one per sequence), got "
+                         f"{len(lines)}")
+    bad = real & ((lines < 0) | (lines >= num_lines))
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise ValueError(f"{name}: entry {i} is {int(lines[i])}; expected a cache line in "
+                         f"[0, {num_lines})")
+    return np.where(real, lines, -1)
+
+
+CHECKPOINT_ROLES = ("loc", "pos", "lines")
+
+
+def checkpoints(values, names, query_start_loc, num_lines, real):
+    """A part's checkpoints: ``values`` and ``names`` by role (``CHECKPOINT_ROLES``):
+    loc (sequences + 1,) cumulative counts, pos and lines (loc[-1],): sequence i's
+    checkpoints are entries loc[i]:loc[i+1], positions increasing within [1, its tokens],
+    lines in [0, num_lines). Returns (loc, pos, lines) without padded sequences' entries
+    (engines fill those with anything; they write nothing), or None when none is given."""
+    given = [r for r in CHECKPOINT_ROLES if values[r] is not None]
+    if not given:
+        return None
+    if len(given) < len(CHECKPOINT_ROLES):
+        missing = next(r for r in CHECKPOINT_ROLES if values[r] is None)
+        raise ValueError(f"{names[missing]}: required with {names[given[0]]} (checkpoints "
+                         f"take {', '.join(names[r] for r in CHECKPOINT_ROLES)})")
+    loc = host_ints(values["loc"], names["loc"])
+    check_query_start_loc(loc, names["loc"])
+    nseq = len(query_start_loc) - 1
+    if len(loc) != nseq + 1:
+        raise ValueError(f"{names['loc']}: expected {nseq + 1} entries (sequences + 1), got "
+                         f"{len(loc)}")
+    pos, lines = (host_ints(values[r], names[r]) for r in ("pos", "lines"))
+    for role, arr in (("pos", pos), ("lines", lines)):
+        if len(arr) != loc[-1]:
+            raise ValueError(f"{names[role]}: expected {int(loc[-1])} entries ({names['loc']}"
+                             f"[-1]), got {len(arr)}")
+    keep_pos, keep_lines, counts = [], [], np.zeros(nseq, np.int64)
+    for i in np.flatnonzero(real & (np.diff(loc) > 0)):
+        n = int(query_start_loc[i + 1] - query_start_loc[i])
+        p, q = pos[loc[i]:loc[i + 1]], lines[loc[i]:loc[i + 1]]
+        if p.min() < 1 or p.max() > n or (np.diff(p) <= 0).any():
+            raise ValueError(f"{names['pos']}: sequence {i}'s positions {p.tolist()} must be "
+                             f"increasing, each in [1, {n}] (its tokens)")
+        if q.min() < 0 or q.max() >= num_lines:
+            bad = int(q[(q < 0) | (q >= num_lines)][0])
+            raise ValueError(f"{names['lines']}: sequence {i}'s line {bad} is out of range "
+                             f"[0, {num_lines})")
+        keep_pos.append(p)
+        keep_lines.append(q)
+        counts[i] = len(p)
+    empty = np.zeros(0, np.int64)
+    return (np.concatenate([[0], np.cumsum(counts)]), np.concatenate(keep_pos or [empty]),
+            np.concatenate(keep_lines or [empty]))
+
+
+def ring_positions(seqlens, name, nseq, state_len, real):
+    """A part's circular lines (SEMANTICS.md "More state rules"): (sequences,) ints >= 0,
+    each line's count of inputs written so far. Returns (position in the ring, ring
+    length): positions ``seqlens % state_len`` (padded sequences' -1, not checked)."""
+    seqlens = host_ints(seqlens, name)
+    if len(seqlens) != nseq:
+        raise ValueError(f"{name}: expected {nseq} entries (one per sequence), got "
+                         f"{len(seqlens)}")
+    bad = real & (seqlens < 0)
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise ValueError(f"{name}: entry {i} is {int(seqlens[i])}; expected a count >= 0")
+    return np.where(real, seqlens % state_len, -1), state_len
+
+
+def check_written_lines(parts, names):
+    """SEMANTICS.md: every line a step writes (a sequence's state or write line, its
+    checkpoint lines) is written by one sequence only and read by no other; a sequence
+    may checkpoint into the line it reads. ``parts``: validated ``batch.Part``s with
+    their cache lines already checked unique. Returns every line the step reads or
+    writes."""
+    read, written, writer = [], [], []
+    first = 0
+    for p in parts:
+        real = p.lines >= 0
+        seqs = first + np.arange(len(p.lines))
+        read.append(np.stack([p.lines[real], seqs[real]], axis=1))
+        writes = p.lines if p.write_lines is None else np.where(real, p.write_lines, -1)
+        written.append(writes[real])
+        writer.append(seqs[real])
+        if p.checkpoints is not None:
+            loc, _pos, lines = p.checkpoints
+            written.append(lines)
+            writer.append(np.repeat(seqs, np.diff(loc)))
+        first += len(p.lines)
+    read = np.concatenate(read + [np.zeros((0, 2), np.int64)])
+    written = np.concatenate(written + [np.zeros(0, np.int64)])
+    writer = np.concatenate(writer + [np.zeros(0, np.int64)])
+    if len(written) > 1:
+        order = np.argsort(written, kind="stable")
+        twice = np.flatnonzero(np.diff(written[order]) == 0)
+        if len(twice):
+            line = int(written[order][twice[0]])
+            raise ValueError(f"{names}: cache line {line} is written twice in one call "
+                             f"(each line a step writes belongs to one sequence)")
+    owner = dict(zip(read[:, 0].tolist(), read[:, 1].tolist()))
+    for line, seq in zip(written.tolist(), writer.tolist()):
+        if owner.get(line, seq) != seq:
+            raise ValueError(f"{names}: cache line {line} is written by sequence {seq} and "
+                             f"read by sequence {owner[line]} in one call")
+    return np.unique(np.concatenate([read[:, 0], written]))
+
+
 def check_windows(windows, x, plan_rows, steps, width, extents):
     """The intermediate windows of a run: (rows, steps, dim, width - 1) in x's dtype on
     x's device, with every row the plan's sequences name and as many steps as their

@@ -286,9 +286,10 @@ def run(vllm_file, out_dir, dims=(2048, 8192), dtypes=("bfloat16", "float32"), r
                 for mode, c, la, g in itertools.product(modes, channels, lookaheads,
                                                         row_groups):
                     values = dict(MODES[mode])
-                    for name, value in (("channels", c), ("lookahead", la), ("row_group", g)):
+                    # (not ``name``: record's printed line reads the workload's name)
+                    for knob, value in (("channels", c), ("lookahead", la), ("row_group", g)):
                         if value != AUTO:
-                            values[name] = value
+                            values[knob] = value
                     with tuning.override(**values):
                         record(variant_name(c, la, mode, g), _plan(step))
                 first, second = split_step(step)

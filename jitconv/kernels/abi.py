@@ -77,6 +77,16 @@ FLAG_UNCOVERED = 16
 # a parent map is one block.
 FLAG_CHAIN = 32
 FLAG_TREE = 64
+# A sequence that writes other lines than the one it reads (the template's lines piece):
+# its new state to a write line, and/or checkpoints (the S inputs before a position) to
+# lines of their own, all written by its first block after it read its window.
+FLAG_LINES = 128
+# A sequence whose line is a ring (circular buffer): its window at the ring position, its
+# tokens written from there on (the template's ring piece).
+FLAG_RING = 256
+# The flags that need a kernel with the rule pieces (SYCL's ``_chains`` kernels, CUDA's
+# ``KernelSpec.chains``).
+RULE_FLAGS = FLAG_CHAIN | FLAG_LINES | FLAG_RING
 
 # The kernel's ``split`` modes (see CONV_ARGS): one output in x's rows; the two parts
 # into out and out2; every token at its slot's row of out.
@@ -84,11 +94,16 @@ SPLIT_NONE, SPLIT_PARTS, SPLIT_SLOTS = 0, 1, 2
 
 # The per-call tables (built by batch.py), in the order of Batch.tables(): "rows" (the
 # row of x of each token slot, in sequence order), "blocks" (one record per block) and
-# "links" (two entries per token slot: the position of the token's parent in its
-# sequence, and its sequence's windows row or -1; read only for FLAG_CHAIN blocks, empty
-# in steps without them).
+# "links" (read only for blocks with RULE_FLAGS, empty in steps without them): LINK_FIELDS
+# per token slot (the position of the token's parent in its sequence, and the offset in
+# "links" of its sequence's record), then the sequences' records: SEQUENCE_FIELDS (windows
+# row or -1, write line, ring position and ring length (-1 and 0 without a ring), and the
+# number of checkpoints), followed by that many (position, line) pairs. An empty sequence
+# with rule flags gets a slot of its own after the token slots (its record's first
+# slot), so that it finds its record.
 TABLES = ("rows", "blocks", "links")
-LINK_FIELDS = ("parent", "window_row")
+LINK_FIELDS = ("parent", "sequence")
+SEQUENCE_FIELDS = ("window_row", "write_line", "ring_pos", "ring_len", "checkpoints")
 # A block's record, in order: first token slot, token count, position of its first token
 # in its sequence, the sequence's length, cache line (-1: pad), window offset, flags, and
 # the row of x of its first token.

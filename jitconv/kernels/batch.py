@@ -17,8 +17,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from jitconv.kernels.abi import (BLOCK_FIELDS, FLAG_BLOCK_ROWS, FLAG_CHAIN, FLAG_INITIAL_STATE,
-                                 FLAG_SEQ_ROWS, FLAG_SPEC, FLAG_TREE, FLAG_UNCOVERED,
-                                 LINK_FIELDS, SUPPORTED_WIDTHS)
+                                 FLAG_LINES, FLAG_RING, FLAG_SEQ_ROWS, FLAG_SPEC, FLAG_TREE,
+                                 FLAG_UNCOVERED, LINK_FIELDS, RULE_FLAGS, SEQUENCE_FIELDS,
+                                 SUPPORTED_WIDTHS)
 
 DEFAULT_BLOCK_TOKENS = 16
 
@@ -37,7 +38,7 @@ class Batch:
     blk_len: np.ndarray
     blk_contig: np.ndarray  # 1 if the block's rows of x are consecutive
     seq_contig: np.ndarray  # 1 if all the sequence's rows of x are consecutive
-    links: np.ndarray  # (slots, 2) abi.LINK_FIELDS per token slot; (0, 2) without chains
+    links: np.ndarray  # abi.TABLES' "links" (flat); empty without rule flags
 
     @property
     def num_blocks(self):
@@ -81,11 +82,17 @@ class Batch:
         padded to whole records so that the records start aligned, then the records."""
         pad = -len(self.rows) % len(BLOCK_FIELDS)
         rows = np.concatenate([self.rows, np.zeros(pad, np.int32)]).astype(np.int32)
-        return [rows, self.block_records().reshape(-1), self.links.reshape(-1)]
+        return [rows, self.block_records().reshape(-1), self.links]
 
     def has_chains(self):
-        """Whether a block takes the template's chain piece (parent maps or windows):
-        such a step needs a kernel with the general token loops."""
+        """Whether a block takes the template's chain or lines piece (parent maps,
+        windows, write lines, checkpoints): such a step needs a kernel with the rule
+        pieces (general token loops)."""
+        return bool((self.seq_flags & RULE_FLAGS).any())
+
+    def has_chain_tokens(self):
+        """Whether a sequence's tokens take inputs along a chain (parent maps, windows):
+        a token then reads other tokens' rows of x."""
         return bool((self.seq_flags & FLAG_CHAIN).any())
 
 
@@ -102,6 +109,11 @@ class Part:
     # be a tree listed parents first; None: the linear chain.
     parents: np.ndarray = None
     window_rows: np.ndarray = None  # (n,) rows of the intermediate windows; None: none
+    write_lines: np.ndarray = None  # (n,) line each sequence writes its state to; None: its own
+    # Checkpoints: (loc (n+1,) cumulative counts, pos (C,), lines (C,)); None: none.
+    checkpoints: tuple = None
+    # Rings: (positions (n,) in [0, ring_len), ring_len); None: no ring lines.
+    ring: tuple = None
 
 
 def build_batch(parts, num_tokens, block_tokens=DEFAULT_BLOCK_TOKENS):
@@ -117,8 +129,10 @@ def build_batch(parts, num_tokens, block_tokens=DEFAULT_BLOCK_TOKENS):
     uncovered = np.flatnonzero(~covered)
 
     seq_tok, seq_len, seq_line, seq_off, seq_flags = [], [], [], [], []
-    chains = any(p.parents is not None or p.window_rows is not None for p in parts)
-    parent, window_row = [], []  # per token slot (abi.LINK_FIELDS), for chains only
+    rules = any(p.parents is not None or p.window_rows is not None or
+                p.write_lines is not None or p.checkpoints is not None or p.ring is not None
+                for p in parts)
+    link_parts = []  # per part, with rules: (parents per token slot, records per sequence)
     slot = 0
     for p in parts:
         qsl = p.query_start_loc
@@ -133,11 +147,16 @@ def build_batch(parts, num_tokens, block_tokens=DEFAULT_BLOCK_TOKENS):
             flags = flags | np.where(real, FLAG_CHAIN | FLAG_TREE, 0)
         if p.window_rows is not None:
             flags = flags | np.where(real & (p.window_rows >= 0), FLAG_CHAIN, 0)
-        if chains:
-            parent.append(p.parents if p.parents is not None else
-                          np.arange(int(qsl[-1])) - np.repeat(qsl[:-1], lengths) - 1)
-            rows_of = np.full(len(lengths), -1) if p.window_rows is None else p.window_rows
-            window_row.append(np.repeat(rows_of, lengths))
+        writes = p.lines if p.write_lines is None else np.where(real, p.write_lines, p.lines)
+        flags = flags | np.where(real & (writes != p.lines), FLAG_LINES, 0)
+        if p.checkpoints is not None:
+            flags = flags | np.where(real & (np.diff(p.checkpoints[0]) > 0), FLAG_LINES, 0)
+        if p.ring is not None:
+            flags = flags | np.where(real, FLAG_RING, 0)
+        if rules:
+            link_parts.append((p.parents if p.parents is not None else
+                               np.arange(int(qsl[-1])) - np.repeat(qsl[:-1], lengths) - 1,
+                               _records(p, writes)))
         seq_flags.append(flags)
         slot += int(qsl[-1])
     if len(uncovered):
@@ -147,9 +166,8 @@ def build_batch(parts, num_tokens, block_tokens=DEFAULT_BLOCK_TOKENS):
         seq_line.append([-1])
         seq_off.append([0])
         seq_flags.append([FLAG_UNCOVERED])
-        if chains:
-            parent.append(np.full(len(uncovered), -1))
-            window_row.append(np.full(len(uncovered), -1))
+        if rules:
+            link_parts.append((np.full(len(uncovered), -1), [_record(-1, -1, -1, 0, [])]))
     rows.append(uncovered)
 
     def cat(chunks):
@@ -158,8 +176,9 @@ def build_batch(parts, num_tokens, block_tokens=DEFAULT_BLOCK_TOKENS):
 
     seq_tok, seq_len, seq_line = cat(seq_tok), cat(seq_len), cat(seq_line)
     seq_off, seq_flags, rows = cat(seq_off), cat(seq_flags), cat(rows)
-    links = np.stack([cat(parent), cat(window_row)], axis=1) \
-        if (seq_flags & FLAG_CHAIN).any() else np.zeros((0, len(LINK_FIELDS)), np.int64)
+    links = np.zeros(0, np.int64)
+    if (seq_flags & RULE_FLAGS).any():
+        seq_tok, links = _links(link_parts, seq_tok, seq_len, seq_flags)
 
     # A sequence with a parent map is one block: its tokens' chains may reach its window.
     tokens_per_block = np.where(seq_flags & FLAG_TREE, np.maximum(seq_len, 1), block_tokens)
@@ -190,3 +209,51 @@ def build_batch(parts, num_tokens, block_tokens=DEFAULT_BLOCK_TOKENS):
                  seq_line=i32(seq_line), seq_off=i32(seq_off), seq_flags=i32(seq_flags),
                  blk_seq=i32(blk_seq), blk_tok=i32(blk_tok), blk_len=i32(blk_len),
                  blk_contig=i32(blk_contig), seq_contig=i32(seq_contig), links=i32(links))
+
+
+def _record(window_row, write_line, ring_pos, ring_len, checkpoints):
+    """One sequence's record in "links" (``abi.SEQUENCE_FIELDS``, then its checkpoints'
+    (position, line) pairs)."""
+    fields = dict(window_row=window_row, write_line=write_line, ring_pos=ring_pos,
+                  ring_len=ring_len, checkpoints=len(checkpoints))
+    return [int(fields[f]) for f in SEQUENCE_FIELDS] + [int(v) for pair in checkpoints
+                                                        for v in pair]
+
+
+def _records(p, writes):
+    """The records of a part's sequences (padded ones: no rules)."""
+    nseq = len(p.lines)
+    real = p.lines >= 0
+    rows = np.full(nseq, -1) if p.window_rows is None else p.window_rows
+    pos, ring_len = (np.full(nseq, -1), 0) if p.ring is None else p.ring
+    loc = np.zeros(nseq + 1, np.int64) if p.checkpoints is None else p.checkpoints[0]
+    out = []
+    for i in range(nseq):
+        checkpoints = []
+        if real[i] and loc[i + 1] > loc[i]:
+            _loc, cpos, clines = p.checkpoints
+            checkpoints = list(zip(cpos[loc[i]:loc[i + 1]], clines[loc[i]:loc[i + 1]]))
+        out.append(_record(rows[i], writes[i], pos[i] if real[i] else -1,
+                           ring_len if real[i] and p.ring is not None else 0, checkpoints))
+    return out
+
+
+def _links(link_parts, seq_tok, seq_len, seq_flags):
+    """The "links" table (``abi.TABLES``) of a step with rule flags, and the sequences'
+    first slots (an empty sequence with rule flags moved to a slot of its own after the
+    token slots, so that it finds its record)."""
+    parent = np.concatenate([lp[0] for lp in link_parts])
+    records = [r for lp in link_parts for r in lp[1]]
+    slots = len(parent)
+    empty = np.flatnonzero((seq_len == 0) & ((seq_flags & RULE_FLAGS) != 0))
+    seq_tok = seq_tok.copy()
+    seq_tok[empty] = slots + np.arange(len(empty))
+    nslots = slots + len(empty)
+    sizes = np.array([len(r) for r in records], np.int64)
+    at = nslots * len(LINK_FIELDS) + np.cumsum(sizes) - sizes  # each record's offset
+    fields = np.full((nslots, len(LINK_FIELDS)), -1, np.int64)
+    fields[:slots, 0] = parent
+    seq_of_slot = np.concatenate([np.repeat(np.arange(len(seq_len)), seq_len), empty])
+    fields[:, 1] = at[seq_of_slot]
+    return seq_tok, np.concatenate([fields.reshape(-1)] + [np.asarray(r, np.int64)
+                                                           for r in records])

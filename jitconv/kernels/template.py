@@ -41,7 +41,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from jitconv.kernels.abi import BLOCK_FIELDS
+from jitconv.kernels.abi import BLOCK_FIELDS, LINK_FIELDS, SEQUENCE_FIELDS
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -155,16 +155,16 @@ _STATE_PART = """{state_offsets}
     sc = state_stride_col
     # u = concat(window, x_seq); u0..u{S1} hold u[p0 .. p0+S-1] as raw values.
 {load_window}
-{short_init}    if p0 == 0:
+{ring_window}{short_init}    if p0 == 0:
         # Sole reader of this line's old window (per channel): write the new state.
         # New state = u[q0:] from column 0: spec keeps all but the oldest column
         # (S-1+n values), non-spec the last S. Columns from S - q0 on are rows of x
         # (positions q - S), read {K} at a time before they are stored.
-        q0 = n
+{write_base}        q0 = n
         if flags & FLAG_SPEC:
             q0 = 1
         q = max(q0, {S})
-{short_flag}        first = True
+{ring_skip}{short_flag}        first = True
         while first or q < {S} + n:
 {state_chunk_loads}
             if first:
@@ -172,7 +172,7 @@ _STATE_PART = """{state_offsets}
                 first = False
 {state_chunk_stores}
             q += {K}
-"""
+{checkpoints}{ring_writes}"""
 
 
 # The state update of a kernel for short sequences only (``short_tokens``): one block
@@ -284,6 +284,9 @@ class _Kernel:
         self.vector_taps, self.uniform_decode = vector_taps, uniform_decode
         self.record_args, self.shared_record = record_args, shared_record
         self.chains = chains
+        # where the state part stores the new state: the rule kernels' lines piece may
+        # move it to another line (lines_write_base)
+        self.write_base = "sw" if chains else "st"
         self.G = row_group
         self.S = width - 1  # window columns
         self.K = state_chunk or self.S  # new-state values loaded per round
@@ -409,7 +412,9 @@ class _Kernel:
         bit-exact copies. The state rule is the state part's: the chain only changes
         which inputs a token's output and window take."""
         S, lines = self.S, []
-        lines += ["wrow = tables[U(links + 2 * first_slot + 1)]",
+        NL = len(LINK_FIELDS)
+        lines += [f"wrow = tables[U(links + {self.record_at()} + "
+                  f"{SEQUENCE_FIELDS.index('window_row')})]",
                   "for i in range(nb):",
                   IND + "t = p0 + i",
                   IND + "r = r0 + i",
@@ -418,7 +423,7 @@ class _Kernel:
         body = self.x_row("a0{J}", "r") + ["k = t"]
         for j in range(1, S + 1):
             body += ["if k > 0 and flags & FLAG_TREE:",
-                     IND + "k = tables[U(links + 2 * (first_slot + k))]",
+                     IND + f"k = tables[U(links + {NL} * (first_slot + k))]",
                      "else:",
                      IND + "k -= 1",
                      "if k >= 0:",
@@ -461,33 +466,130 @@ class _Kernel:
 
     # ------------------------------------------------------------ the conv state
 
-    def state_column(self, unit, column, value):
-        """Lines storing ``value`` (with {J}) of every channel to state column ``column``;
-        with ``unit`` and a row group G > 1 (the state's channels contiguous and aligned
-        to G: the host checks), one ``store_row{G}`` per G channels."""
+    def state_column(self, unit, column, value, base=None):
+        """Lines storing ``value`` (with {J}) of every channel to state column ``column``
+        of the line at ``base`` (per channel, default: where the new state goes); with
+        ``unit`` and a row group G > 1 (the state's channels contiguous and aligned to
+        G: the host checks), one ``store_row{G}`` per G channels."""
+        base = base or self.write_base
         if unit and self.wide:
-            return [f"store_row{self.G}(state, U(st{part[0]} + ({column}) * sc), "
+            return [f"store_row{self.G}(state, U({base}{part[0]} + ({column}) * sc), "
                     + ", ".join(value.format(J=J) for J in part) + ")"
                     for part in self.groups]
-        return [f"state[U(st{J} + ({column}) * sc)] = {value.format(J=J)}"
+        return [f"state[U({base}{J} + ({column}) * sc)] = {value.format(J=J)}"
                 for J in self.suffixes]
+
+    @staticmethod
+    def record_at():
+        """The expression of the offset in "links" of the block's sequence record."""
+        return f"tables[U(links + {len(LINK_FIELDS)} * first_slot + " \
+            f"{LINK_FIELDS.index('sequence')})]"
+
+    @staticmethod
+    def sequence_field(name):
+        """The expression of a field of the sequence record at ``lk`` (links + offset)."""
+        return f"tables[U(lk + {SEQUENCE_FIELDS.index(name)})]"
+
+    def lines_write_base(self):
+        """The lines piece's start (rule kernels): the new state's line, the sequence's
+        write line for a FLAG_LINES block, else the line read (``st``); a ring's state
+        is written by the ring piece (``ring_writes``), none here."""
+        if not self.chains:
+            return ""
+        lines = [f"sw{J} = st{J}" for J in self.suffixes]
+        lines += ["if flags & FLAG_LINES:",
+                  IND + "# Another line than the one read (its window is in u0..).",
+                  IND + f"wd = ({self.sequence_field('write_line')} - line) * "
+                        "state_stride_line"]
+        lines += [IND + f"sw{J} = st{J} + wd" for J in self.suffixes]
+        return "\n".join(_indent(lines, 2)) + "\n"
+
+    def ring_skip(self):
+        """A ring's first block writes no linear state (``ring_writes`` does): no window
+        column and no token in the state update's loop."""
+        if not self.chains:
+            return ""
+        return "\n".join(_indent(["if flags & FLAG_RING:",
+                                   IND + f"q0 = {self.S}  # (every window column < S)",
+                                   IND + f"q = {self.S} + n"], 2)) + "\n"
+
+    def ring_window(self, unit):
+        """The ring piece's window (rule kernels): a FLAG_RING sequence's first block reads
+        columns (pos - S + k) mod len of its line into u0.. (zeros without initial
+        state); the loads before have read columns 0.. (any valid columns)."""
+        if not self.chains:
+            return ""
+        lines = ["lk = -1", "rp = 0", "rl = 1",
+                 "if flags & (FLAG_LINES | FLAG_RING):",
+                 IND + f"lk = links + {self.record_at()}",
+                 "if flags & FLAG_RING and p0 == 0:",
+                 IND + f"rp = {self.sequence_field('ring_pos')}",
+                 IND + f"rl = {self.sequence_field('ring_len')}"]
+        window = self.cache_window(unit, f"(rp + rl - {self.S} + {{k}}) % rl")
+        lines += _indent(window, 1)
+        return "\n".join(_indent(lines, 1)) + "\n"
+
+    def ring_writes(self, unit):
+        """The ring piece's state rule: token k of the sequence to column (pos + k) mod
+        len, in token order, only the last len tokens (earlier ones would be
+        overwritten)."""
+        if not self.chains:
+            return ""
+        lines = ["if flags & FLAG_RING:",
+                 IND + "for k in range(max(0, n - rl), n):",
+                 IND * 2 + "rk = base + k",
+                 IND * 2 + "if base < 0:",
+                 IND * 3 + "rk = tables[U(rows + first_slot + k)]"]
+        lines += _indent(self.x_row("kv0{J}", "rk"), 2)
+        lines += _indent(self.state_column(unit, "(rp + k) % rl", "kv0{J}", base="st"), 2)
+        return "\n".join(_indent(lines, 2)) + "\n"
+
+    def checkpoints(self, unit):
+        """The lines piece's checkpoints (rule kernels, SEMANTICS.md): the first block
+        writes each (position p, line) of its sequence's list: columns 0..S-1 of the line
+        get u[p .. p + S - 1] (positions p - S .. p - 1: rows of x, or the window
+        registers). After the state stores, so a checkpoint on the line read is written
+        after its window was read."""
+        if not self.chains:
+            return ""
+        S, at = self.S, len(SEQUENCE_FIELDS)
+        lines = ["if flags & FLAG_LINES:",
+                 IND + f"for j in range({self.sequence_field('checkpoints')}):",
+                 IND * 2 + f"cp = tables[U(lk + {at} + 2 * j)]",
+                 IND * 2 + f"cd = (tables[U(lk + {at + 1} + 2 * j)] - line) * "
+                           "state_stride_line"]
+        body = [f"sk{J} = st{J} + cd" for J in self.suffixes]
+        for k in range(S):
+            body += [f"pk = cp + {k}", f"if pk >= {S}:",
+                     IND + f"rk = base + pk - {S}",
+                     IND + "if base < 0:",
+                     IND * 2 + f"rk = tables[U(rows + first_slot + pk - {S})]"]
+            body += _indent(self.x_row(f"kv{k}{{J}}", "rk"), 1)
+            for m in range(S - 1, -1, -1):
+                body += ["else:" if m == 0 else f"elif pk == {m}:"]
+                body += _indent([f"kv{k}{J} = u{m}{J}" for J in self.suffixes], 1)
+        for k in range(S):
+            body += self.state_column(unit, str(k), f"kv{k}{{J}}", base="sk")
+        return "\n".join(_indent(lines + _indent(body, 2), 2)) + "\n"
 
     def state_offsets(self, unit):
         stride_c = "" if unit else " * state_stride_c"
         return self.each("st{J} = state_offset + line * state_stride_line + {CH}"
                          + stride_c + "  # line, channel")
 
-    def cache_window(self, unit):
-        """The cache line's window into u0.. (zeros without initial state), as lines."""
+    def cache_window(self, unit, column="off + {k}"):
+        """The cache line's window into u0.. (zeros without initial state), as lines;
+        ``column``: the expression of window column k's column in the line."""
         S, read = self.S, "element" if unit else "strided"
         lines = [f"u{k}{J} = ZERO" for k in range(S) for J in self.suffixes]
         lines += ["if initial:"]
         if unit and self.wide:  # see state_column
             lines += [IND + ", ".join(f"u{k}{J}" for J in part)
-                      + f" = load_row{self.G}(state, U(st{part[0]} + (off + {k}) * sc))"
+                      + f" = load_row{self.G}(state, U(st{part[0]} + "
+                      f"({column.format(k=k)}) * sc))"
                       for k in range(S) for part in self.groups]
         else:
-            lines += [IND + f"u{k}{J} = {read}(state, U(st{J} + (off + {k}) * sc))"
+            lines += [IND + f"u{k}{J} = {read}(state, U(st{J} + ({column.format(k=k)}) * sc))"
                       for k in range(S) for J in self.suffixes]
         return lines
 
@@ -583,7 +685,10 @@ class _Kernel:
                          else self.window_by_element(unit)),
             state_chunk_loads="\n".join(self.new_state_loads()),
             store_window=self.store_window(4, unit),
-            state_chunk_stores="\n".join(self.new_state_stores(unit)))
+            state_chunk_stores="\n".join(self.new_state_stores(unit)),
+            write_base=self.lines_write_base(), checkpoints=self.checkpoints(unit),
+            ring_window=self.ring_window(unit), ring_skip=self.ring_skip(),
+            ring_writes=self.ring_writes(unit))
 
     def state(self):
         if self.wide:

@@ -131,11 +131,10 @@ def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None,
                          pad_slot_id=PAD_SLOT_ID, metadata=None, validate_data=False):
     """SGLang's decode / target-verify conv (see the module docstring). x: (batch, dim)
     or (batch, dim, seqlen); conv_state: (lines, dim, state_len). Returns a new tensor
-    like x. ``cache_seqlens`` (a circular state) is refused (SGLang's Triton op ignores
-    it; its CUDA op implements it); ``metadata`` (SGLang's precomputed launch metadata)
-    is refused unless None."""
-    _refuse("cache_seqlens", cache_seqlens, "a circular conv state (SEMANTICS.md's ring "
-            "rule is in the reference, not yet in the kernel)")
+    like x. ``cache_seqlens`` ((batch,) counts): circular lines, as SGLang's CUDA op
+    (and Dao-AILab/causal-conv1d) define them (SEMANTICS.md; SGLang's Triton op ignores
+    the argument); not with ``num_accept_tokens``. ``metadata`` (SGLang's precomputed
+    launch metadata) is refused unless None."""
     _refuse("metadata", metadata, "SGLang's precomputed launch metadata (jitconv plans "
             "its launch from the other arguments)")
     if x.dim() == 2:
@@ -161,6 +160,12 @@ def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None,
     meta = {f"{part}_query_start_loc": qsl, f"{part}_state_indices": lines}
     if num_accept_tokens is not None:
         meta["num_accepted_tokens"] = host_ints(num_accept_tokens, "num_accept_tokens")[:batch]
+    if cache_seqlens is not None:
+        if num_accept_tokens is not None:
+            raise ValueError("cache_seqlens: circular lines do not combine with "
+                             "num_accept_tokens (a ring has no fixed columns to slide); "
+                             "pass one or the other")
+        meta["non_spec_cache_seqlens"] = host_ints(cache_seqlens, "cache_seqlens")[:batch]
     windows = None
     if intermediate_conv_window is not None:
         if intermediate_state_indices is None or conv_state_indices is None:
@@ -194,7 +199,8 @@ def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None,
                              ("intermediate_windows", "intermediate_conv_window"),
                              ("spec_window_rows/non_spec_window_rows",
                               "intermediate_state_indices"),
-                             ("num_accepted_tokens", "num_accept_tokens")):
+                             ("num_accepted_tokens", "num_accept_tokens"),
+                             ("non_spec_cache_seqlens", "cache_seqlens")):
             message = message.replace(core, sglang)
         raise ValueError(message) from None
     if retrieve_next_token is not None:

@@ -48,14 +48,25 @@ def _(*args):
     return None
 
 
+# Where the prefix-caching arguments are refused (vLLM calls the conv inside its opaque
+# layer ops, so only a caller's own torch.compile'd code reaches this).
+_COMPILED = "in jitconv's custom op for torch.compile'd graphs (device metadata)"
+
+
 def _traced_fn(x, weight, bias, conv_states, query_start_loc, cache_indices=None,
                has_initial_state=None, activation="silu", pad_slot_id=PAD_SLOT_ID,
                null_block_id=NULL_BLOCK_ID, metadata=None, validate_data=False, *,
                block_idx_first_scheduled_token=None, block_idx_last_scheduled_token=None,
                initial_state_idx=None, num_computed_tokens=None, block_size_to_align=0):
-    dropins.refuse_fn_arguments(cache_indices, block_idx_first_scheduled_token,
-                                block_idx_last_scheduled_token, initial_state_idx,
-                                num_computed_tokens, block_size_to_align)
+    dropins.refuse_prefix_caching(
+        _COMPILED, block_idx_first_scheduled_token=block_idx_first_scheduled_token,
+        block_idx_last_scheduled_token=block_idx_last_scheduled_token,
+        initial_state_idx=initial_state_idx, num_computed_tokens=num_computed_tokens,
+        block_size_to_align=block_size_to_align)
+    if cache_indices is not None and getattr(cache_indices, "ndim", 1) != 1:
+        raise NotImplementedError(
+            f"cache_indices: a {cache_indices.ndim}-D block table is not implemented "
+            f"{_COMPILED}. Expected shape (batch,); the eager drop-in takes it")
     return torch.ops.jitconv.vllm_causal_conv1d_fn(
         x, weight, bias, conv_states, as_tensor(query_start_loc), as_tensor(cache_indices),
         as_tensor(has_initial_state), dropins.activation_name(activation), pad_slot_id,
@@ -67,8 +78,13 @@ def _traced_update(x, conv_state, weight, bias=None, activation=None,
                    max_query_len=-1, null_block_id=DEFAULT, validate_data=False, out=None,
                    pad_slot_id=None, *, block_idx_last_scheduled_token=None,
                    initial_state_idx=None, retrieve_parent_token=None, cache_seqlens=None):
-    dropins.refuse_update_arguments(block_idx_last_scheduled_token, initial_state_idx,
-                                    cache_seqlens)
+    if cache_seqlens is not None:
+        raise NotImplementedError(
+            f"cache_seqlens: circular lines are not implemented {_COMPILED}. Expected "
+            f"None; the eager drop-in takes them")
+    dropins.refuse_prefix_caching(
+        _COMPILED, block_idx_last_scheduled_token=block_idx_last_scheduled_token,
+        initial_state_idx=initial_state_idx)
     if retrieve_parent_token is not None:
         raise NotImplementedError(
             "retrieve_parent_token: EAGLE tree verify runs in eager code only (vLLM calls "

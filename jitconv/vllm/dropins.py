@@ -37,54 +37,99 @@ from jitconv.vllm.conventions import NULL_BLOCK_ID, PAD_SLOT_ID
 # Arguments of vLLM's conv ops (in some releases or revisions) that jitconv does not
 # implement: what each asks for, and the vLLM setting that makes vLLM pass it. The
 # drop-ins take them and refuse any value but the default before anything runs; the
-# plugin reads which of them the installed vLLM's ops take.
-PREFIX_CACHING_ALL = ("per-block conv-state checkpoints, which vLLM asks for with prefix "
-                      "caching in 'all' mode (--enable-prefix-caching --mamba-cache-mode "
-                      "all)")
-NOT_IMPLEMENTED = {
-    "block_idx_first_scheduled_token": PREFIX_CACHING_ALL,
-    "block_idx_last_scheduled_token": PREFIX_CACHING_ALL,
-    "initial_state_idx": PREFIX_CACHING_ALL,
-    "num_computed_tokens": PREFIX_CACHING_ALL,
-    "block_size_to_align": PREFIX_CACHING_ALL,
-    "cache_seqlens": ("a circular conv-state buffer (each line's write position), which "
-                      "callers of the Dao-AILab/causal-conv1d convention pass"),
-}
+# plugin reads which of them the installed vLLM's ops take. (None now: the last one,
+# cache_seqlens, is SEMANTICS.md's circular lines.)
+NOT_IMPLEMENTED = {}
+# vLLM's prefix caching in 'all' mode (--enable-prefix-caching --mamba-cache-mode all):
+# the arguments of its ops that carry it (SEMANTICS.md "More state rules": a read line,
+# a write line and the block-boundary checkpoints, from a 2-D cache_indices). The eager
+# drop-ins implement them; the torch.compile custom ops (device metadata) refuse them.
+PREFIX_CACHING = ("block_idx_first_scheduled_token", "block_idx_last_scheduled_token",
+                  "initial_state_idx", "num_computed_tokens", "block_size_to_align")
+# vLLM's Triton prefill kernel cuts sequences into chunks of this many tokens, and aligns
+# its checkpoints to a multiple of it (its validate_data asserts that).
+VLLM_BLOCK_M = 8
 
 
-def refuse_fn_arguments(cache_indices, block_idx_first_scheduled_token,
-                        block_idx_last_scheduled_token, initial_state_idx,
-                        num_computed_tokens, block_size_to_align):
-    """``causal_conv1d_fn``'s arguments that jitconv does not implement, refused."""
-    _refuse(block_idx_first_scheduled_token=block_idx_first_scheduled_token,
-            block_idx_last_scheduled_token=block_idx_last_scheduled_token,
-            initial_state_idx=initial_state_idx, num_computed_tokens=num_computed_tokens,
-            block_size_to_align=block_size_to_align)
-    if cache_indices is not None and getattr(cache_indices, "ndim", 1) != 1:
-        raise NotImplementedError(
-            f"cache_indices: a {cache_indices.ndim}-D block table (shape "
-            f"{tuple(cache_indices.shape)}) is not implemented by jitconv: "
-            f"{PREFIX_CACHING_ALL}. Expected shape (batch,)")
-
-
-def refuse_update_arguments(block_idx_last_scheduled_token, initial_state_idx,
-                            cache_seqlens):
-    """``causal_conv1d_update``'s arguments that jitconv does not implement, refused."""
-    _refuse(block_idx_last_scheduled_token=block_idx_last_scheduled_token,
-            initial_state_idx=initial_state_idx, cache_seqlens=cache_seqlens)
-
-
-def _refuse(**given):
-    """NotImplementedError for the first argument of ``NOT_IMPLEMENTED`` given a value
-    other than its default (None, or 0 for block_size_to_align)."""
+def refuse_prefix_caching(where, **given):
+    """NotImplementedError naming the first prefix-caching argument given (a value other
+    than None, or 0 for block_size_to_align), for a path ``where`` that cannot take
+    them."""
     for name, value in given.items():
         off = value is None or (name == "block_size_to_align"
                                 and isinstance(value, int) and value == 0)
         if not off:
             raise NotImplementedError(
-                f"{name}: not implemented by jitconv: {NOT_IMPLEMENTED[name]}. Expected "
-                f"{'0' if name == 'block_size_to_align' else 'None'}; turn that setting "
-                f"off, or run vLLM's own conv op")
+                f"{name}: vLLM's prefix caching in 'all' mode is not implemented {where}. "
+                f"Expected {'0' if name == 'block_size_to_align' else 'None'}; the eager "
+                f"drop-in implements it")
+
+
+def _index_columns(values, name, batch, table, skipped):
+    """Per sequence a column of the (batch, K) ``table`` (a vLLM block index): ints in
+    [0, K) for every sequence not skipped."""
+    cols = host_ints(values, name)
+    if len(cols) < batch:
+        raise ValueError(f"{name}: {len(cols)} entries, but the batch holds {batch} "
+                         f"sequences")
+    cols = cols[:batch]
+    bad = ~skipped & ((cols < 0) | (cols >= table.shape[1]))
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise ValueError(f"{name}: entry {i} is {int(cols[i])}; expected a column of the "
+                         f"block table in [0, {table.shape[1]})")
+    return cols
+
+
+def prefix_caching(table, qsl, lines, *, block_idx_last_scheduled_token, initial_state_idx,
+                   block_idx_first_scheduled_token=None,
+                   num_computed_tokens=None, block_size_to_align=None):
+    """vLLM's prefix-caching arguments as the core's rules (SEMANTICS.md: "vLLM 0.20-0.32
+    prefix caching"): each sequence reads column ``initial_state_idx`` of its row of the
+    (batch, K) block ``table``, writes its state to column
+    ``block_idx_last_scheduled_token``, and (``causal_conv1d_fn``, with
+    ``num_computed_tokens`` and B = ``block_size_to_align``) a checkpoint at position
+    (k + 1) * B - num_computed_tokens into column k for every k from
+    ``block_idx_first_scheduled_token`` up to the last. ``lines``: the read lines with
+    the skipped sequences' (null block, pads, no tokens) already -1. Returns
+    {core keyword: value} for the non-spec or spec part's rules (write lines, and the
+    checkpoints when ``num_computed_tokens`` is given)."""
+    batch = len(lines)
+    skipped = lines < 0
+    write = _index_columns(block_idx_last_scheduled_token, "block_idx_last_scheduled_token",
+                           batch, table, skipped)
+    rows = np.arange(batch)
+    rules = {"write_lines": np.where(skipped, -1, table[rows, write])}
+    if num_computed_tokens is None:
+        return rules
+    if isinstance(block_size_to_align, bool) or not isinstance(block_size_to_align, int) \
+            or block_size_to_align <= 0 or block_size_to_align % VLLM_BLOCK_M:
+        raise ValueError(f"block_size_to_align: expected a positive multiple of "
+                         f"{VLLM_BLOCK_M} (vLLM's mamba block size) with prefix caching, "
+                         f"got {block_size_to_align!r}")
+    first = _index_columns(block_idx_first_scheduled_token, "block_idx_first_scheduled_token",
+                           batch, table, skipped)
+    done = host_ints(num_computed_tokens, "num_computed_tokens")[:batch]
+    if len(done) < batch:
+        raise ValueError(f"num_computed_tokens: {len(done)} entries, but the batch holds "
+                         f"{batch} sequences")
+    B, loc, pos, ind = block_size_to_align, [0], [], []
+    for i in range(batch):
+        if not skipped[i]:
+            n = int(qsl[i + 1] - qsl[i])
+            ks = np.arange(first[i], write[i])
+            at = (ks + 1) * B - int(done[i])
+            if len(ks) and (at[0] < 1 or at[-1] > n):
+                raise ValueError(
+                    f"block_idx_first_scheduled_token / num_computed_tokens: sequence {i} "
+                    f"({n} tokens after {int(done[i])}) has block boundaries at positions "
+                    f"{at.tolist()}, outside [1, {n}] (block_size_to_align={B})")
+            pos += at.tolist()
+            ind += table[i, ks].tolist()
+        loc.append(len(pos))
+    rules.update(loc=np.asarray(loc), pos=np.asarray(pos, np.int64),
+                 lines=np.asarray(ind, np.int64))
+    return rules
 
 
 def _to_state_dtype(conv_state, *tensors):
@@ -109,13 +154,20 @@ def causal_conv1d_fn(x, weight, bias, conv_states, query_start_loc, cache_indice
     (dim, cu_seqlen) tensor in x's dtype. ``metadata`` only tunes vLLM's Triton launch and
     is ignored; jitconv always validates (``validate_data`` is accepted and ignored).
 
-    The prefix-caching arguments of vLLM 0.32's op (``block_idx_*``,
-    ``initial_state_idx``, ``num_computed_tokens``, ``block_size_to_align``, and a 2-D
-    ``cache_indices``) raise NotImplementedError unless left at their defaults.
+    Prefix caching (vLLM 0.20-0.32's 'all' mode): with ``block_idx_last_scheduled_token``
+    given, ``cache_indices`` is vLLM's (batch, K) block table and each sequence reads its
+    initial state from column ``initial_state_idx``, writes its final state to column
+    ``block_idx_last_scheduled_token`` and a checkpoint at every block boundary (block
+    size ``block_size_to_align``, after ``num_computed_tokens``) to the columns from
+    ``block_idx_first_scheduled_token`` on (SEMANTICS.md "More state rules"); the
+    metadata are then read on the host. Without it, a 2-D ``cache_indices`` means its
+    column 0, as in vLLM.
     """
-    refuse_fn_arguments(cache_indices, block_idx_first_scheduled_token,
-                        block_idx_last_scheduled_token, initial_state_idx,
-                        num_computed_tokens, block_size_to_align)
+    apc = _prefix_caching_arguments(
+        block_idx_first_scheduled_token=block_idx_first_scheduled_token,
+        block_idx_last_scheduled_token=block_idx_last_scheduled_token,
+        initial_state_idx=initial_state_idx, num_computed_tokens=num_computed_tokens,
+        block_size_to_align=block_size_to_align)
     null_block_id = conventions.check_skipped_id(null_block_id, "null_block_id")
     pad_slot_id = conventions.check_skipped_id(pad_slot_id, "pad_slot_id")
     if hasattr(query_start_loc, "__len__") and len(query_start_loc) > 0:
@@ -124,7 +176,9 @@ def causal_conv1d_fn(x, weight, bias, conv_states, query_start_loc, cache_indice
         cache_indices = conventions.leading_entries(cache_indices, batch, "cache_indices")
         has_initial_state = conventions.leading_entries(has_initial_state, batch,
                                                         "has_initial_state")
-    if _on_device(x, cache_indices, query_start_loc, has_initial_state) and \
+    table_given = cache_indices is not None and getattr(cache_indices, "ndim", 1) == 2
+    if apc is None and not table_given and \
+            _on_device(x, cache_indices, query_start_loc, has_initial_state) and \
             x.dtype == conv_states.dtype:
         return _device_fn(x, weight, bias, conv_states, query_start_loc, cache_indices,
                           has_initial_state, activation, pad_slot_id, null_block_id)
@@ -134,17 +188,66 @@ def causal_conv1d_fn(x, weight, bias, conv_states, query_start_loc, cache_indice
     num_lines = int(conv_states.shape[0])
     qsl = conventions.query_start_loc(query_start_loc, None, "query_start_loc")
     batch = len(qsl) - 1
+    table = None
     if cache_indices is None:
+        if apc is not None:
+            raise ValueError("cache_indices: required with block_idx_last_scheduled_token "
+                             "(the (batch, blocks) table the block indices point into)")
         lines, skipped = np.arange(batch), ()
     else:
-        lines, skipped = host_ints(cache_indices, "cache_indices"), \
+        lines, skipped = host_ints(cache_indices, "cache_indices", ndim=(1, 2)), \
             (null_block_id, pad_slot_id)
+        if lines.ndim == 2:
+            table = lines
+            lines = _read_lines(table, apc, batch, "cache_indices", qsl)
+        elif apc is not None:
+            raise ValueError(f"cache_indices: expected vLLM's 2-D block table with "
+                             f"block_idx_last_scheduled_token, got shape {lines.shape}")
     lines = conventions.skip_sequences(lines, qsl, "cache_indices", num_lines, skipped)
     rows = conventions.leading_rows(int(qsl[-1]), int(tokens.shape[0]), "query_start_loc")
-    out = ops.causal_conv1d_fn(tokens, weight, bias, conv_states, qsl, lines,
-                               has_initial_state, activation=activation_name(activation),
-                               pad_slot_id=conventions.CORE_PAD, token_indx=rows)
+    rules = {} if apc is None else prefix_caching(table, qsl, lines, **apc)
+    out = ops.causal_conv1d_mixed(
+        tokens, weight, bias, conv_states, non_spec_query_start_loc=qsl,
+        non_spec_state_indices=lines, has_initial_state=has_initial_state,
+        non_spec_token_indx=rows, activation=activation_name(activation),
+        pad_slot_id=conventions.CORE_PAD,
+        **{ops.NON_SPEC_RULES[role]: value for role, value in rules.items()})
     return out.transpose(0, 1).to(original_dtype)
+
+
+def _prefix_caching_arguments(**given):
+    """The prefix-caching arguments as keywords of ``prefix_caching``, or None when vLLM
+    would not read them (its kernels read them only with block_idx_last_scheduled_token):
+    given without it, or incomplete, they are an error naming the argument."""
+    if given["block_idx_last_scheduled_token"] is None:
+        for name, value in given.items():
+            if value is not None and not (name == "block_size_to_align"
+                                          and not isinstance(value, bool) and value == 0):
+                raise ValueError(f"{name}: given without block_idx_last_scheduled_token "
+                                 f"(vLLM reads the prefix-caching arguments only with it); "
+                                 f"pass it too, or drop {name}")
+        return None
+    for name, value in given.items():
+        if value is None:
+            raise ValueError(f"{name}: required with block_idx_last_scheduled_token "
+                             f"(vLLM's prefix caching in 'all' mode)")
+    return given
+
+
+def _read_lines(table, apc, batch, name, qsl):
+    """The read line of each sequence from vLLM's (batch, K) block table: its column
+    ``initial_state_idx`` with prefix caching, else column 0 (as vLLM's kernels); a
+    sequence without tokens (skipped) reads column 0."""
+    if len(table) < batch:
+        raise ValueError(f"{name}: {len(table)} rows, but the batch holds {batch} sequences")
+    table = table[:batch]
+    if table.shape[1] == 0:
+        raise ValueError(f"{name}: expected at least one column, got shape {table.shape}")
+    if apc is None:
+        return table[:, 0]
+    empty = np.diff(qsl)[:batch] == 0
+    cols = _index_columns(apc["initial_state_idx"], "initial_state_idx", batch, table, empty)
+    return table[np.arange(batch), np.where(empty, 0, cols)]
 
 
 def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None,
@@ -175,16 +278,20 @@ def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None,
     ``retrieve_parent_token`` ((batch, >= longest) ints, vLLM's EAGLE tree verify): each
     token's parent position in its sequence (the root's entry ignored); a token's window
     runs through its ancestors (SEMANTICS.md "More state rules"); the metadata are then
-    read on the host. Arguments some vLLM releases or revisions take and jitconv does
-    not implement (``block_idx_last_scheduled_token`` and ``initial_state_idx``: prefix
-    caching in 'all' mode; ``cache_seqlens``: a circular state buffer) raise
-    NotImplementedError unless None.
+    read on the host. Prefix caching (vLLM's 'all' mode): with
+    ``block_idx_last_scheduled_token`` given, ``conv_state_indices`` is the (batch, K)
+    block table, and each sequence reads its window from column ``initial_state_idx``
+    and writes its state to column ``block_idx_last_scheduled_token`` (read on the host
+    too). ``cache_seqlens`` ((batch,) counts, vLLM 0.11's sixth argument, the
+    Dao-AILab/causal-conv1d convention): circular lines (SEMANTICS.md), read on the host;
+    not with ``num_accepted_tokens`` or prefix caching.
     """
-    refuse_update_arguments(block_idx_last_scheduled_token, initial_state_idx,
-                            cache_seqlens)
+    apc = _prefix_caching_arguments(
+        block_idx_last_scheduled_token=block_idx_last_scheduled_token,
+        initial_state_idx=initial_state_idx)
     null_block_id, pad_slot_id = conventions.skipped_ids(null_block_id, pad_slot_id)
     target = x if out is None else out
-    if retrieve_parent_token is None and \
+    if retrieve_parent_token is None and apc is None and cache_seqlens is None and \
             _on_device(x, conv_state_indices, query_start_loc, num_accepted_tokens) and \
             (out is None or (out.shape == x.shape and out.dtype == x.dtype)) and \
             x.dtype == conv_state.dtype:
@@ -234,6 +341,13 @@ def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None,
                                  f"but x holds only {size} sequences")
         qsl = np.arange(0, len(lines) * seqlen + 1, seqlen)
     batch = len(lines)
+    table = None
+    if apc is not None:
+        table = host_ints(conv_state_indices, "conv_state_indices", ndim=(1, 2))
+        if table.ndim != 2:
+            raise ValueError(f"conv_state_indices: expected vLLM's 2-D block table with "
+                             f"block_idx_last_scheduled_token, got shape {table.shape}")
+        lines = _read_lines(table, apc, batch, "conv_state_indices", qsl)
     lines = conventions.skip_sequences(lines, qsl, "conv_state_indices", num_lines, skipped)
     accepted = None
     if num_accepted_tokens is not None:
@@ -241,20 +355,36 @@ def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None,
                                              "num_accepted_tokens")
     rows = conventions.leading_rows(int(qsl[-1]), int(tokens.shape[0]), "query_start_loc")
     direct = x.dim() == 2 and target.dtype == conv_state.dtype
-    if retrieve_parent_token is None:
+    if retrieve_parent_token is None and apc is None and cache_seqlens is None:
         result = ops.causal_conv1d_update(
             tokens, weight, bias, conv_state, lines, query_start_loc=qsl,
             num_accepted_tokens=accepted, activation=activation_name(activation),
             pad_slot_id=conventions.CORE_PAD, token_indx=rows,
             out=target if direct else None)
-    else:  # a tree: the part's parent map, in the one launch of the mixed op
-        parents = host_ints(retrieve_parent_token, "retrieve_parent_token", ndim=2)
-        if len(parents) < batch:
-            raise ValueError(f"retrieve_parent_token: {len(parents)} rows, but the batch "
-                             f"holds {batch} sequences")
+    else:  # a tree or prefix caching: the part's rules, in the one launch of the mixed op
         part = "non_spec" if accepted is None else "spec"
         names = {f"{part}_query_start_loc": qsl, f"{part}_state_indices": lines,
-                 f"{part}_token_indx": rows, f"{part}_parent_token": parents[:batch]}
+                 f"{part}_token_indx": rows}
+        if retrieve_parent_token is not None:
+            parents = host_ints(retrieve_parent_token, "retrieve_parent_token", ndim=2)
+            if len(parents) < batch:
+                raise ValueError(f"retrieve_parent_token: {len(parents)} rows, but the "
+                                 f"batch holds {batch} sequences")
+            names[f"{part}_parent_token"] = parents[:batch]
+        if apc is not None:
+            names[f"{part}_write_indices"] = prefix_caching(table, qsl, lines,
+                                                           **apc)["write_lines"]
+        if cache_seqlens is not None:
+            if accepted is not None or apc is not None:
+                raise ValueError(
+                    f"cache_seqlens: circular lines do not combine with "
+                    f"{'num_accepted_tokens' if accepted is not None else 'prefix caching'}"
+                    f" (a ring has no fixed columns); pass one or the other")
+            counts = host_ints(cache_seqlens, "cache_seqlens")
+            if len(counts) < batch:
+                raise ValueError(f"cache_seqlens: {len(counts)} entries, but the batch "
+                                 f"holds {batch} sequences")
+            names["non_spec_cache_seqlens"] = counts[:batch]
         if accepted is not None:
             names["num_accepted_tokens"] = accepted
         try:
@@ -262,8 +392,8 @@ def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None,
                 tokens, weight, bias, conv_state, activation=activation_name(activation),
                 pad_slot_id=conventions.CORE_PAD, out=target if direct else None, **names)
         except ValueError as exc:  # name vLLM's argument, not the core's
-            raise ValueError(str(exc).replace(f"{part}_parent_token",
-                                              "retrieve_parent_token")) from None
+            raise ValueError(str(exc).replace(f"{part}_parent_token", "retrieve_parent_token")
+                             .replace("non_spec_cache_seqlens", "cache_seqlens")) from None
     if not direct:  # another dtype or a (batch, dim, seqlen) form: copy into place
         target.copy_(result if batch_form is None
                      else result.reshape(batch_form).transpose(1, 2))

@@ -17,9 +17,9 @@ block when its ``causal_conv1d_update`` takes ``null_block_id`` (lines equal to 
 default, NULL_BLOCK_ID = 0, skipped), else the ``pad_slot_id`` convention (lines equal
 to PAD_SLOT_ID skipped, line 0 a cache line); the installed ops' parameter order and
 defaults. An installed op with a parameter ``jitconv.vllm`` does not know is not
-replaced; parameters it knows but does not implement (prefix caching's block indices,
-tree verify's parent map) raise NotImplementedError, naming them, when a caller gives
-them. The log line says which convention was read, and from where. On XPU the plugin
+replaced; parameters it knows but does not implement (``jitconv.vllm.NOT_IMPLEMENTED``,
+empty since prefix caching, tree verify and circular lines run on jitconv) would raise
+NotImplementedError, naming them, when a caller gives them. The log line says which convention was read, and from where. On XPU the plugin
 also logs, as each Qwen GDN layer is built, whether its conv reaches jitconv (vLLM's
 Triton route) or runs inside vLLM's fused SYCL GDN op (``gdn_route``).
 

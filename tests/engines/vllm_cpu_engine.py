@@ -351,7 +351,53 @@ def run_ops():
     return {"where": ops.where, "convention": ops.convention,
             "skipped_line": ops.skipped_line, "fn": list(ops.fn.parameters),
             "update": list(ops.update.parameters), "refusals": refusals,
-            "state_untouched": torch.equal(state, before)}
+            "state_untouched": torch.equal(state, before),
+            "prefix_caching": run_prefix_caching(replaced)}
+
+
+def run_prefix_caching(replaced):
+    """vLLM 0.32's prefix-caching arguments ('all' mode), given to the installed ops by
+    keyword as vLLM's signature names them, against the float64 reference of the rules
+    they mean (worked out by hand, SEMANTICS.md): per op, whether the state is bit-exact
+    and the largest output difference."""
+    from jitconv.reference import causal_conv1d_reference
+    gen = torch.Generator().manual_seed(7)
+    dim, width = 16, 4
+    table = torch.tensor([[4, 7, 0, 0, 0], [0, 5, 9, 1, 6]], dtype=torch.int32)
+    state = torch.randn(12, dim, width - 1, generator=gen)
+    w, b = torch.randn(dim, width, generator=gen), torch.randn(dim, generator=gen)
+    tokens = torch.randn(60, dim, generator=gen)
+    qsl = torch.tensor([0, 20, 60], dtype=torch.int32)
+    init = torch.tensor([True, False])
+    # sequence 0: 20 tokens after 10 (block 16), one boundary at position 6 into block 0
+    # (the line it read); sequence 1: 40 after 32, boundaries at 16 and 32 into blocks
+    # 2 and 3; final states into blocks 1 and 4
+    ref_out, ref_state = causal_conv1d_reference(
+        tokens, w, b, state, non_spec_query_start_loc=qsl, has_initial_state=init,
+        non_spec_state_indices=[4, 5], non_spec_write_indices=[7, 6],
+        non_spec_checkpoint_loc=[0, 1, 3], non_spec_checkpoint_pos=[6, 16, 32],
+        non_spec_checkpoint_indices=[4, 9, 1], activation="silu")
+    out = replaced["causal_conv1d_fn"](
+        tokens.t(), w, b, state, qsl, cache_indices=table, has_initial_state=init,
+        block_idx_first_scheduled_token=torch.tensor([0, 2], dtype=torch.int32),
+        block_idx_last_scheduled_token=torch.tensor([1, 4], dtype=torch.int32),
+        initial_state_idx=torch.tensor([0, 1], dtype=torch.int32),
+        num_computed_tokens=torch.tensor([10, 32], dtype=torch.int32),
+        block_size_to_align=16)
+    result = {"fn": {"state_exact": bool((state.double().numpy() == ref_state).all()),
+                     "max_out_diff": float(abs(out.t().double().numpy() - ref_out).max())}}
+    state = torch.randn(12, dim, width - 1, generator=gen)
+    x = torch.randn(2, dim, generator=gen)
+    ref_out, ref_state = causal_conv1d_reference(
+        x, w, b, state, non_spec_query_start_loc=[0, 1, 2], non_spec_state_indices=[4, 9],
+        non_spec_write_indices=[7, 1], activation="silu")
+    out = replaced["causal_conv1d_update"](
+        x.clone(), state, w, b, "silu", conv_state_indices=table,
+        block_idx_last_scheduled_token=torch.tensor([1, 3], dtype=torch.int32),
+        initial_state_idx=torch.tensor([0, 2], dtype=torch.int32))
+    result["update"] = {"state_exact": bool((state.double().numpy() == ref_state).all()),
+                        "max_out_diff": float(abs(out.double().numpy() - ref_out).max())}
+    return result
 
 
 def main(argv):

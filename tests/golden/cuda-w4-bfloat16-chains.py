@@ -86,6 +86,27 @@ def jitconv_conv_w4_bfloat16_c2_l8_fastexp_r64_g2_vt_ch(x, x_offset, x_row_strid
         u0_0, u0_1 = load_row2(x, U(xc_0 + rw0 * x_row_stride))
         u1_0, u1_1 = load_row2(x, U(xc_0 + rw1 * x_row_stride))
         u2_0, u2_1 = load_row2(x, U(xc_0 + rw2 * x_row_stride))
+    lk = -1
+    rp = 0
+    rl = 1
+    if flags & (FLAG_LINES | FLAG_RING):
+        lk = links + tables[U(links + 2 * first_slot + 1)]
+    if flags & FLAG_RING and p0 == 0:
+        rp = tables[U(lk + 2)]
+        rl = tables[U(lk + 3)]
+        u0_0 = ZERO
+        u0_1 = ZERO
+        u1_0 = ZERO
+        u1_1 = ZERO
+        u2_0 = ZERO
+        u2_1 = ZERO
+        if initial:
+            u0_0 = strided(state, U(st_0 + ((rp + rl - 3 + 0) % rl) * sc))
+            u0_1 = strided(state, U(st_1 + ((rp + rl - 3 + 0) % rl) * sc))
+            u1_0 = strided(state, U(st_0 + ((rp + rl - 3 + 1) % rl) * sc))
+            u1_1 = strided(state, U(st_1 + ((rp + rl - 3 + 1) % rl) * sc))
+            u2_0 = strided(state, U(st_0 + ((rp + rl - 3 + 2) % rl) * sc))
+            u2_1 = strided(state, U(st_1 + ((rp + rl - 3 + 2) % rl) * sc))
     short = False
     rq0 = 0
     rq1 = 0
@@ -104,10 +125,20 @@ def jitconv_conv_w4_bfloat16_c2_l8_fastexp_r64_g2_vt_ch(x, x_offset, x_row_strid
         # New state = u[q0:] from column 0: spec keeps all but the oldest column
         # (S-1+n values), non-spec the last S. Columns from S - q0 on are rows of x
         # (positions q - S), read 4 at a time before they are stored.
+        sw_0 = st_0
+        sw_1 = st_1
+        if flags & FLAG_LINES:
+            # Another line than the one read (its window is in u0..).
+            wd = (tables[U(lk + 1)] - line) * state_stride_line
+            sw_0 = st_0 + wd
+            sw_1 = st_1 + wd
         q0 = n
         if flags & FLAG_SPEC:
             q0 = 1
         q = max(q0, 3)
+        if flags & FLAG_RING:
+            q0 = 3  # (every window column < S)
+            q = 3 + n
         short = n <= 4 and q == 3
         first = True
         while first or q < 3 + n:
@@ -141,28 +172,93 @@ def jitconv_conv_w4_bfloat16_c2_l8_fastexp_r64_g2_vt_ch(x, x_offset, x_row_strid
                 v3_0, v3_1 = load_row2(x, U(xc_0 + rq3 * x_row_stride))
             if first:
                 if q0 <= 0:
-                    state[U(st_0 + (0 - q0) * sc)] = u0_0
-                    state[U(st_1 + (0 - q0) * sc)] = u0_1
+                    state[U(sw_0 + (0 - q0) * sc)] = u0_0
+                    state[U(sw_1 + (0 - q0) * sc)] = u0_1
                 if q0 <= 1:
-                    state[U(st_0 + (1 - q0) * sc)] = u1_0
-                    state[U(st_1 + (1 - q0) * sc)] = u1_1
+                    state[U(sw_0 + (1 - q0) * sc)] = u1_0
+                    state[U(sw_1 + (1 - q0) * sc)] = u1_1
                 if q0 <= 2:
-                    state[U(st_0 + (2 - q0) * sc)] = u2_0
-                    state[U(st_1 + (2 - q0) * sc)] = u2_1
+                    state[U(sw_0 + (2 - q0) * sc)] = u2_0
+                    state[U(sw_1 + (2 - q0) * sc)] = u2_1
                 first = False
             if q + 0 < 3 + n:
-                state[U(st_0 + (q + 0 - q0) * sc)] = v0_0
-                state[U(st_1 + (q + 0 - q0) * sc)] = v0_1
+                state[U(sw_0 + (q + 0 - q0) * sc)] = v0_0
+                state[U(sw_1 + (q + 0 - q0) * sc)] = v0_1
             if q + 1 < 3 + n:
-                state[U(st_0 + (q + 1 - q0) * sc)] = v1_0
-                state[U(st_1 + (q + 1 - q0) * sc)] = v1_1
+                state[U(sw_0 + (q + 1 - q0) * sc)] = v1_0
+                state[U(sw_1 + (q + 1 - q0) * sc)] = v1_1
             if q + 2 < 3 + n:
-                state[U(st_0 + (q + 2 - q0) * sc)] = v2_0
-                state[U(st_1 + (q + 2 - q0) * sc)] = v2_1
+                state[U(sw_0 + (q + 2 - q0) * sc)] = v2_0
+                state[U(sw_1 + (q + 2 - q0) * sc)] = v2_1
             if q + 3 < 3 + n:
-                state[U(st_0 + (q + 3 - q0) * sc)] = v3_0
-                state[U(st_1 + (q + 3 - q0) * sc)] = v3_1
+                state[U(sw_0 + (q + 3 - q0) * sc)] = v3_0
+                state[U(sw_1 + (q + 3 - q0) * sc)] = v3_1
             q += 4
+        if flags & FLAG_LINES:
+            for j in range(tables[U(lk + 4)]):
+                cp = tables[U(lk + 5 + 2 * j)]
+                cd = (tables[U(lk + 6 + 2 * j)] - line) * state_stride_line
+                sk_0 = st_0 + cd
+                sk_1 = st_1 + cd
+                pk = cp + 0
+                if pk >= 3:
+                    rk = base + pk - 3
+                    if base < 0:
+                        rk = tables[U(rows + first_slot + pk - 3)]
+                    kv0_0, kv0_1 = load_row2(x, U(xc_0 + rk * x_row_stride))
+                elif pk == 2:
+                    kv0_0 = u2_0
+                    kv0_1 = u2_1
+                elif pk == 1:
+                    kv0_0 = u1_0
+                    kv0_1 = u1_1
+                else:
+                    kv0_0 = u0_0
+                    kv0_1 = u0_1
+                pk = cp + 1
+                if pk >= 3:
+                    rk = base + pk - 3
+                    if base < 0:
+                        rk = tables[U(rows + first_slot + pk - 3)]
+                    kv1_0, kv1_1 = load_row2(x, U(xc_0 + rk * x_row_stride))
+                elif pk == 2:
+                    kv1_0 = u2_0
+                    kv1_1 = u2_1
+                elif pk == 1:
+                    kv1_0 = u1_0
+                    kv1_1 = u1_1
+                else:
+                    kv1_0 = u0_0
+                    kv1_1 = u0_1
+                pk = cp + 2
+                if pk >= 3:
+                    rk = base + pk - 3
+                    if base < 0:
+                        rk = tables[U(rows + first_slot + pk - 3)]
+                    kv2_0, kv2_1 = load_row2(x, U(xc_0 + rk * x_row_stride))
+                elif pk == 2:
+                    kv2_0 = u2_0
+                    kv2_1 = u2_1
+                elif pk == 1:
+                    kv2_0 = u1_0
+                    kv2_1 = u1_1
+                else:
+                    kv2_0 = u0_0
+                    kv2_1 = u0_1
+                state[U(sk_0 + (0) * sc)] = kv0_0
+                state[U(sk_1 + (0) * sc)] = kv0_1
+                state[U(sk_0 + (1) * sc)] = kv1_0
+                state[U(sk_1 + (1) * sc)] = kv1_1
+                state[U(sk_0 + (2) * sc)] = kv2_0
+                state[U(sk_1 + (2) * sc)] = kv2_1
+        if flags & FLAG_RING:
+            for k in range(max(0, n - rl), n):
+                rk = base + k
+                if base < 0:
+                    rk = tables[U(rows + first_slot + k)]
+                kv0_0, kv0_1 = load_row2(x, U(xc_0 + rk * x_row_stride))
+                state[U(st_0 + ((rp + k) % rl) * sc)] = kv0_0
+                state[U(st_1 + ((rp + k) % rl) * sc)] = kv0_1
 
     wr0_0, wr1_0, wr2_0, wr3_0 = load_taps4(weight, U(weight_offset + c * 4))
     wr0_1, wr1_1, wr2_1, wr3_1 = load_taps4(weight, U(weight_offset + (c + 1) * 4))
@@ -186,7 +282,7 @@ def jitconv_conv_w4_bfloat16_c2_l8_fastexp_r64_g2_vt_ch(x, x_offset, x_row_strid
     f2_0 = load(u2_0)
     f2_1 = load(u2_1)
     if flags & FLAG_CHAIN:
-        wrow = tables[U(links + 2 * first_slot + 1)]
+        wrow = tables[U(links + tables[U(links + 2 * first_slot + 1)] + 0)]
         for i in range(nb):
             t = p0 + i
             r = r0 + i

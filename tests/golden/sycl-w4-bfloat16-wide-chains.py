@@ -94,15 +94,53 @@ def jitconv_conv_w4_bfloat16_fast_wide_chains(item, x, x_offset, x_row_stride, o
         u0_0, u0_1, u0_2, u0_3 = load_row4(x, U(xc_0 + rw0 * x_row_stride))
         u1_0, u1_1, u1_2, u1_3 = load_row4(x, U(xc_0 + rw1 * x_row_stride))
         u2_0, u2_1, u2_2, u2_3 = load_row4(x, U(xc_0 + rw2 * x_row_stride))
+    lk = -1
+    rp = 0
+    rl = 1
+    if flags & (FLAG_LINES | FLAG_RING):
+        lk = links + tables[U(links + 2 * first_slot + 1)]
+    if flags & FLAG_RING and p0 == 0:
+        rp = tables[U(lk + 2)]
+        rl = tables[U(lk + 3)]
+        u0_0 = ZERO
+        u0_1 = ZERO
+        u0_2 = ZERO
+        u0_3 = ZERO
+        u1_0 = ZERO
+        u1_1 = ZERO
+        u1_2 = ZERO
+        u1_3 = ZERO
+        u2_0 = ZERO
+        u2_1 = ZERO
+        u2_2 = ZERO
+        u2_3 = ZERO
+        if initial:
+            u0_0, u0_1, u0_2, u0_3 = load_row4(state, U(st_0 + ((rp + rl - 3 + 0) % rl) * sc))
+            u1_0, u1_1, u1_2, u1_3 = load_row4(state, U(st_0 + ((rp + rl - 3 + 1) % rl) * sc))
+            u2_0, u2_1, u2_2, u2_3 = load_row4(state, U(st_0 + ((rp + rl - 3 + 2) % rl) * sc))
     if p0 == 0:
         # Sole reader of this line's old window (per channel): write the new state.
         # New state = u[q0:] from column 0: spec keeps all but the oldest column
         # (S-1+n values), non-spec the last S. Columns from S - q0 on are rows of x
         # (positions q - S), read 3 at a time before they are stored.
+        sw_0 = st_0
+        sw_1 = st_1
+        sw_2 = st_2
+        sw_3 = st_3
+        if flags & FLAG_LINES:
+            # Another line than the one read (its window is in u0..).
+            wd = (tables[U(lk + 1)] - line) * state_stride_line
+            sw_0 = st_0 + wd
+            sw_1 = st_1 + wd
+            sw_2 = st_2 + wd
+            sw_3 = st_3 + wd
         q0 = n
         if flags & FLAG_SPEC:
             q0 = 1
         q = max(q0, 3)
+        if flags & FLAG_RING:
+            q0 = 3  # (every window column < S)
+            q = 3 + n
         first = True
         while first or q < 3 + n:
             v0_0 = ZERO
@@ -134,19 +172,100 @@ def jitconv_conv_w4_bfloat16_fast_wide_chains(item, x, x_offset, x_row_stride, o
                 v2_0, v2_1, v2_2, v2_3 = load_row4(x, U(xc_0 + rq * x_row_stride))
             if first:
                 if q0 <= 0:
-                    store_row4(state, U(st_0 + (0 - q0) * sc), u0_0, u0_1, u0_2, u0_3)
+                    store_row4(state, U(sw_0 + (0 - q0) * sc), u0_0, u0_1, u0_2, u0_3)
                 if q0 <= 1:
-                    store_row4(state, U(st_0 + (1 - q0) * sc), u1_0, u1_1, u1_2, u1_3)
+                    store_row4(state, U(sw_0 + (1 - q0) * sc), u1_0, u1_1, u1_2, u1_3)
                 if q0 <= 2:
-                    store_row4(state, U(st_0 + (2 - q0) * sc), u2_0, u2_1, u2_2, u2_3)
+                    store_row4(state, U(sw_0 + (2 - q0) * sc), u2_0, u2_1, u2_2, u2_3)
                 first = False
             if q + 0 < 3 + n:
-                store_row4(state, U(st_0 + (q + 0 - q0) * sc), v0_0, v0_1, v0_2, v0_3)
+                store_row4(state, U(sw_0 + (q + 0 - q0) * sc), v0_0, v0_1, v0_2, v0_3)
             if q + 1 < 3 + n:
-                store_row4(state, U(st_0 + (q + 1 - q0) * sc), v1_0, v1_1, v1_2, v1_3)
+                store_row4(state, U(sw_0 + (q + 1 - q0) * sc), v1_0, v1_1, v1_2, v1_3)
             if q + 2 < 3 + n:
-                store_row4(state, U(st_0 + (q + 2 - q0) * sc), v2_0, v2_1, v2_2, v2_3)
+                store_row4(state, U(sw_0 + (q + 2 - q0) * sc), v2_0, v2_1, v2_2, v2_3)
             q += 3
+        if flags & FLAG_LINES:
+            for j in range(tables[U(lk + 4)]):
+                cp = tables[U(lk + 5 + 2 * j)]
+                cd = (tables[U(lk + 6 + 2 * j)] - line) * state_stride_line
+                sk_0 = st_0 + cd
+                sk_1 = st_1 + cd
+                sk_2 = st_2 + cd
+                sk_3 = st_3 + cd
+                pk = cp + 0
+                if pk >= 3:
+                    rk = base + pk - 3
+                    if base < 0:
+                        rk = tables[U(rows + first_slot + pk - 3)]
+                    kv0_0, kv0_1, kv0_2, kv0_3 = load_row4(x, U(xc_0 + rk * x_row_stride))
+                elif pk == 2:
+                    kv0_0 = u2_0
+                    kv0_1 = u2_1
+                    kv0_2 = u2_2
+                    kv0_3 = u2_3
+                elif pk == 1:
+                    kv0_0 = u1_0
+                    kv0_1 = u1_1
+                    kv0_2 = u1_2
+                    kv0_3 = u1_3
+                else:
+                    kv0_0 = u0_0
+                    kv0_1 = u0_1
+                    kv0_2 = u0_2
+                    kv0_3 = u0_3
+                pk = cp + 1
+                if pk >= 3:
+                    rk = base + pk - 3
+                    if base < 0:
+                        rk = tables[U(rows + first_slot + pk - 3)]
+                    kv1_0, kv1_1, kv1_2, kv1_3 = load_row4(x, U(xc_0 + rk * x_row_stride))
+                elif pk == 2:
+                    kv1_0 = u2_0
+                    kv1_1 = u2_1
+                    kv1_2 = u2_2
+                    kv1_3 = u2_3
+                elif pk == 1:
+                    kv1_0 = u1_0
+                    kv1_1 = u1_1
+                    kv1_2 = u1_2
+                    kv1_3 = u1_3
+                else:
+                    kv1_0 = u0_0
+                    kv1_1 = u0_1
+                    kv1_2 = u0_2
+                    kv1_3 = u0_3
+                pk = cp + 2
+                if pk >= 3:
+                    rk = base + pk - 3
+                    if base < 0:
+                        rk = tables[U(rows + first_slot + pk - 3)]
+                    kv2_0, kv2_1, kv2_2, kv2_3 = load_row4(x, U(xc_0 + rk * x_row_stride))
+                elif pk == 2:
+                    kv2_0 = u2_0
+                    kv2_1 = u2_1
+                    kv2_2 = u2_2
+                    kv2_3 = u2_3
+                elif pk == 1:
+                    kv2_0 = u1_0
+                    kv2_1 = u1_1
+                    kv2_2 = u1_2
+                    kv2_3 = u1_3
+                else:
+                    kv2_0 = u0_0
+                    kv2_1 = u0_1
+                    kv2_2 = u0_2
+                    kv2_3 = u0_3
+                store_row4(state, U(sk_0 + (0) * sc), kv0_0, kv0_1, kv0_2, kv0_3)
+                store_row4(state, U(sk_0 + (1) * sc), kv1_0, kv1_1, kv1_2, kv1_3)
+                store_row4(state, U(sk_0 + (2) * sc), kv2_0, kv2_1, kv2_2, kv2_3)
+        if flags & FLAG_RING:
+            for k in range(max(0, n - rl), n):
+                rk = base + k
+                if base < 0:
+                    rk = tables[U(rows + first_slot + k)]
+                kv0_0, kv0_1, kv0_2, kv0_3 = load_row4(x, U(xc_0 + rk * x_row_stride))
+                store_row4(state, U(st_0 + ((rp + k) % rl) * sc), kv0_0, kv0_1, kv0_2, kv0_3)
 
     if weight_stride_k == 1 and weight_stride_c == 4 and taps16_aligned(weight, U(weight_offset)):
         wq_0 = load_taps16(weight, U(weight_offset + c * 4))
@@ -221,7 +340,7 @@ def jitconv_conv_w4_bfloat16_fast_wide_chains(item, x, x_offset, x_row_stride, o
     f2_2 = load(u2_2)
     f2_3 = load(u2_3)
     if flags & FLAG_CHAIN:
-        wrow = tables[U(links + 2 * first_slot + 1)]
+        wrow = tables[U(links + tables[U(links + 2 * first_slot + 1)] + 0)]
         for i in range(nb):
             t = p0 + i
             r = r0 + i

@@ -40,7 +40,9 @@ from numba import cuda  # noqa: E402
 from jitconv.backends.cuda.state import STATE  # noqa: E402
 from jitconv.kernels import bit_conversions, planner  # noqa: E402
 from jitconv.kernels.abi import (CONV_ARGS, FLAG_BLOCK_ROWS, FLAG_INITIAL_STATE, FLAG_SEQ_ROWS,  # noqa: E402
-                         FLAG_SPEC, FLAG_UNCOVERED, FLAG_CHAIN, FLAG_TREE, SPLIT_PARTS,
+                         FLAG_SPEC, FLAG_UNCOVERED, FLAG_CHAIN, FLAG_LINES, FLAG_RING,
+                         FLAG_TREE,
+                         SPLIT_PARTS,
                          STORAGE)
 from jitconv.kernels.template import window_value  # noqa: E402
 from jitconv.backends.cuda.source import ARG_NAMES, EXTRA_ARGS, name_and_source  # noqa: E402
@@ -245,6 +247,7 @@ def make_conv_kernel(spec):
         "FLAG_INITIAL_STATE": FLAG_INITIAL_STATE, "FLAG_SPEC": FLAG_SPEC,
         "FLAG_BLOCK_ROWS": FLAG_BLOCK_ROWS, "FLAG_SEQ_ROWS": FLAG_SEQ_ROWS,
         "FLAG_UNCOVERED": FLAG_UNCOVERED, "FLAG_CHAIN": FLAG_CHAIN, "FLAG_TREE": FLAG_TREE,
+        "FLAG_LINES": FLAG_LINES, "FLAG_RING": FLAG_RING,
         "SPLIT_PARTS": SPLIT_PARTS,
     }
     if fast_exp:

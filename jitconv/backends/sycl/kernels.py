@@ -30,7 +30,7 @@ import numba_dpex as dpex
 
 from jitconv.kernels import bit_conversions, planner
 from jitconv.kernels.abi import (FLAG_BLOCK_ROWS, FLAG_CHAIN, FLAG_INITIAL_STATE, FLAG_SEQ_ROWS,
-                                 FLAG_SPEC, FLAG_TREE,
+                                 FLAG_LINES, FLAG_RING, FLAG_SPEC, FLAG_TREE,
                                  FLAG_UNCOVERED, SPLIT_PARTS, STORAGE, WIDE_CHANNELS,
                                  fast_silu)
 from jitconv.kernels.template import window_value
@@ -251,6 +251,7 @@ def make_conv_kernel(width, dtype_name, fast=None, wide=False, fused=False, chai
         "FLAG_INITIAL_STATE": FLAG_INITIAL_STATE, "FLAG_SPEC": FLAG_SPEC,
         "FLAG_BLOCK_ROWS": FLAG_BLOCK_ROWS, "FLAG_SEQ_ROWS": FLAG_SEQ_ROWS,
         "FLAG_UNCOVERED": FLAG_UNCOVERED, "FLAG_CHAIN": FLAG_CHAIN, "FLAG_TREE": FLAG_TREE,
+        "FLAG_LINES": FLAG_LINES, "FLAG_RING": FLAG_RING,
         "SPLIT_PARTS": SPLIT_PARTS,
     }
     if fused:
