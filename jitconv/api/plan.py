@@ -93,7 +93,8 @@ class StepPlan:
                      window_rows=np.zeros(0, np.int64), window_steps=0):
         """The fields every plan has (host and device plans alike), set by both
         constructors through this one call."""
-        # parent maps, windows, write lines or checkpoints: a kernel with the rule pieces
+        # parent maps, windows, write lines, checkpoints or rings: a kernel with the rule
+        # pieces
         self.has_chains = has_chains
         self.window_rows = window_rows  # rows of intermediate_windows a run writes
         self.window_steps = window_steps  # steps they need (the longest such sequence)

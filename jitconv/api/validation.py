@@ -553,6 +553,10 @@ def check_written_lines(parts, names):
     may checkpoint into the line it reads. ``parts``: validated ``batch.Part``s with
     their cache lines already checked unique. Returns every line the step reads or
     writes."""
+    if all(p.write_lines is None and p.checkpoints is None for p in parts):
+        # (every plan comes here: no work beyond what the unique-lines check did)
+        lines = np.concatenate([p.lines for p in parts] + [np.zeros(0, np.int64)])
+        return lines[lines >= 0]
     read, written, writer = [], [], []
     first = 0
     for p in parts:
@@ -577,11 +581,16 @@ def check_written_lines(parts, names):
             line = int(written[order][twice[0]])
             raise ValueError(f"{names}: cache line {line} is written twice in one call "
                              f"(each line a step writes belongs to one sequence)")
-    owner = dict(zip(read[:, 0].tolist(), read[:, 1].tolist()))
-    for line, seq in zip(written.tolist(), writer.tolist()):
-        if owner.get(line, seq) != seq:
-            raise ValueError(f"{names}: cache line {line} is written by sequence {seq} and "
-                             f"read by sequence {owner[line]} in one call")
+    if len(read) and len(written):
+        by_line = np.argsort(read[:, 0])
+        lines, readers = read[by_line, 0], read[by_line, 1]
+        at = np.minimum(np.searchsorted(lines, written), len(lines) - 1)
+        other = (lines[at] == written) & (readers[at] != writer)
+        if other.any():
+            k = int(np.argmax(other))
+            raise ValueError(f"{names}: cache line {int(written[k])} is written by sequence "
+                             f"{int(writer[k])} and read by sequence {int(readers[at[k]])} "
+                             f"in one call")
     return np.unique(np.concatenate([read[:, 0], written]))
 
 

@@ -85,9 +85,9 @@ class Batch:
         return [rows, self.block_records().reshape(-1), self.links]
 
     def has_chains(self):
-        """Whether a block takes the template's chain or lines piece (parent maps,
-        windows, write lines, checkpoints): such a step needs a kernel with the rule
-        pieces (general token loops)."""
+        """Whether a block takes one of the template's rule pieces (parent maps, windows,
+        write lines, checkpoints, rings): such a step needs a kernel with them (the
+        general token loops)."""
         return bool((self.seq_flags & RULE_FLAGS).any())
 
     def has_chain_tokens(self):

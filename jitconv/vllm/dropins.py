@@ -40,12 +40,11 @@ from jitconv.vllm.conventions import NULL_BLOCK_ID, PAD_SLOT_ID
 # plugin reads which of them the installed vLLM's ops take. (None now: the last one,
 # cache_seqlens, is SEMANTICS.md's circular lines.)
 NOT_IMPLEMENTED = {}
-# vLLM's prefix caching in 'all' mode (--enable-prefix-caching --mamba-cache-mode all):
-# the arguments of its ops that carry it (SEMANTICS.md "More state rules": a read line,
-# a write line and the block-boundary checkpoints, from a 2-D cache_indices). The eager
-# drop-ins implement them; the torch.compile custom ops (device metadata) refuse them.
-PREFIX_CACHING = ("block_idx_first_scheduled_token", "block_idx_last_scheduled_token",
-                  "initial_state_idx", "num_computed_tokens", "block_size_to_align")
+# vLLM's prefix caching in 'all' mode (--enable-prefix-caching --mamba-cache-mode all)
+# comes as its ops' block-index arguments with a 2-D cache_indices (SEMANTICS.md "More
+# state rules": a read line, a write line and the block-boundary checkpoints). The eager
+# drop-ins implement them (``prefix_caching``); the torch.compile custom ops (device
+# metadata) refuse them by name (``refuse_prefix_caching``).
 # vLLM's Triton prefill kernel cuts sequences into chunks of this many tokens, and aligns
 # its checkpoints to a multiple of it (its validate_data asserts that).
 VLLM_BLOCK_M = 8
@@ -102,7 +101,8 @@ def prefix_caching(table, qsl, lines, *, block_idx_last_scheduled_token, initial
     rules = {"write_lines": np.where(skipped, -1, table[rows, write])}
     if num_computed_tokens is None:
         return rules
-    if isinstance(block_size_to_align, bool) or not isinstance(block_size_to_align, int) \
+    if isinstance(block_size_to_align, bool) or \
+            not isinstance(block_size_to_align, (int, np.integer)) \
             or block_size_to_align <= 0 or block_size_to_align % VLLM_BLOCK_M:
         raise ValueError(f"block_size_to_align: expected a positive multiple of "
                          f"{VLLM_BLOCK_M} (vLLM's mamba block size) with prefix caching, "
