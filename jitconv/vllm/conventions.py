@@ -66,15 +66,19 @@ def leading_entries(values, batch, name):
     return values[:batch]
 
 
-def column_zero(values, name):
-    """Cache lines from (Q,) or vLLM's (Q, K) block table: the conv uses column 0."""
-    lines = validation.host_ints(values, name, ndim=(1, 2))
-    if lines.ndim == 2:
-        if lines.shape[1] == 0:
-            raise ValueError(f"{name}: expected shape (batch,) or (batch, K) with K >= 1, "
-                             f"got {lines.shape}")
-        lines = lines[:, 0]
-    return lines
+def block_table(values, name):
+    """Cache lines as vLLM passes them, read on the host once: (Q,), or its (Q, K) block
+    table with K >= 1."""
+    table = validation.host_ints(values, name, ndim=(1, 2))
+    if table.ndim == 2 and table.shape[1] == 0:
+        raise ValueError(f"{name}: expected shape (batch,) or (batch, K) with K >= 1, "
+                         f"got {table.shape}")
+    return table
+
+
+def column_zero(table):
+    """The cache lines of a ``block_table``: the conv uses column 0 of a 2-D one."""
+    return table[:, 0] if table.ndim == 2 else table
 
 
 def skip_sequences(lines, qsl, name, num_lines, skipped_ids):
@@ -165,7 +169,8 @@ def gdn_step_metadata(m, num_rows, num_lines, null_block_id,
     kwargs = {}
     if m.spec_sequence_masks is not None:
         n = int(m.num_spec_decodes)
-        table = column_zero(m.spec_state_indices_tensor, "spec_state_indices_tensor")
+        table = column_zero(block_table(m.spec_state_indices_tensor,
+                                        "spec_state_indices_tensor"))
         if len(table) < n:
             raise ValueError(f"spec_state_indices_tensor: expected at least "
                              f"num_spec_decodes={n} rows, got {len(table)}")

@@ -195,14 +195,10 @@ def causal_conv1d_fn(x, weight, bias, conv_states, query_start_loc, cache_indice
                              "(the (batch, blocks) table the block indices point into)")
         lines, skipped = np.arange(batch), ()
     else:
-        lines, skipped = host_ints(cache_indices, "cache_indices", ndim=(1, 2)), \
+        table, skipped = conventions.block_table(cache_indices, "cache_indices"), \
             (null_block_id, pad_slot_id)
-        if lines.ndim == 2:
-            table = lines
-            lines = _read_lines(table, apc, batch, "cache_indices", qsl)
-        elif apc is not None:
-            raise ValueError(f"cache_indices: expected vLLM's 2-D block table with "
-                             f"block_idx_last_scheduled_token, got shape {lines.shape}")
+        lines = conventions.column_zero(table) if apc is None else \
+            _read_lines(table, apc, batch, "cache_indices", qsl)
     lines = conventions.skip_sequences(lines, qsl, "cache_indices", num_lines, skipped)
     rows = conventions.leading_rows(int(qsl[-1]), int(tokens.shape[0]), "query_start_loc")
     rules = {} if apc is None else prefix_caching(table, qsl, lines, **apc)
@@ -235,16 +231,15 @@ def _prefix_caching_arguments(**given):
 
 
 def _read_lines(table, apc, batch, name, qsl):
-    """The read line of each sequence from vLLM's (batch, K) block table: its column
-    ``initial_state_idx`` with prefix caching, else column 0 (as vLLM's kernels); a
+    """The read line of each sequence with prefix caching: column ``initial_state_idx``
+    of its row of vLLM's (batch, K) block ``table`` (a ``conventions.block_table``); a
     sequence without tokens (skipped) reads column 0."""
+    if table.ndim != 2:
+        raise ValueError(f"{name}: expected vLLM's 2-D block table with "
+                         f"block_idx_last_scheduled_token, got shape {table.shape}")
     if len(table) < batch:
         raise ValueError(f"{name}: {len(table)} rows, but the batch holds {batch} sequences")
     table = table[:batch]
-    if table.shape[1] == 0:
-        raise ValueError(f"{name}: expected at least one column, got shape {table.shape}")
-    if apc is None:
-        return table[:, 0]
     empty = np.diff(qsl)[:batch] == 0
     cols = _index_columns(apc["initial_state_idx"], "initial_state_idx", batch, table, empty)
     return table[np.arange(batch), np.where(empty, 0, cols)]
@@ -315,7 +310,8 @@ def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None,
             raise ValueError("conv_state_indices: required with query_start_loc (the "
                              "batch is its size)")
         tokens, skipped = x, (null_block_id, pad_slot_id)
-        lines = conventions.column_zero(conv_state_indices, "conv_state_indices")
+        table = conventions.block_table(conv_state_indices, "conv_state_indices")
+        lines = conventions.column_zero(table)
         qsl = conventions.query_start_loc(query_start_loc, len(lines), "query_start_loc")
     else:
         size = int(x.shape[0])
@@ -333,20 +329,17 @@ def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None,
         if conv_state_indices is None:  # sequence i on line i: no index marks a pad
             lines, skipped = np.arange(size), ()
         else:
-            lines, skipped = conventions.column_zero(conv_state_indices,
-                                                     "conv_state_indices"), \
-                (null_block_id, pad_slot_id)
+            table = conventions.block_table(conv_state_indices, "conv_state_indices")
+            lines, skipped = conventions.column_zero(table), (null_block_id, pad_slot_id)
             if len(lines) > size:
                 raise ValueError(f"conv_state_indices: {len(lines)} entries (the batch), "
                                  f"but x holds only {size} sequences")
         qsl = np.arange(0, len(lines) * seqlen + 1, seqlen)
     batch = len(lines)
-    table = None
     if apc is not None:
-        table = host_ints(conv_state_indices, "conv_state_indices", ndim=(1, 2))
-        if table.ndim != 2:
-            raise ValueError(f"conv_state_indices: expected vLLM's 2-D block table with "
-                             f"block_idx_last_scheduled_token, got shape {table.shape}")
+        if conv_state_indices is None:
+            raise ValueError("conv_state_indices: required with block_idx_last_scheduled_"
+                             "token (the (batch, blocks) table the block indices point into)")
         lines = _read_lines(table, apc, batch, "conv_state_indices", qsl)
     lines = conventions.skip_sequences(lines, qsl, "conv_state_indices", num_lines, skipped)
     accepted = None
