@@ -321,6 +321,12 @@ def build_kernels(args):
         print(f"  planner {types[0]}, flags {types[2]:5s} "
               f"{path.stat().st_size / 1024:6.1f} KiB {time.perf_counter() - t0:5.2f} s  "
               f"{path.name}", flush=True)
+    # the rule planners (device plans with parent maps, windows or write lines)
+    for types in kernel_cache.planner_specializations("rules"):
+        t0 = time.perf_counter()
+        _kernel, path = planner.compile_and_store(types, queue, target, kind="rules")
+        print(f"  rule planner {types[0]} {path.stat().st_size / 1024:6.1f} KiB "
+              f"{time.perf_counter() - t0:5.2f} s  {path.name}", flush=True)
     if args.ship:  # entries of older kernel sources would only bloat the wheel
         keep = set(kernel_cache.shipped_files())
         for stale in target.iterdir():

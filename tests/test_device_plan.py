@@ -25,7 +25,7 @@ from jitconv.backends.sycl.state import STATE as SYCL_STATE
 from jitconv.backends.cuda.state import STATE as CUDA_STATE
 
 from helpers import (DTYPES, POISON, assert_outputs_close, assert_state_exact, bits,
-                     cumulative, make_state, randn)
+                     cumulative, lengths_of, make_state, random_parents, randn)
 
 SIM = cuda_devices.simulating()
 SYCL_HIDDEN = os.environ.get("JITCONV_TEST_HIDE_SYCL") == "1"
@@ -132,10 +132,13 @@ def random_metadata(gen, kind, num_seqs, num_tokens, num_lines, state_len, width
     return md
 
 
-def reference_of(md, data, activation="silu", spec_first=False):
+def reference_of(md, data, activation="silu", spec_first=False, windows=None):
     """The float64 reference of a device plan's step: each part's tokens consecutive
-    rows, non-spec then spec (``spec_first``: spec then non-spec), the rest of x zeros."""
+    rows, non-spec then spec (``spec_first``: spec then non-spec), the rest of x zeros;
+    with ``windows`` (the intermediate windows), their new values third."""
     args = {k: v.cpu() for k, v in md.items()}
+    if windows is not None:
+        args["intermediate_windows"] = windows.cpu()
     if "non_spec_state_indices" in args and "non_spec_query_start_loc" not in args:
         args["non_spec_query_start_loc"] = torch.arange(len(args["non_spec_state_indices"]) + 1)
     n_ns = int(args["non_spec_query_start_loc"][-1]) if "non_spec_query_start_loc" in args \
@@ -499,6 +502,215 @@ def test_host_checks(device):
     assert torch.equal(bits(state), before)
 
 
+# The state rules a device plan takes, by the names of the sets the tests run.
+RULE_SETS = {"tree": ("parents",), "windows": ("windows",), "write": ("write",),
+             "all": ("parents", "windows", "write")}
+RULE_KEYS = {"parents": "{part}_parent_token", "windows": "{part}_window_rows",
+             "write": "{part}_write_indices"}
+
+
+def random_rules(gen, md, rules, num_lines, max_len, window_rows=8):
+    """State rules for each part of the step ``md`` (CPU tensors) has: parent maps (a
+    random tree per sequence, max_len columns), window rows (about 60% of the sequences,
+    distinct rows from 1: row 0 is never written) and write lines (about 60%, distinct
+    lines no sequence reads; the others their own line); padded sequences' entries are
+    out of range (engines leave anything there)."""
+    reads = {int(v) for k in ("non_spec_state_indices", "spec_state_indices") if k in md
+             for v in md[k].reshape(-1).tolist() if v >= 0}
+    free = [v for v in torch.randperm(num_lines, generator=gen).tolist() if v not in reads]
+    rows = (torch.randperm(window_rows - 1, generator=gen) + 1).tolist()
+    found = {}
+    for part in ("non_spec", "spec"):
+        lines = md.get(f"{part}_state_indices")
+        if lines is None:
+            continue
+        qsl = md.get(f"{part}_query_start_loc")
+        lengths = [1] * len(lines) if qsl is None else lengths_of(qsl)
+        pads = lines < 0
+        if "parents" in rules:
+            found[f"{part}_parent_token"] = random_parents(gen, lengths, max_len)
+        if "windows" in rules:
+            take = torch.rand(len(lines), generator=gen) < 0.6
+            found[f"{part}_window_rows"] = torch.tensor(
+                [rows.pop() if t and rows else -1 for t in take.tolist()], dtype=torch.int32)
+            found[f"{part}_window_rows"][pads] = 10 ** 4
+        if "write" in rules:
+            write = lines.clone()
+            for i in range(len(write)):
+                if not pads[i] and free and float(torch.rand(1, generator=gen)) < 0.6:
+                    write[i] = free.pop()
+            write[pads] = num_lines + 7
+            found[f"{part}_write_indices"] = write
+    return found
+
+
+def run_rules_checked(plan, data, md, dtype, windows=None, spec_first=False):
+    """``run_checked`` for a plan with state rules: outputs, every cache line and the
+    windows (bit-exact, entries nobody writes untouched) against the reference."""
+    x, w, b, state = data
+    want = reference_of(md, (x, w, b, state), spec_first=spec_first, windows=windows)
+    out = full(tuple(x.shape), POISON, dtype, x.device)
+    got = plan.run(x, w, b, state, out=out, intermediate_windows=windows)
+    assert got is out
+    plan.check_errors()
+    assert_outputs_close(out, want[0], dtype)
+    assert_state_exact(state, want[1])
+    if windows is not None:
+        expected = bits(torch.from_numpy(want[2]).to(dtype))
+        assert torch.equal(bits(windows.cpu()), expected)
+
+
+@pytest.mark.parametrize("kind,rules,dtype_name", [
+    (kind, rules, "float32") for kind in ("decode", "spec", "mixed") for rules in RULE_SETS
+] + [("mixed", "all", "bfloat16")])
+def test_rules_follow_rewritten_metadata(device, kind, rules, dtype_name):
+    """Parent maps, window rows and write lines in device tensors: three runs of one
+    plan, the metadata and the rules rewritten in place between them (trees, rows,
+    lines, lengths, pads), each checked against the reference of what they hold then;
+    windows bit-exact, rows nobody writes untouched."""
+    dtype = DTYPES[dtype_name]
+    width, num_tokens, num_lines, nseq = 4, 40, 24, 4
+    max_len = 1 if kind == "decode" else 6
+    state_len = 3 + max_len
+    gen = torch.Generator().manual_seed(17 + len(kind) * 3 + len(rules))
+
+    def step(pads):
+        md = random_metadata(gen, kind, nseq, num_tokens, num_lines, state_len, width,
+                             max_len, pads=pads)
+        return {**md, **random_rules(gen, md, RULE_SETS[rules], num_lines, max_len)}
+
+    md = step(1)
+    live = {k: put(v, device) for k, v in md.items()}
+    plan = jitconv.device_plan(num_tokens, num_lines, state_len, width,
+                               max_query_len=max_len, **live)
+    assert plan.has_chains and plan.one_slot
+    data = layer(gen, dtype, num_tokens, num_lines, state_len, width, device)
+    windows = None
+    if rules in ("windows", "all"):
+        windows = put(randn(gen, (8, max_len + 1, DIM, width - 1), dtype), device)
+    for n in range(3):
+        if n:
+            for k, v in step(n - 1).items():
+                live[k].copy_(v)
+        run_rules_checked(plan, data, live, dtype, windows)
+
+
+def test_rules_with_spec_rows_first(device):
+    """vLLM's layout (spec tokens first) with a tree, windows and write lines."""
+    width, num_tokens, num_lines, max_len = 4, 40, 24, 5
+    gen = torch.Generator().manual_seed(5)
+    md = random_metadata(gen, "mixed", 4, num_tokens, num_lines, 3 + max_len, width,
+                         max_len)
+    md.update(random_rules(gen, md, RULE_SETS["all"], num_lines, max_len))
+    live = {k: put(v, device) for k, v in md.items()}
+    plan = jitconv.device_plan(num_tokens, num_lines, 3 + max_len, width,
+                               max_query_len=max_len, spec_rows_first=True, **live)
+    data = layer(gen, torch.float32, num_tokens, num_lines, 3 + max_len, width, device)
+    windows = put(randn(gen, (8, max_len, DIM, width - 1), torch.float32), device)
+    run_rules_checked(plan, data, live, torch.float32, windows, spec_first=True)
+
+
+BAD_RULES = {  # name: (the rule spoiled, how (of sequence 1), the error word it sets)
+    "parent after its child": ("spec_parent_token", lambda t: t[1].__setitem__(2, 2),
+                               planner.E_PARENT),
+    "negative parent": ("spec_parent_token", lambda t: t[1].__setitem__(3, -1),
+                        planner.E_PARENT),
+    "window row past the rows": ("spec_window_rows", lambda t: t.__setitem__(1, 8),
+                                 planner.E_WINDOW),
+    "window row below -1": ("spec_window_rows", lambda t: t.__setitem__(1, -2),
+                            planner.E_WINDOW),
+    "write line out of range": ("spec_write_indices", lambda t: t.__setitem__(1, 24),
+                                planner.E_WRITE),
+    "negative write line": ("spec_write_indices", lambda t: t.__setitem__(1, -1),
+                            planner.E_WRITE),
+}
+
+
+@pytest.mark.parametrize("bad", list(BAD_RULES) + ["longer than the windows' steps"])
+def test_bad_rules_are_flagged_and_skipped(device, bad):
+    """A bad rule value found on the device: its error word is set, the sequence is
+    skipped as a pad (its rows zeros, its lines and windows untouched) and every other
+    sequence is right."""
+    width, num_tokens, num_lines, max_len = 4, 20, 24, 5
+    gen = torch.Generator().manual_seed(23)
+    md = dict(spec_query_start_loc=cumulative([3, 4, 2, 5]),
+              spec_state_indices=torch.tensor([3, 9, 4, 11], dtype=torch.int32),
+              num_accepted_tokens=torch.tensor([1, 2, 1, 3], dtype=torch.int32))
+    md.update(random_rules(gen, md, RULE_SETS["all"], num_lines, max_len))
+    md["spec_window_rows"][1] = 5  # sequence 1: a window row, a write line of its own
+    md["spec_write_indices"][1] = 20
+    steps = max_len
+    word = planner.E_WINDOW
+    if bad in BAD_RULES:
+        argument, spoil, word = BAD_RULES[bad]
+        spoil(md[argument])
+    else:
+        steps = 3  # sequence 1 holds 4 tokens
+        for k in ("spec_window_rows",):
+            md[k][md[k] >= 0] = -1
+        md["spec_window_rows"][1] = 5
+    live = {k: put(v, device) for k, v in md.items()}
+    plan = jitconv.device_plan(num_tokens, num_lines, 3 + max_len, width,
+                               max_query_len=max_len, **live)
+    data = layer(gen, torch.float32, num_tokens, num_lines, 3 + max_len, width, device)
+    windows = put(randn(gen, (8, steps, DIM, width - 1), torch.float32), device)
+    skipped = dict(md, spec_state_indices=md["spec_state_indices"].clone(),
+                   spec_window_rows=md["spec_window_rows"].clone())
+    skipped["spec_state_indices"][1] = -1  # the reference's pad
+    skipped["spec_window_rows"][1] = -1
+    x, w, b, state = data
+    want = reference_of(skipped, data, windows=windows)
+    out = full(tuple(x.shape), POISON, torch.float32, x.device)
+    plan.run(x, w, b, state, out=out, intermediate_windows=windows)
+    with pytest.raises(ValueError, match="bad metadata values") as raised:
+        plan.check_errors()
+    assert planner.ERRORS[word] in str(raised.value)
+    assert_outputs_close(out, want[0], torch.float32)
+    assert_state_exact(state, want[1])
+    assert torch.equal(bits(windows.cpu()), bits(torch.from_numpy(want[2]).float()))
+
+
+def test_rule_host_checks(device):
+    """The rules' shapes, dtypes and their need of a declared bound are checked on the
+    host, by name, before anything runs; a run without the windows its plan needs, or
+    with windows of the wrong shape, raises and leaves conv_state untouched."""
+    qsl = put(torch.tensor([0, 2, 5], dtype=torch.int32), device)
+    lines = put(torch.tensor([1, 2], dtype=torch.int32), device)
+    accepted = put(torch.tensor([1, 1], dtype=torch.int32), device)
+    parents = put(torch.tensor([[-1, 0, 0], [-1, 0, 1]], dtype=torch.int32), device)
+    spec = dict(spec_query_start_loc=qsl, spec_state_indices=lines,
+                num_accepted_tokens=accepted)
+    cases = [
+        (dict(spec, spec_parent_token=parents), ValueError,
+         "max_query_len: a device plan with spec_parent_token"),
+        (dict(spec, spec_parent_token=parents, max_query_len=17), ValueError,
+         "max_query_len: a device plan"),
+        (dict(spec, spec_parent_token=parents[0], max_query_len=3), ValueError,
+         "spec_parent_token: expected a 2-D"),
+        (dict(spec, spec_parent_token=parents[:, :2], max_query_len=3), ValueError,
+         "spec_parent_token: expected at least max_query_len = 3 columns"),
+        (dict(spec, spec_parent_token=parents[:1], max_query_len=3), ValueError,
+         "spec_parent_token: expected 2 entries"),
+        (dict(spec, spec_write_indices=lines.float(), max_query_len=3), TypeError,
+         "spec_write_indices: expected dtype"),
+        (dict(spec, non_spec_window_rows=lines, max_query_len=3), ValueError,
+         "non_spec_window_rows: given without non_spec_state_indices"),
+    ]
+    for kwargs, error, message in cases:
+        with pytest.raises(error, match=message):
+            jitconv.device_plan(5, 8, 6, 4, **kwargs)
+    plan = jitconv.device_plan(5, 8, 6, 4, max_query_len=3, spec_window_rows=lines, **spec)
+    gen = torch.Generator().manual_seed(2)
+    x, w, b, state = layer(gen, torch.float32, 5, 8, 6, 4, device)
+    before = bits(state)
+    with pytest.raises(ValueError, match="intermediate_windows: required"):
+        plan.run(x, w, b, state)
+    bad = put(torch.zeros(4, 3, DIM, 2), device)
+    with pytest.raises(ValueError, match="intermediate_windows: expected shape"):
+        plan.run(x, w, b, state, intermediate_windows=bad)
+    assert torch.equal(bits(state), before)
+
+
 @pytest.fixture
 def one_shot_on_device(device, monkeypatch):
     """The one-shot ops' device-metadata path for this backend's tensors: on a GPU as
@@ -668,6 +880,90 @@ def test_one_shot_host_checks(one_shot_on_device):
     assert not kept_device_plans()
 
 
+@pytest.mark.parametrize("engine", ["vllm tree", "vllm tree non-spec", "sglang windows",
+                                    "sglang windows spec"])
+def test_engine_rules_stay_on_the_device(one_shot_on_device, monkeypatch, engine):
+    """The drop-ins' state rules with metadata on x's device: vLLM's EAGLE-tree update
+    (retrieve_parent_token, vLLM's (batch, K) table, the null block skipped) and SGLang's
+    target verify (intermediate windows, a pad) run a kept device plan that never reads
+    values on the host; results equal the reference, and after the metadata are rewritten
+    in place the next call follows them with the same plan."""
+    device = one_shot_on_device
+    from jitconv.vllm import dropins as vllm_dropins
+    from jitconv.sglang import dropins as sglang_dropins
+    for module in (vllm_dropins, sglang_dropins):
+        monkeypatch.setattr(module, "host_ints", validation.host_ints)  # the raising one
+    gen = torch.Generator().manual_seed(41 + len(engine))
+    batch, each, num_lines, width = 4, 5, 24, 4
+    state_len = width - 1 + each - 1
+    spec = engine in ("vllm tree", "sglang windows spec")
+    md = {}
+    part = "spec" if spec else "non_spec"
+    if engine.startswith("vllm"):
+        table = put(torch.zeros(batch, 2, dtype=torch.int32), device)
+        accepted = put(torch.ones(batch + 2, dtype=torch.int32), device)  # padded: longer
+        parents = put(torch.full((batch, each), -1, dtype=torch.int32), device)
+        qsl = put(cumulative([each] * batch), device)
+
+        def rewrite():
+            table[:, 0] = 1 + torch.randperm(num_lines - 1, generator=gen)[:batch]
+            table[2, 0] = 0  # the null block: skipped
+            accepted.copy_(torch.randint(1, each, (batch + 2,), generator=gen))
+            parents.copy_(random_parents(gen, [each] * batch))
+            md.clear()
+            md.update({f"{part}_query_start_loc": qsl, f"{part}_parent_token": parents,
+                       f"{part}_state_indices": torch.where(table[:, 0] == 0, -1,
+                                                            table[:, 0])})
+            if spec:
+                md["num_accepted_tokens"] = accepted[:batch]
+
+        def call(x, w, b, state):
+            extra = dict(num_accepted_tokens=accepted) if spec else {}
+            got = vllm_dropins.causal_conv1d_update(
+                x, state, w, b, "silu", conv_state_indices=table, query_start_loc=qsl,
+                max_query_len=each, retrieve_parent_token=parents, **extra)
+            assert got is x
+            return x
+        rows, windows = batch * each + 2, None
+    else:
+        lines = put(torch.zeros(batch, dtype=torch.int32), device)
+        accepted = put(torch.ones(batch, dtype=torch.int32), device)
+        window_rows = put(torch.zeros(batch, dtype=torch.int32), device)
+        windows = put(randn(gen, (batch + 2, each, DIM, width - 1), torch.float32), device)
+
+        def rewrite():
+            lines.copy_(torch.randperm(num_lines, generator=gen)[:batch])
+            lines[1] = -1  # SGLang's pad
+            accepted.copy_(torch.randint(1, each, (batch,), generator=gen))
+            window_rows.copy_(torch.randperm(batch + 2, generator=gen)[:batch])
+            md.clear()
+            md.update({f"{part}_query_start_loc": cumulative([each] * batch),
+                       f"{part}_state_indices": lines, f"{part}_window_rows": window_rows})
+            if spec:
+                md["num_accepted_tokens"] = accepted
+
+        def call(x, w, b, state):
+            extra = dict(num_accept_tokens=accepted) if spec else {}
+            by_channel = x.view(batch, each, DIM).transpose(1, 2)  # SGLang's (batch, dim, seqlen)
+            got = sglang_dropins.causal_conv1d_update(
+                by_channel, state, w, b, "silu", conv_state_indices=lines,
+                intermediate_conv_window=windows, intermediate_state_indices=window_rows,
+                **extra)
+            return got.transpose(1, 2).reshape(batch * each, DIM)
+        rows = batch * each
+    data = layer(gen, torch.float32, rows, num_lines, state_len, width, device)
+    for _step in range(2):
+        rewrite()
+        want = reference_of(md, data, windows=windows)
+        got = call(*data)
+        assert_outputs_close(got, want[0], torch.float32)
+        assert_state_exact(data[3], want[1])
+        if windows is not None:
+            assert torch.equal(bits(windows.cpu()), bits(torch.from_numpy(want[2]).float()))
+        assert len(kept_device_plans()) == 1
+    jitconv.check_errors()  # nothing bad was met
+
+
 def test_update_max_query_len_on_the_host(device):
     """A declared max_query_len holds for host metadata too: a longer sequence raises."""
     gen = torch.Generator().manual_seed(81)
@@ -716,6 +1012,50 @@ def test_graph_replays_follow_rewritten_metadata(cuda_device):
                 assert_outputs_close(o, want_out, torch.bfloat16)
                 assert_state_exact(s, want_state)
         plan.check_errors()
+
+
+@GPU_ONLY
+def test_graph_replays_follow_rewritten_rules(cuda_device):
+    """A CUDA graph that captured runs of a device plan with a tree, windows and write
+    lines (two layers) replays them with the rules the tensors hold at replay time:
+    outputs, every cache line and the windows against the reference."""
+    device = cuda_device
+    gen = torch.Generator().manual_seed(8)
+    width, num_tokens, num_lines, max_len = 4, 48, 32, 6
+    state_len = 3 + max_len
+
+    def step():
+        md = random_metadata(gen, "mixed", 5, num_tokens, num_lines, state_len, width,
+                             max_len)
+        return {**md, **random_rules(gen, md, RULE_SETS["all"], num_lines, max_len)}
+
+    live = {k: v.to(device) for k, v in step().items()}
+    plan = jitconv.device_plan(num_tokens, num_lines, state_len, width,
+                               max_query_len=max_len, **live)
+    layers = [layer(gen, torch.bfloat16, num_tokens, num_lines, state_len, width, device)
+              for _ in range(2)]
+    wins = [randn(gen, (8, max_len, DIM, width - 1), torch.bfloat16).to(device)
+            for _ in layers]
+    outs = [torch.empty((num_tokens, DIM), dtype=torch.bfloat16, device=device)
+            for _ in layers]
+    for (x, w, b, s), o, win in zip(layers, outs, wins):  # warm-up: compiles, prepares
+        plan.run(x, w, b, s.clone(), out=o, intermediate_windows=win.clone())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for (x, w, b, s), o, win in zip(layers, outs, wins):
+            plan.run(x, w, b, s, out=o, intermediate_windows=win)
+    for _ in range(3):
+        for k, v in step().items():
+            live[k].copy_(v)
+        wants = [reference_of(live, data, windows=win) for data, win in zip(layers, wins)]
+        graph.replay()
+        torch.cuda.synchronize()
+        for (x, w, b, s), o, win, want in zip(layers, outs, wins, wants):
+            assert_outputs_close(o, want[0], torch.bfloat16)
+            assert_state_exact(s, want[1])
+            assert torch.equal(bits(win.cpu()), bits(torch.from_numpy(want[2]).to(
+                torch.bfloat16)))
+    plan.check_errors()
 
 
 @GPU_ONLY

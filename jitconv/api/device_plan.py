@@ -19,10 +19,18 @@ table instead, which ``jitconv.check_errors`` reads: ``device_errors``). Cache l
 twice are not detected (the runs of both sequences write that line). No token maps: each
 part's tokens are consecutive rows of x, non-spec then spec (or spec first:
 ``spec_rows_first``), and the rows after them come out zero.
+
+State rules (parent maps, window rows, write lines; SEMANTICS.md "More state rules"):
+with them a run launches a second planning kernel after the first, one work-item per
+sequence (``planner.plan_rules``), which checks the sequence's rules, writes the links
+table the conv kernel's rule pieces read and sets its flags; so every sequence must be
+one block (``max_query_len`` <= 16, declared). Checkpoints and circular lines are host
+metadata only (``jitconv.plan``).
 """
 
 from typing import Any, Optional
 
+import numpy as np
 import torch
 
 from jitconv.api import device_errors, metadata, validation
@@ -32,6 +40,9 @@ from jitconv.backends import registry
 from jitconv.kernels import planner
 
 _INDEX_DTYPES = (torch.int32, torch.int64)
+# The longest sequences a device plan with state rules takes (one block each, declared by
+# max_query_len); longer ones are planned on the host.
+RULE_TOKENS = planner.BLOCK
 _FLAG_DTYPES = (torch.bool, torch.uint8, torch.int32, torch.int64)
 
 
@@ -62,10 +73,14 @@ class DevicePlan(StepPlan):
     on_device = True
 
     def __init__(self, *, geometry, arrays, names, counts, max_len, null_line, skip_empty,
-                 device, backend, spec_first=False, error_words=None):
+                 device, backend, spec_first=False, error_words=None, rules=None):
         self.arrays = arrays  # planner.METADATA_ARRAYS name -> (tensor, element stride)
+        # planner.RULE_ARRAYS name -> (tensor, row stride, column stride): the state
+        # rules the rule planner (``planner.plan_rules``) reads; empty: none
+        self.rules = rules or {}
         # every METADATA_ARRAYS name -> (tensor, stride), and the argument name it came as
         self.kernel_arrays, self.names = _with_placeholders(arrays, names)
+        self.names.update({k: names[k] for k in self.rules})
         # the arrays' element types (bool flags as the byte they are), in that order: what
         # a planner kernel or a fused conv kernel is compiled for
         self.element_types = tuple(
@@ -90,6 +105,21 @@ class DevicePlan(StepPlan):
         self.tail_first = self.planner_scalars["tail_first"]
         bound = max_len if max_len is not None else geometry.num_tokens
         ns_max = (1 if self.ns_implicit else bound) if self.num_ns else 0
+        if self.rules:
+            self.rule_arrays, self.rule_types = _rule_placeholders(self.rules)
+            self.rule_scalars = dict(  # the rule planner's (planner.RULE_ARGS) but windows'
+                ns_parents_cstride=self.rule_arrays["ns_parents"][2],
+                sp_parents_cstride=self.rule_arrays["sp_parents"][2],
+                given=sum(planner.rule_bit(k) for k in self.rules), num_ns=self.num_ns,
+                num_sp=self.num_sp, spec_first=int(spec_first),
+                num_tokens=geometry.num_tokens, num_lines=geometry.num_lines,
+                count=self.num_ns + self.num_sp)
+            self.links_words = planner.links_words(geometry.num_tokens,
+                                                   self.num_ns + self.num_sp)
+        else:
+            self.rule_arrays = self.rule_types = self.rule_scalars = None
+            self.links_words = 0
+        chains = any(k.endswith(("parents", "windows")) for k in self.rules)
         self._init_common(
             geometry=geometry, lines=range(geometry.num_lines),  # any line may be written
             written_lines=None,  # so a copied conv_state is copied back whole
@@ -97,8 +127,26 @@ class DevicePlan(StepPlan):
             longest_block=min(planner.BLOCK, bound),
             longest_sequences=(ns_max, bound if self.num_sp else 0),
             uniform_decode=(self.ns_implicit and self.num_ns > 0 and not self.num_sp
-                            and "ns_accepted" not in arrays),
-            in_place=self.one_slot, queue=None)
+                            and "ns_accepted" not in arrays and not self.rules),
+            # a token's chain reads other tokens' rows of x
+            in_place=self.one_slot and not chains, queue=None,
+            has_chains=bool(self.rules),
+            window_rows=(None if any(k.endswith("windows") for k in self.rules)
+                         else np.zeros(0, np.int64)))
+
+    def table_layout(self):
+        """(words of the table its planners write, offsets of ``abi.TABLES`` in it): the
+        unused rows table, the block records, then with rules the links."""
+        blocks = planner.ROWS_WORDS + self.num_blocks * planner.NF
+        return blocks + self.links_words, (0, planner.ROWS_WORDS,
+                                           blocks if self.links_words else 0)
+
+    def rule_values(self, windows_shape):
+        """The rule planner's scalars (``planner.RULE_ARGS`` but arrays and tables) for a
+        run whose intermediate windows have shape ``windows_shape`` (None: none)."""
+        rows, steps = (0, 0) if windows_shape is None else (int(windows_shape[0]),
+                                                            int(windows_shape[1]))
+        return dict(self.rule_scalars, win_rows=rows, win_steps=steps)
 
     def check_errors(self) -> None:
         """Raise ValueError if a run since the last check met bad metadata values (which
@@ -123,6 +171,12 @@ def device_plan(num_tokens: int, num_cache_lines: int, state_len: int, width: in
                 spec_state_indices: Optional[Any] = None,
                 num_accepted_tokens: Optional[Any] = None,
                 non_spec_num_accepted_tokens: Optional[Any] = None,
+                spec_parent_token: Optional[Any] = None,
+                non_spec_parent_token: Optional[Any] = None,
+                spec_window_rows: Optional[Any] = None,
+                non_spec_window_rows: Optional[Any] = None,
+                spec_write_indices: Optional[Any] = None,
+                non_spec_write_indices: Optional[Any] = None,
                 max_query_len: Optional[int] = None, pad_slot_id: int = -1,
                 null_block_id: Optional[int] = None,
                 skip_empty: bool = False, spec_rows_first: bool = False) -> DevicePlan:
@@ -146,6 +200,14 @@ def device_plan(num_tokens: int, num_cache_lines: int, state_len: int, width: in
         also bool) on the device the runs use, rewritten in place between runs as the
         engine likes. The spec part's tokens follow the non-spec part's (see
         ``spec_rows_first``).
+    spec_parent_token, non_spec_parent_token : tensors, (sequences, >= max_query_len)
+    spec_window_rows, non_spec_window_rows, spec_write_indices, non_spec_write_indices :
+    tensors, (sequences,)
+        The state rules of ``jitconv.plan`` (SEMANTICS.md "More state rules": parent
+        maps, intermediate windows, write lines), read on the device like the rest;
+        they need ``max_query_len`` <= 16. Checkpoints and circular lines are planned
+        on the host only (``jitconv.plan``). Window rows and written lines that two
+        sequences share are not detected.
     max_query_len : int, optional
         The most tokens any sequence holds (declared, not read): with 16 or fewer the
         planner takes one block per sequence, and short steps (decode, spec verify) run
@@ -166,22 +228,24 @@ def device_plan(num_tokens: int, num_cache_lines: int, state_len: int, width: in
         ``run(x, weight, bias, conv_state, out=None, activation="silu", math=None)``;
         ``check_errors()``.
     """
-    meta = StepMetadata.of({n: v for n, v in locals().items() if n in metadata.NAMES})
+    meta = StepMetadata.of({n: v for n, v in locals().items() if n in metadata.ALL_NAMES})
     geo = validation.check_geometry(num_tokens, num_cache_lines, state_len, width,
                                     pad_slot_id)
     return build(geo, meta.device_arrays(), ARGUMENT_NAMES, max_query_len=max_query_len,
                  null_block_id=null_block_id, skip_empty=skip_empty,
-                 spec_rows_first=spec_rows_first)
+                 spec_rows_first=spec_rows_first, rules=meta.device_rules())
 
 
-# The argument names of ``device_plan`` by ``planner.METADATA_ARRAYS`` name.
-ARGUMENT_NAMES = metadata.DEVICE_ARRAYS
+# The argument names of ``device_plan`` by ``planner.METADATA_ARRAYS`` and
+# ``planner.RULE_ARRAYS`` name.
+ARGUMENT_NAMES = {**metadata.DEVICE_ARRAYS, **metadata.DEVICE_RULES}
 
 
 def build(geo, given, names, *, max_query_len=None, null_block_id=None, skip_empty=False,
-          spec_rows_first=False, shared_errors=False):
+          spec_rows_first=False, shared_errors=False, rules=None):
     """The DevicePlan of checked geometry ``geo`` and metadata ``given`` (tensor or None
-    by ``planner.METADATA_ARRAYS`` name), checked on the host as ``device_plan`` says;
+    by ``planner.METADATA_ARRAYS`` name) and state rules ``rules`` (likewise by
+    ``planner.RULE_ARRAYS`` name), checked on the host as ``device_plan`` says;
     errors name each array as ``names`` does (the caller's argument names).
     ``shared_errors``: runs record bad values in the device's words that
     ``jitconv.check_errors`` reads (``device_errors``), not in words of the plan's own."""
@@ -246,19 +310,64 @@ def build(geo, given, names, *, max_query_len=None, null_block_id=None, skip_emp
     if not tensors:
         raise ValueError(f"device_plan: no metadata given (pass {names['ns_lines']}, or "
                          f"{names['sp_qsl']} with its arrays)")
+    if implicit and num_ns and max_query_len is None:
+        max_query_len = 1 if not num_sp else None
+    taken = _rules(rules or {}, names, {"ns": num_ns, "sp": num_sp}, given, max_query_len,
+                   tensors)
     device = tensors[0][1].device
     for name, t in tensors[1:]:
         if t.device != device:
             raise ValueError(f"{name}: on {t.device}, but {tensors[0][0]} is on {device}; "
                              f"a plan's metadata lives on one device")
     backend = registry.for_call(tensors[0][1])
-    if implicit and num_ns and max_query_len is None:
-        max_query_len = 1 if not num_sp else None
     words = device_errors.words_for(backend, device) if shared_errors else None
-    return DevicePlan(geometry=geo, arrays=arrays, names={k: names[k] for k in arrays},
+    return DevicePlan(geometry=geo, arrays=arrays,
+                      names={k: names[k] for k in list(arrays) + list(taken)},
                       counts=(num_ns, num_sp, implicit), max_len=max_query_len,
                       null_line=null_block_id, skip_empty=skip_empty, device=device,
-                      backend=backend, spec_first=spec_rows_first, error_words=words)
+                      backend=backend, spec_first=spec_rows_first, error_words=words,
+                      rules=taken)
+
+
+def _rules(rules, names, counts, given, max_query_len, tensors):
+    """The state rules given (``planner.RULE_ARRAYS`` name -> (tensor, row stride, column
+    stride)), checked on the host: each with its part, one entry (parents: one row) per
+    sequence, parents with a column per token, and every sequence one block."""
+    taken = {}
+    for key in planner.RULE_ARRAYS:
+        value = rules.get(key)
+        if value is None:
+            continue
+        part = key[:2]
+        if given[f"{part}_lines"] is None:
+            raise ValueError(f"{names[key]}: given without {names[f'{part}_lines']}")
+        if max_query_len is None or max_query_len > RULE_TOKENS:
+            raise ValueError(
+                f"max_query_len: a device plan with {names[key]} takes sequences of at most "
+                f"{RULE_TOKENS} tokens (declared, one block each), got {max_query_len}; "
+                f"plan longer steps on the host (jitconv.plan)")
+        parents = key.endswith("parents")
+        t = _tensor(value, names[key], ndim=(2,) if parents else (1,))
+        tensors.append((names[key], t))
+        _count(t, names[key], counts[part], "one per sequence")
+        if parents and t.shape[1] < max_query_len:
+            raise ValueError(f"{names[key]}: expected at least max_query_len = "
+                             f"{max_query_len} columns (a token's parent each), got "
+                             f"{t.shape[1]}")
+        if counts[part]:  # (a part without sequences has nothing to plan)
+            taken[key] = (t, int(t.stride(0)), int(t.stride(1)) if parents else 0)
+    return taken
+
+
+def _rule_placeholders(rules):
+    """Every array of ``planner.RULE_ARRAYS`` as (tensor, row stride, column stride): the
+    given ones, and for each absent one (never read: its bit of "given" is 0) a given one
+    with strides 0; and their element types, in that order (what a rule planner is
+    compiled for)."""
+    key = next(iter(rules))
+    full = {k: rules.get(k, (rules[key][0], 0, 0)) for k in planner.RULE_ARRAYS}
+    types = tuple(str(t.dtype).split(".")[-1] for t, _s, _c in full.values())
+    return full, types
 
 
 def _with_placeholders(arrays, names):

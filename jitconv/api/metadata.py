@@ -19,8 +19,8 @@ NAMES = ("non_spec_query_start_loc", "non_spec_state_indices", "has_initial_stat
          "non_spec_token_indx", "spec_query_start_loc", "spec_state_indices",
          "spec_token_indx", "num_accepted_tokens", "non_spec_num_accepted_tokens")
 # The state rules beyond linear spec verify (SEMANTICS.md "More state rules") that a
-# step's metadata may carry: host metadata only (device plans and the custom ops' schemas
-# take the nine above).
+# step's metadata may carry (device plans take some: ``DEVICE_RULES``; the custom ops'
+# schemas take the nine above).
 RULE_NAMES = ("spec_parent_token", "non_spec_parent_token", "spec_window_rows",
               "non_spec_window_rows", "spec_write_indices", "non_spec_write_indices",
               "non_spec_checkpoint_loc", "non_spec_checkpoint_pos",
@@ -33,6 +33,12 @@ DEVICE_ARRAYS = dict(ns_qsl="non_spec_query_start_loc", ns_lines="non_spec_state
                      sp_qsl="spec_query_start_loc", sp_lines="spec_state_indices",
                      sp_accepted="num_accepted_tokens")
 assert set(DEVICE_ARRAYS) == set(planner.METADATA_ARRAYS)
+# The state rules device plans take (``kernels.planner.RULE_ARRAYS``); checkpoints and
+# circular lines are planned on the host only.
+DEVICE_RULES = dict(ns_parents="non_spec_parent_token", sp_parents="spec_parent_token",
+                    ns_windows="non_spec_window_rows", sp_windows="spec_window_rows",
+                    ns_write="non_spec_write_indices", sp_write="spec_write_indices")
+assert set(DEVICE_RULES) == set(planner.RULE_ARRAYS)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -84,6 +90,15 @@ class StepMetadata:
     def device_arrays(self):
         """The values by device planner array name (``planner.METADATA_ARRAYS``)."""
         return {key: getattr(self, name) for key, name in DEVICE_ARRAYS.items()}
+
+    def device_rules(self):
+        """The state rules by rule planner array name (``planner.RULE_ARRAYS``)."""
+        return {key: getattr(self, name) for key, name in DEVICE_RULES.items()}
+
+    def host_only_rules(self):
+        """The names of the rules given that only host plans take (checkpoints, rings)."""
+        device = set(DEVICE_RULES.values())
+        return [n for n in RULE_NAMES if n not in device and getattr(self, n) is not None]
 
 
 assert tuple(f.name for f in fields(StepMetadata)) == ALL_NAMES

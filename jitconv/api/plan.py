@@ -92,11 +92,15 @@ class StepPlan:
                      longest_sequences, uniform_decode, in_place, queue, has_chains=False,
                      window_rows=np.zeros(0, np.int64), window_steps=0):
         """The fields every plan has (host and device plans alike), set by both
-        constructors through this one call."""
+        constructors through this one call. ``window_rows`` None: a device plan whose
+        sequences have window rows on the device."""
         # parent maps, windows, write lines, checkpoints or rings: a kernel with the rule
         # pieces
         self.has_chains = has_chains
-        self.window_rows = window_rows  # rows of intermediate_windows a run writes
+        # runs take intermediate_windows (and are never remembered)
+        self.takes_windows = window_rows is None or len(window_rows) > 0
+        # rows of intermediate_windows a run writes (None: not known on the host)
+        self.window_rows = window_rows
         self.window_steps = window_steps  # steps they need (the longest such sequence)
         self.derived = {}  # (see the module docstring)
         self.geometry = geometry
@@ -184,7 +188,7 @@ class StepPlan:
                                  "built from host metadata (jitconv.plan)")
             validation.check_no_out(args[4])
         result = key = None
-        if windows is None and not len(self.window_rows):
+        if windows is None and not self.takes_windows:
             result, key = backend.remembered(self, args, activation, math, mode)
         if result is not None:  # these tensors passed the checks of this geometry
             return self._split_views(result) if mode == SPLIT_SLOTS else result

@@ -599,13 +599,15 @@ def check_windows(windows, x, plan_rows, steps, width, extents):
     x's device, with every row the plan's sequences name and as many steps as their
     longest sequence, apart from every other argument. (Elements of the windows may
     share memory, as SGLang's deduplicated view does: overlapping entries receive the
-    same input.)"""
+    same input.) ``plan_rows`` None: a device plan with window rows, whose rows and
+    lengths the device checks."""
     name = "intermediate_windows"
+    required = plan_rows is None or len(plan_rows) > 0
     if windows is None:
-        if len(plan_rows):
+        if required:
             raise ValueError(f"{name}: required: the plan's sequences have window rows")
         return None
-    if not len(plan_rows):
+    if not required:
         raise ValueError(f"{name}: given, but no sequence has a window row (pass "
                          f"spec_window_rows / non_spec_window_rows)")
     shape = shape_of(windows)
@@ -613,7 +615,9 @@ def check_windows(windows, x, plan_rows, steps, width, extents):
     if len(shape) != 4 or shape[2] != dim or shape[3] != width - 1:
         raise ValueError(f"{name}: expected shape (rows, steps, dim={dim}, width - 1="
                          f"{width - 1}), got {shape}")
-    if shape[0] <= int(plan_rows.max()):
+    if plan_rows is None:
+        pass
+    elif shape[0] <= int(plan_rows.max()):
         raise ValueError(f"{name}: has {shape[0]} rows, but a sequence writes row "
                          f"{int(plan_rows.max())}")
     if shape[1] < steps:

@@ -34,8 +34,9 @@ function (numba-cuda: ``backends/cuda/planner.py``; numba-dpex:
 """
 
 from jitconv.kernels.batch import DEFAULT_BLOCK_TOKENS as BLOCK
-from jitconv.kernels.abi import (BLOCK_FIELDS, FLAG_BLOCK_ROWS, FLAG_INITIAL_STATE,
-                                 FLAG_SEQ_ROWS, FLAG_SPEC)
+from jitconv.kernels.abi import (BLOCK_FIELDS, FLAG_BLOCK_ROWS, FLAG_CHAIN, FLAG_INITIAL_STATE,
+                                 FLAG_LINES, FLAG_SEQ_ROWS, FLAG_SPEC, FLAG_TREE, LINK_FIELDS,
+                                 SEQUENCE_FIELDS)
 
 # Words of the error table, one per kind of bad value (index: what it means).
 ERRORS = (
@@ -43,9 +44,14 @@ ERRORS = (
     "state indices: a cache line out of range that is not a pad",
     "num_accepted_tokens: an entry < 1, or one that puts the window beyond state_len",
     "a sequence longer than max_query_len, or a spec sequence too long for state_len",
+    "parent map: a token's parent not a position before it (a tree lists parents first)",
+    "window rows: a row < -1 or past intermediate_windows' rows, or a sequence with a "
+    "window row longer than its steps",
+    "write lines: a cache line out of range",
 )
-E_QSL, E_LINE, E_ACCEPTED, E_LENGTH = range(len(ERRORS))
+E_QSL, E_LINE, E_ACCEPTED, E_LENGTH, E_PARENT, E_WINDOW, E_WRITE = range(len(ERRORS))
 NF = len(BLOCK_FIELDS)
+NL, NS = len(LINK_FIELDS), len(SEQUENCE_FIELDS)
 ROWS_WORDS = NF  # the (unused) rows table before the records: one record's worth
 
 
@@ -320,3 +326,117 @@ def _sequence(i, report, ns_qsl, ns_qsl_offset, ns_qsl_stride, ns_lines, ns_line
     if outside:
         return 0, 0, -1, 0, FLAG_BLOCK_ROWS | FLAG_SEQ_ROWS, 0
     return t0, length, line, off, flags, 1
+
+
+# The state rules of a device plan (SEMANTICS.md "More state rules": parent maps,
+# intermediate windows, write lines), planned by a second kernel after ``plan_slot``, one
+# work-item per sequence (``plan_rules``). Only for plans of one slot per sequence (every
+# sequence at most B tokens, declared): sequence i's record is slot i's. Per part
+# (non-spec, spec), each array is optional: parents (sequences, >= max_query_len) with a
+# column stride, window rows and write lines (sequences,).
+RULE_ARRAYS = ("ns_parents", "sp_parents", "ns_windows", "sp_windows", "ns_write", "sp_write")
+RULE_ARGS = tuple(f"{a}{part}" for a in RULE_ARRAYS
+                  for part in ("", "_offset", "_stride")) + (
+    "ns_parents_cstride", "sp_parents_cstride", "given", "num_ns", "num_sp", "spec_first",
+    "num_tokens", "num_lines", "win_rows", "win_steps", "tables", "blocks", "links",
+    "errors", "count",
+)
+
+
+def rule_bit(array):
+    """The bit of ``RULE_ARRAYS`` entry ``array`` in ``plan_rules``' ``given``."""
+    return 1 << RULE_ARRAYS.index(array)
+
+
+def links_words(num_tokens, num_sequences):
+    """Size of a device plan's "links" table (``abi.TABLES``): LINK_FIELDS for each row
+    of x and for each sequence (an empty sequence's own slot, after the rows), then one
+    record (SEQUENCE_FIELDS, no checkpoints) per sequence."""
+    return (num_tokens + num_sequences) * NL + num_sequences * NS
+
+
+def plan_rules(i, ns_parents, ns_parents_offset, ns_parents_stride, sp_parents,
+               sp_parents_offset, sp_parents_stride, ns_windows, ns_windows_offset,
+               ns_windows_stride, sp_windows, sp_windows_offset, sp_windows_stride,
+               ns_write, ns_write_offset, ns_write_stride, sp_write, sp_write_offset,
+               sp_write_stride, ns_parents_cstride, sp_parents_cstride, given, num_ns,
+               num_sp, spec_first, num_tokens, num_lines, win_rows, win_steps, tables,
+               blocks, links, errors):
+    """Sequence i's rules, after ``plan_slot`` wrote its record (slot i): checks them
+    (a bad one makes the sequence a pad and sets its error word), then writes what the
+    rule kernels read, as ``batch.build_batch`` does on the host: the links of its
+    tokens (parent, offset of its record), its record (window row, write line; no ring,
+    no checkpoints) and its flags (FLAG_CHAIN | FLAG_TREE with parents, FLAG_CHAIN with
+    a window row, FLAG_LINES with a write line other than its line). A pad (line -1:
+    padded, or skipped by ``plan_slot``) takes no rule."""
+    at = blocks + i * NF
+    tok = tables[at]
+    n = tables[at + 1]
+    line = tables[at + 4]
+    flags = tables[at + 6]
+    if line < 0:
+        return
+    spec = i >= num_ns
+    j = i - num_ns if spec else i
+    if spec_first:
+        spec = i < num_sp
+        j = i if spec else i - num_sp
+    shift = 1 if spec else 0  # the part's bits of ``given``: ns_ at even, sp_ at odd bits
+    tree = (given >> shift) & 1
+    wrow = -1
+    wline = line
+    if spec:
+        if (given >> 3) & 1:
+            wrow = sp_windows[sp_windows_offset + j * sp_windows_stride]
+        if (given >> 5) & 1:
+            wline = sp_write[sp_write_offset + j * sp_write_stride]
+    else:
+        if (given >> 2) & 1:
+            wrow = ns_windows[ns_windows_offset + j * ns_windows_stride]
+        if (given >> 4) & 1:
+            wline = ns_write[ns_write_offset + j * ns_write_stride]
+    bad = -1
+    if (wrow < -1) | (wrow >= win_rows) | ((wrow >= 0) & (n > win_steps)):
+        bad = E_WINDOW
+    if (wline < 0) | (wline >= num_lines):
+        bad = E_WRITE
+    add = 0
+    if tree:
+        add = FLAG_CHAIN | FLAG_TREE
+    if wrow >= 0:
+        add |= FLAG_CHAIN
+    if wline != line:
+        add |= FLAG_LINES
+    if (bad < 0) & (add != 0):
+        slots = num_tokens + num_sp + num_ns
+        record = slots * NL + i * NS  # the record's offset in "links"
+        tables[links + record] = wrow
+        tables[links + record + 1] = wline
+        tables[links + record + 2] = -1  # no ring
+        tables[links + record + 3] = 0
+        tables[links + record + 4] = 0  # no checkpoints
+        if n == 0:  # an empty sequence finds its record at a slot of its own
+            tok = num_tokens + i
+            tables[at] = tok
+            tables[at + 7] = tok
+            tables[links + tok * NL + 1] = record
+        # the tokens' links, each parent checked as it is read (links written before a
+        # bad one are never read: the sequence becomes a pad)
+        for k in range(n):
+            parent = k - 1
+            if tree and k > 0:
+                if spec:
+                    parent = sp_parents[sp_parents_offset + j * sp_parents_stride +
+                                        k * sp_parents_cstride]
+                else:
+                    parent = ns_parents[ns_parents_offset + j * ns_parents_stride +
+                                        k * ns_parents_cstride]
+                if (parent < 0) | (parent >= k):
+                    bad = E_PARENT
+            tables[links + (tok + k) * NL] = parent
+            tables[links + (tok + k) * NL + 1] = record
+    if bad >= 0:
+        errors[bad] = 1
+        tables[at + 4] = -1  # a pad: its rows zeros, no line touched
+        return
+    tables[at + 6] = flags | add

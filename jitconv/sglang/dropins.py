@@ -19,14 +19,18 @@ conventions:
 - ``pad_slot_id`` (-1) marks padded batch entries: nothing is written for them but zero
   output rows (SGLang leaves those rows unwritten).
 
-The rules are docs/SEMANTICS.md's ("More state rules"); one launch per call. Metadata
-are read on the host (trees need their parents checked there).
+The rules are docs/SEMANTICS.md's ("More state rules"); one conv launch per call.
+Metadata in tensors on x's GPU (SGLang's target verify inside CUDA graphs) stay there: a
+``jitconv.device_plan`` reads them at every run (the windows' rows included), for
+sequences of at most 16 tokens; trees and ``cache_seqlens`` are read on the host (a tree's
+parents are built from the lists there).
 """
 
 import numpy as np
 import torch
 
-from jitconv.api import ops
+from jitconv.api import device_calls, ops, validation
+from jitconv.api.device_plan import RULE_TOKENS
 from jitconv.api.validation import activation_name, host_ints
 
 PAD_SLOT_ID = -1
@@ -137,6 +141,16 @@ def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None,
     launch metadata) is refused unless None."""
     _refuse("metadata", metadata, "SGLang's precomputed launch metadata (jitconv plans "
             "its launch from the other arguments)")
+    seqlen = 1 if x.dim() == 2 else int(x.shape[-1]) if x.dim() == 3 else 0
+    if retrieve_next_token is None and cache_seqlens is None and \
+            0 < seqlen <= RULE_TOKENS and conv_state_indices is not None and \
+            (intermediate_conv_window is None) == (intermediate_state_indices is None) and \
+            x.dtype == conv_state.dtype and device_calls.on_device(
+                x[:, :, 0] if x.dim() == 3 else x, conv_state_indices,
+                num_accept_tokens, intermediate_state_indices):
+        return _device_update(x, conv_state, weight, bias, activation, conv_state_indices,
+                              num_accept_tokens, intermediate_conv_window,
+                              intermediate_state_indices, pad_slot_id)
     if x.dim() == 2:
         batch, dim = (int(s) for s in x.shape)
         seqlen = 1
@@ -208,6 +222,61 @@ def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None,
         index = torch.from_numpy(np.flatnonzero(real))
         retrieve_parent_token[index.to(retrieve_parent_token.device), :seqlen] = \
             written.to(retrieve_parent_token.device)
+    if x.dim() == 2:
+        return out
+    return out.view(batch, seqlen, dim).transpose(1, 2)
+
+
+# The device update's argument names (errors name them), by planner array name.
+DEVICE_NAMES = dict(ns_qsl="x", ns_lines="conv_state_indices", sp_qsl="x",
+                    sp_lines="conv_state_indices", sp_accepted="num_accept_tokens",
+                    ns_windows="intermediate_state_indices",
+                    sp_windows="intermediate_state_indices")
+
+
+def _device_update(x, conv_state, weight, bias, activation, conv_state_indices,
+                   num_accept_tokens, windows, window_rows, pad_slot_id):
+    """``causal_conv1d_update`` with its metadata left on the device (never read back), as
+    SGLang's target verify runs inside CUDA graphs: a ``jitconv.device_plan`` kept per set
+    of metadata tensors (the batch's sequences of x's seqlen tokens each, declared), the
+    windows' rows read by the device; bad values skip their sequence
+    (``jitconv.check_errors``). Trees (``retrieve_next_token``) and rings are read on the
+    host."""
+    batch, dim = int(x.shape[0]), int(x.shape[1])
+    seqlen = 1 if x.dim() == 2 else int(x.shape[2])
+    tokens = x if x.dim() == 2 else x.transpose(1, 2).reshape(batch * seqlen, dim)
+    num_lines, _dim, state_len = (int(s) for s in conv_state.shape)
+    width = int(weight.shape[-1])
+    key = ("sglang update", device_calls.describe(conv_state_indices),
+           device_calls.describe(num_accept_tokens), device_calls.describe(window_rows),
+           x.get_device(), batch, seqlen, num_lines, state_len, width, pad_slot_id)
+
+    def build():
+        for name, t in (("conv_state_indices", conv_state_indices),
+                        ("num_accept_tokens", num_accept_tokens),
+                        ("intermediate_state_indices", window_rows)):
+            if t is not None and (t.dim() != 1 or t.shape[0] < batch):
+                raise ValueError(f"{name}: expected at least {batch} entries (one per "
+                                 f"batch entry of x), got shape {tuple(t.shape)}")
+        lines = conv_state_indices[:batch]
+        qsl = torch.arange(0, batch * seqlen + 1, seqlen, dtype=lines.dtype,
+                           device=lines.device)
+        part = "ns" if num_accept_tokens is None else "sp"
+        given = dict(device_calls.NO_ARRAYS, **{f"{part}_qsl": qsl, f"{part}_lines": lines})
+        if num_accept_tokens is not None:
+            given["sp_accepted"] = num_accept_tokens[:batch]
+        rules = {} if window_rows is None else {f"{part}_windows": window_rows[:batch]}
+        geo = validation.check_geometry(batch * seqlen, num_lines, state_len, width,
+                                        pad_slot_id)
+        return device_calls.build(geo, given, DEVICE_NAMES, max_query_len=seqlen,
+                                  rules=rules)
+
+    plan = device_calls.kept_plan(key, build)
+    if weight.dtype != conv_state.dtype or (bias is not None and bias.dtype != weight.dtype):
+        weight = weight.to(conv_state.dtype)
+        bias = None if bias is None else bias.to(conv_state.dtype)
+    out = plan.run(tokens, weight, bias, conv_state, activation=activation_name(activation),
+                   intermediate_windows=windows)
     if x.dim() == 2:
         return out
     return out.view(batch, seqlen, dim).transpose(1, 2)

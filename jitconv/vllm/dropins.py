@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from jitconv.api import device_calls, ops, validation
+from jitconv.api.device_plan import RULE_TOKENS
 from jitconv.api.plan import SplitOutputs
 from jitconv.api.validation import activation_name, host_ints
 from jitconv.vllm import conventions
@@ -286,13 +287,17 @@ def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None,
         initial_state_idx=initial_state_idx)
     null_block_id, pad_slot_id = conventions.skipped_ids(null_block_id, pad_slot_id)
     target = x if out is None else out
-    if retrieve_parent_token is None and apc is None and cache_seqlens is None and \
-            _on_device(x, conv_state_indices, query_start_loc, num_accepted_tokens) and \
+    # a tree on the device: with a declared bound of at most 16 tokens a sequence
+    tree_on_device = retrieve_parent_token is None or (
+        max_query_len is not None and 0 < max_query_len <= RULE_TOKENS)
+    if apc is None and cache_seqlens is None and tree_on_device and \
+            _on_device(x, conv_state_indices, query_start_loc, num_accepted_tokens,
+                       retrieve_parent_token) and \
             (out is None or (out.shape == x.shape and out.dtype == x.dtype)) and \
             x.dtype == conv_state.dtype:
         return _device_update(x, conv_state, weight, bias, activation, conv_state_indices,
                               num_accepted_tokens, query_start_loc, max_query_len,
-                              null_block_id, target, pad_slot_id)
+                              null_block_id, target, pad_slot_id, retrieve_parent_token)
     if out is not None:
         if tuple(out.shape) != tuple(x.shape):
             raise ValueError(f"out: expected shape {tuple(x.shape)} (same as x), got "
@@ -402,25 +407,26 @@ def _on_device(x, first, *metadata):
 
 def _device_update(x, conv_state, weight, bias, activation, conv_state_indices,
                    num_accepted_tokens, query_start_loc, max_query_len, null_block_id,
-                   target, pad_slot_id):
+                   target, pad_slot_id, parents=None):
     """``causal_conv1d_update`` with its metadata left on the device (never read back):
     a ``jitconv.device_plan`` per set of metadata tensors, kept (engines pass the same
     persistent buffers, or the same slices of them, at every layer and step), run on
     torch's stream; a CUDA graph may capture the call. The same conventions: the batch
-    is conv_state_indices' length (column 0 of a 2-D table), longer query_start_loc and
-    num_accepted_tokens are cut to it, the null block and empty sequences are skipped,
-    rows of x after the batch's tokens come out zero."""
+    is conv_state_indices' length (column 0 of a 2-D table), longer query_start_loc,
+    num_accepted_tokens and ``parents`` (retrieve_parent_token) are cut to it, the null
+    block and empty sequences are skipped, rows of x after the batch's tokens come out
+    zero; a parent map that is not a tree skips its sequence (``jitconv.check_errors``)."""
     num_lines, _dim, state_len = (int(s) for s in conv_state.shape)
     width = int(weight.shape[-1])
     declared = int(max_query_len) if max_query_len is not None and max_query_len > 0 else None
     # Keyed by the arguments as given (slices of them are new objects at every call).
     key = ("vllm update", device_calls.describe(conv_state_indices),
            device_calls.describe(query_start_loc), device_calls.describe(num_accepted_tokens),
-           x.get_device(), int(x.shape[0]), num_lines, state_len, width, null_block_id,
-           pad_slot_id, declared)
+           device_calls.describe(parents), x.get_device(), int(x.shape[0]), num_lines,
+           state_len, width, null_block_id, pad_slot_id, declared)
     plan = device_calls.kept_plan(key, lambda: _device_update_plan(
         x, conv_state_indices, num_accepted_tokens, query_start_loc, declared,
-        null_block_id, pad_slot_id, (num_lines, state_len, width)))
+        null_block_id, pad_slot_id, (num_lines, state_len, width), parents))
     if weight.dtype != conv_state.dtype or (bias is not None and bias.dtype != weight.dtype):
         weight, bias = _to_state_dtype(conv_state, weight, bias)
     # Straight into target when the plan allows it (x itself included: every sequence
@@ -457,7 +463,7 @@ def _device_fn(x, weight, bias, conv_states, query_start_loc, cache_indices,
 
 
 def _device_update_plan(x, conv_state_indices, num_accepted_tokens, query_start_loc,
-                        declared, null_block_id, pad_slot_id, geometry):
+                        declared, null_block_id, pad_slot_id, geometry, parents=None):
     lines = conv_state_indices
     if lines.dim() == 2:
         if lines.shape[1] == 0:
@@ -467,20 +473,29 @@ def _device_update_plan(x, conv_state_indices, num_accepted_tokens, query_start_
     batch = lines.shape[0]
     qsl, accepted = query_start_loc, num_accepted_tokens
     for name, t, need in (("query_start_loc", qsl, batch + 1),
-                          ("num_accepted_tokens", accepted, batch)):
-        if t is not None and (t.dim() != 1 or t.shape[0] < need):
+                          ("num_accepted_tokens", accepted, batch),
+                          ("retrieve_parent_token", parents, batch)):
+        if t is not None and (t.dim() != (2 if t is parents else 1) or t.shape[0] < need):
             raise ValueError(f"{name}: expected at least {need} entries (the batch being "
                              f"conv_state_indices' {batch}), got shape {tuple(t.shape)}")
     qsl = None if qsl is None else qsl[:batch + 1]
     accepted = None if accepted is None else accepted[:batch]
-    if accepted is not None and qsl is None:  # one token per sequence
+    if (accepted is not None or parents is not None) and qsl is None:  # a token each
         qsl = torch.arange(batch + 1, dtype=lines.dtype, device=x.device)
     given = (dict(device_calls.NO_ARRAYS, sp_qsl=qsl, sp_lines=lines, sp_accepted=accepted)
              if accepted is not None
              else dict(device_calls.NO_ARRAYS, ns_qsl=qsl, ns_lines=lines))
+    part = "sp" if accepted is not None else "ns"
+    rules = {} if parents is None else {f"{part}_parents": parents[:batch]}
     return device_calls.build(_geometry(int(x.shape[0]), *geometry, pad_slot_id), given,
-                              ops.UPDATE_DEVICE_NAMES, max_query_len=declared,
-                              null_block_id=null_block_id, skip_empty=True)
+                              DEVICE_UPDATE_NAMES, max_query_len=declared,
+                              null_block_id=null_block_id, skip_empty=True, rules=rules)
+
+
+# The device update's argument names (errors name them), by planner array name.
+DEVICE_UPDATE_NAMES = dict(ops.UPDATE_DEVICE_NAMES, sp_parents="retrieve_parent_token",
+                           ns_parents="retrieve_parent_token")
+
 
 
 def _geometry(num_tokens, num_lines, state_len, width, pad_slot_id):

@@ -174,10 +174,9 @@ def _tables(plan, device, sim, stream=None):
     found = cache.get(where)
     if found is None:
         if plan.on_device:
-            size = planner.ROWS_WORDS + plan.num_blocks * planner.NF
+            size, offsets = plan.table_layout()
             tensor = torch.empty(size, dtype=torch.int32,
                                  device="cpu" if sim else device)
-            offsets = (0, planner.ROWS_WORDS, 0)  # no links: a device plan has no chains
         else:
             host = [np.asarray(a, np.int32) for a in plan.host_tables]
             offsets = tuple(int(o) for o in np.cumsum([0] + [len(a) for a in host[:-1]]))
@@ -252,7 +251,8 @@ def launch(plan, x, weight, bias, conv_state, target, silu, dtype, math=None, ke
     grid, block = launch_shape(dim // channels, plan.num_blocks, tune.threads)
     stream = None if sim else driver.current_stream(x.device.index)
 
-    fused = plan.on_device and tune.fused_planner
+    # a plan with rules: the rule planner amends the planner's table (no fused kernel)
+    fused = plan.on_device and tune.fused_planner and not plan.rules
 
     def kernels_and_args():
         """[(kernel, args, grid, block)]: the planner's launch (device plans, unless the
@@ -288,7 +288,10 @@ def launch(plan, x, weight, bias, conv_state, target, silu, dtype, math=None, ke
             args += tuple(record_values[a] for a in record_args_taken(kind))
         launches = [(get_kernel(spec), args, grid, block)]
         if plan.on_device and not fused:
-            launches.insert(0, _planner_launch(plan, tables, sim))
+            planning = [_planner_launch(plan, tables, sim)]
+            if plan.rules:
+                planning.append(_rules_launch(plan, tables, offsets, sim, windows))
+            launches[:0] = planning
         return launches, names.index("out")
 
     if sim:
@@ -489,6 +492,23 @@ def _planner_launch(plan, tables, sim):
     grid, block = cuda_planner.launch_shape(plan.num_blocks)
     return (cuda_planner.get_planner(types_),
             tuple(values[a] for a in planner.PLAN_ARGS), grid, block)
+
+
+def _rules_launch(plan, tables, offsets, sim, windows):
+    """(kernel, args, grid, block) of a device plan's rule planner (``planner.plan_rules``)
+    amending ``tables`` (at ``offsets``, ``abi.TABLES``), for a run with ``windows``."""
+    values = {}
+    for name in planner.RULE_ARRAYS:
+        t, stride, _cstride = plan.rule_arrays[name]
+        values[name], values[name + "_offset"] = _as_kernel_arg(t, sim), 0
+        values[name + "_stride"] = stride
+    values.update(plan.rule_values(None if windows is None else windows.shape),
+                  tables=tables, blocks=offsets[1], links=offsets[2],
+                  errors=_as_kernel_arg(errors_of(plan, sim), sim))
+    from jitconv.backends.cuda import planner as cuda_planner  # numba-cuda
+    grid, block = cuda_planner.launch_shape(values["count"])
+    return (cuda_planner.get_planner(plan.rule_types, "rules"),
+            tuple(values[a] for a in planner.RULE_ARGS), grid, block)
 
 
 @functools.lru_cache(maxsize=None)

@@ -31,7 +31,8 @@ def device_functions():
                 namespace = dict(vars(planner))
                 inline = {} if _simulating() or "forceinline" not in inspect.signature(
                     cuda.jit).parameters else {"forceinline": True}
-                for name in ("_start_token", "_sequence", "slot_record", "plan_slot"):
+                for name in ("_start_token", "_sequence", "slot_record", "plan_slot",
+                             "plan_rules"):
                     fn = getattr(planner, name)
                     copy = types.FunctionType(fn.__code__, namespace, name, fn.__defaults__)
                     namespace[name] = cuda.jit(device=True, **inline)(copy)
@@ -39,40 +40,48 @@ def device_functions():
     return STATE.planner_functions
 
 
+# The two planner kernels: "planner" (``planner.plan_slot``, one thread per block slot)
+# and "rules" (``planner.plan_rules``, one thread per sequence, for plans with state
+# rules): (function, argument list, array arguments, the count of threads' argument).
+_KINDS = {"planner": ("plan_slot", planner.PLAN_ARGS, planner.METADATA_ARRAYS, "capacity"),
+          "rules": ("plan_rules", planner.RULE_ARGS, planner.RULE_ARRAYS, "count")}
 _SOURCE = """
-def jitconv_planner({args}):
+def jitconv_{kind}({args}):
     s = cuda.grid(1)
-    if s >= capacity:
+    if s >= {count}:
         return
-    plan_slot(s, {call})
+    {function}(s, {call})
 """
 
 
-def _signature(element_types):
+def _signature(element_types, kind):
     from numba import from_dtype
     from numba import types as nt
-    arrays = dict(zip(planner.METADATA_ARRAYS, element_types))
+    _function, args, names, _count = _KINDS[kind]
+    arrays = dict(zip(names, element_types))
     arrays.update(tables="int32", errors="int32")
     return nt.void(*[nt.CPointer(from_dtype(np.dtype(arrays[a]))) if a in arrays else nt.int64
-                     for a in planner.PLAN_ARGS])
+                     for a in args])
 
 
-def get_planner(element_types):
-    """The planner kernel for metadata of these numpy element type names (in
-    ``planner.METADATA_ARRAYS`` order)."""
-    kernel = STATE.planners.get(element_types)
+def get_planner(element_types, kind="planner"):
+    """The planner kernel of ``kind`` (``_KINDS``) for arrays of these numpy element type
+    names (in ``planner.METADATA_ARRAYS`` or ``RULE_ARRAYS`` order)."""
+    key = (kind, element_types)
+    kernel = STATE.planners.get(key)
     if kernel is None:
         with STATE.planner_lock:
-            kernel = STATE.planners.get(element_types)
+            kernel = STATE.planners.get(key)
             if kernel is None:
-                namespace = {"cuda": cuda, "plan_slot": device_functions()["plan_slot"]}
-                source = _SOURCE.format(args=", ".join(planner.PLAN_ARGS),
-                                        call=", ".join(planner.PLAN_ARGS[:-1]))
-                exec(compile(source, "<jitconv cuda planner>", "exec"), namespace)
-                fn = namespace["jitconv_planner"]
+                function, args, _names, count = _KINDS[kind]
+                namespace = {"cuda": cuda, function: device_functions()[function]}
+                source = _SOURCE.format(kind=kind, args=", ".join(args), count=count,
+                                        function=function, call=", ".join(args[:-1]))
+                exec(compile(source, f"<jitconv cuda {kind}>", "exec"), namespace)
+                fn = namespace[f"jitconv_{kind}"]
                 kernel = cuda.jit(fn) if _simulating() else \
-                    cuda.jit(_signature(element_types))(fn)
-                STATE.planners[element_types] = kernel
+                    cuda.jit(_signature(element_types, kind))(fn)
+                STATE.planners[key] = kernel
     return kernel
 
 

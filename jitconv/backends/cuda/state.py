@@ -15,7 +15,7 @@ class CudaState:
     # Compiled code (``launching``, ``planner``, ``kernels``).
     kernels: dict = field(default_factory=dict)  # source.KernelSpec -> dispatcher
     layouts: set = field(default_factory=set)  # layouts compiled into kernels so far
-    planners: dict = field(default_factory=dict)  # metadata element types -> dispatcher
+    planners: dict = field(default_factory=dict)  # (kind, element types) -> dispatcher
     planner_functions: dict = field(default_factory=dict)  # name -> device function
     device_functions: dict = field(default_factory=dict)  # (what, key) -> device function
     # What runs keep.

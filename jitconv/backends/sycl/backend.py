@@ -77,7 +77,8 @@ class SyclBackend:
                 ("conv_state", conv_state, True, plan.written_lines),
                 ("out2", launch.out2, True, None),
                 ("win", launch.windows, True,
-                 None if launch.windows is None else plan.window_rows.tolist())):
+                 None if launch.windows is None or plan.window_rows is None
+                 else plan.window_rows.tolist())):
             if t is None:  # a split part without tokens: x stands in (see Launch)
                 continue
             views[name], wb = bridge.to_device(t, name, writable, queue, written)
@@ -104,7 +105,9 @@ class SyclBackend:
         dim = int(views["x"].shape[1])
         fast = fast_silu(launch.dtype, launch.math)
         fused = record = None
-        if plan.on_device:  # one submit where a fused kernel can be had
+        # one submit where a fused kernel can be had (not with rules: the rule planner
+        # amends the planner's table)
+        if plan.on_device and not plan.rules:
             fused = launching.fused_kernel(plan.geometry.width, launch.dtype, queue,
                                            launching.wide_fits(views, dim, launch.dtype),
                                            fast, plan.element_types)
@@ -112,7 +115,7 @@ class SyclBackend:
             table_args, record, copies = planner.record_on(plan, queue)
             after, wait = None, wait or copies  # copied metadata lives until the wait
         else:
-            table_args, after = tables.for_run(plan, queue)
+            table_args, after = tables.for_run(plan, queue, views.get("win"))
         kernel, values, grid = launching.submit_conv(
             queue, plan.geometry.width, launch.dtype, views, table_args, plan.num_blocks,
             dim, has_bias=bias is not None, silu=launch.silu, fast=fast, wait=wait,

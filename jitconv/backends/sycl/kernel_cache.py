@@ -44,7 +44,8 @@ from jitconv.version import __version__
 from jitconv.backends.sycl.source import name_and_source
 from jitconv.backends.sycl.state import STATE
 from jitconv.kernels.abi import CONV_ARGS, STORAGE, SUPPORTED_WIDTHS, WIDE_CHANNELS, fast_silu
-from jitconv.kernels.planner import METADATA_ARRAYS, PLAN_ARGS, RECORD_ARGS
+from jitconv.kernels.planner import (METADATA_ARRAYS, PLAN_ARGS, RECORD_ARGS, RULE_ARGS,
+                                     RULE_ARRAYS)
 
 PREBUILT_DIR = Path(__file__).resolve().parent / "prebuilt"
 _PACKAGE_DIR = Path(__file__).resolve().parents[2]  # jitconv/
@@ -90,7 +91,8 @@ def shipped_files():
     keys = [key(*spec) for spec in specializations()]
     keys += [key(*spec) for spec in fused_specializations()]
     keys += [key(w, d, wide, fast, None, True) for w, d, wide, fast in chain_specializations()]
-    keys += [planner_key(types) for types in planner_specializations()]
+    keys += [planner_key(types, kind) for kind in ("planner", "rules")
+             for types in planner_specializations(kind)]
     return sorted(f"{k}{suffix}" for k in keys for suffix in (".json", ".spv"))
 
 
@@ -176,25 +178,31 @@ def key(width, dtype_name, wide=False, fast=None, record_types=None, chains=Fals
 
 
 
-def planner_key(element_types):
-    """Hash of everything that changes the device planner's SPIR-V
-    (``backends/sycl/planner.py``): the element types of its metadata arrays, its
-    argument list and the code of the modules it is made from (PLANNER_FILES)."""
-    h = hashlib.sha256(json.dumps([FORMAT, __version__, _planner_abi(element_types),
+def planner_key(element_types, kind="planner"):
+    """Hash of everything that changes a device planner's SPIR-V
+    (``backends/sycl/planner.py``; ``kind`` "planner" or "rules"): the element types of
+    its arrays, its argument list and the code of the modules it is made from
+    (PLANNER_FILES)."""
+    h = hashlib.sha256(json.dumps([FORMAT, __version__, _planner_abi(element_types, kind),
                                    _code_fingerprint(PLANNER_FILES)]).encode())
-    # named by the cache lines' and the flags' types (the hash covers every array's)
-    return f"planner_{element_types[1]}_{element_types[2]}_{h.hexdigest()[:20]}"
+    # named by the cache lines' and the flags' types, or the parents' and the write
+    # lines' (the hash covers every array's)
+    shown = (1, 2) if kind == "planner" else (1, 5)
+    return (f"{kind}_{element_types[shown[0]]}_{element_types[shown[1]]}_"
+            f"{h.hexdigest()[:20]}")
 
 
-def _planner_abi(element_types):
-    return [list(PLAN_ARGS), list(element_types)]
+def _planner_abi(element_types, kind="planner"):
+    return [list(PLAN_ARGS if kind == "planner" else RULE_ARGS), list(element_types)]
 
 
-def planner_specializations():
-    """Element types (``planner.METADATA_ARRAYS`` order) of the planners the package
-    ships: every array int32, or every array int64, the initial-state flags either of
-    that type or one byte (bool / uint8). Other mixes are compiled where numba-dpex is
-    installed."""
+def planner_specializations(kind="planner"):
+    """Element types (``planner.METADATA_ARRAYS`` order, or ``RULE_ARRAYS`` for the rule
+    planner) of the planners the package ships: every array int32, or every array
+    int64, the initial-state flags either of that type or one byte (bool / uint8).
+    Other mixes are compiled where numba-dpex is installed."""
+    if kind == "rules":
+        return [(index,) * len(RULE_ARRAYS) for index in ("int32", "int64")]
     found = []
     for index in ("int32", "int64"):
         for flags in ("uint8", index):
@@ -238,9 +246,9 @@ def load(width, dtype_name, wide=False, fast=None, record_types=None, chains=Fal
                  _abi(record_types))
 
 
-def load_planner(element_types):
-    """``load`` for the device planner of these element types."""
-    return _load(planner_key(element_types), _planner_abi(element_types))
+def load_planner(element_types, kind="planner"):
+    """``load`` for the device planner of ``kind`` for these element types."""
+    return _load(planner_key(element_types, kind), _planner_abi(element_types, kind))
 
 
 def _load(k, abi):
@@ -290,10 +298,10 @@ def store(width, dtype_name, spirv, kernel_name, directory=None, wide=False, fas
                   kernel_name, directory)
 
 
-def store_planner(element_types, spirv, kernel_name, directory=None):
-    """``store`` for the device planner of these element types."""
-    meta = {"planner": list(element_types), "abi": _planner_abi(element_types)}
-    return _store(planner_key(element_types), meta, spirv, kernel_name, directory)
+def store_planner(element_types, spirv, kernel_name, directory=None, kind="planner"):
+    """``store`` for the device planner of ``kind`` for these element types."""
+    meta = {kind: list(element_types), "abi": _planner_abi(element_types, kind)}
+    return _store(planner_key(element_types, kind), meta, spirv, kernel_name, directory)
 
 
 def _store(k, meta, spirv, kernel_name, directory):

@@ -54,15 +54,15 @@ def prepare_numba_dpex(queue):
     STATE.numba_ready = True
 
 
-def planner_types(names, element_types, queue):
-    """numba-dpex types of ``names`` (``planner.PLAN_ARGS`` or ``RECORD_ARGS``): a
-    metadata array 1-D of its element type (``element_types``, in
-    ``planner.METADATA_ARRAYS`` order), the record table and error words int32, every
-    other argument int64."""
+def planner_types(names, element_types, queue, arrays=METADATA_ARRAYS):
+    """numba-dpex types of ``names`` (``planner.PLAN_ARGS``, ``RECORD_ARGS`` or
+    ``RULE_ARGS``): a metadata array 1-D of its element type (``element_types``, in
+    ``arrays`` order), the record table and error words int32, every other argument
+    int64."""
     from numba import types
     from numba_dpex.core.types import DpctlSyclQueue, USMNdArray
     qtype = DpctlSyclQueue(queue)
-    elements = dict(zip(METADATA_ARRAYS, element_types), tables="int32", errors="int32")
+    elements = dict(zip(arrays, element_types), tables="int32", errors="int32")
     return [USMNdArray(1, layout="C", dtype=getattr(types, elements[n]), queue=qtype)
             if n in elements else types.int64 for n in names]
 

@@ -20,6 +20,7 @@ copied at every run (that copy is the read of their current values), and the run
 for its kernel.
 """
 
+import types as pytypes
 import weakref
 
 import numpy as np
@@ -27,84 +28,101 @@ import torch
 
 from jitconv.backends.sycl import devices, kernel_cache, launching
 from jitconv.kernels import planner
+from jitconv.kernels.abi import TABLES
 from jitconv.backends.sycl import bridge, usm
 from jitconv.backends.sycl.state import STATE
 
-_SOURCE = """
+# The two planner kernels: "planner" (``planner.plan_slot``, one work-item per block
+# slot) and "rules" (``planner.plan_rules``, one work-item per sequence, for plans with
+# state rules): (kernel source, argument list, array arguments).
+_SOURCES = {
+    "planner": ("""
 def jitconv_planner(item, {args}):
     plan_slot(item.get_id(0), {call})
-"""
+""", planner.PLAN_ARGS, planner.METADATA_ARRAYS),
+    "rules": ("""
+def jitconv_rules(item, {args}):
+    plan_rules(item.get_id(0), {call})
+""", planner.RULE_ARGS, planner.RULE_ARRAYS),
+}
 _ARRAYS = planner.METADATA_ARRAYS + ("tables", "errors")
 
 
-def make_planner_kernel():
-    """``planner.plan_slot`` in a numba-dpex kernel over one work-item per slot (the
-    range is the plan's capacity exactly)."""
+def make_planner_kernel(kind="planner"):
+    """The planner of ``kind`` (``_SOURCES``) in a numba-dpex kernel (the range is the
+    plan's capacity, or its sequences, exactly)."""
     import numba_dpex as dpex
     from jitconv.backends.sycl.kernels import planner_functions
     namespace = dict(planner_functions())
-    source = _SOURCE.format(args=", ".join(planner.PLAN_ARGS),
-                            call=", ".join(planner.PLAN_ARGS[:-1]))
-    exec(compile(source, "<jitconv sycl planner>", "exec"), namespace)
-    return dpex.kernel(namespace["jitconv_planner"])
+    if kind == "rules":  # (a device function of its own: planner_functions' are the first's)
+        fn = planner.plan_rules
+        namespace["plan_rules"] = dpex.device_func(pytypes.FunctionType(
+            fn.__code__, namespace, fn.__name__, fn.__defaults__))
+    template, args, _arrays = _SOURCES[kind]
+    source = template.format(args=", ".join(args), call=", ".join(args[:-1]))
+    exec(compile(source, f"<jitconv sycl {kind}>", "exec"), namespace)
+    return dpex.kernel(namespace[f"jitconv_{kind}"])
 
 
-def _signature(element_types, queue):
+def _signature(element_types, queue, kind):
     from numba import types as nt
     from numba_dpex.core.types.kernel_api.index_space_ids import ItemType
-    return nt.void(ItemType(1), *launching.planner_types(planner.PLAN_ARGS, element_types,
-                                                         queue))
+    _template, args, arrays = _SOURCES[kind]
+    return nt.void(ItemType(1), *launching.planner_types(args, element_types, queue,
+                                                         arrays))
 
 
-def compile_spirv(element_types, queue):
-    """(SPIR-V bytes, kernel name) of the planner for these element types."""
+def compile_spirv(element_types, queue, kind="planner"):
+    """(SPIR-V bytes, kernel name) of the planner of ``kind`` for these element types."""
     from numba.core.target_extension import target_override
     queue = devices.compile_queue(queue)
     launching.prepare_numba_dpex(queue)
     with target_override("dpex"):
-        result = make_planner_kernel().get_compile_result(_signature(element_types, queue))
+        result = make_planner_kernel(kind).get_compile_result(
+            _signature(element_types, queue, kind))
     STATE.planner_stats["compiled"] += 1
     module = result.kernel_device_ir_module
     return module.kernel_bitcode, module.kernel_name
 
 
-def compile_and_store(element_types, queue, directory=None):
+def compile_and_store(element_types, queue, directory=None, kind="planner"):
     """Compile, build and store one planner (``build-kernels``). Returns (kernel, path)."""
-    spirv, name = compile_spirv(element_types, queue)
+    spirv, name = compile_spirv(element_types, queue, kind)
     kernel = launching.program(queue, spirv, name)
-    return kernel, kernel_cache.store_planner(element_types, spirv, name, directory)
+    return kernel, kernel_cache.store_planner(element_types, spirv, name, directory, kind)
 
 
-def get_planner(element_types, queue):
-    """The built planner for the queue's device and context: from this process's table,
-    the disk cache (user cache, then shipped), or a numba-dpex compile, in that order."""
-    key = (devices.name_of(queue.sycl_device), queue.sycl_context, element_types)
+def get_planner(element_types, queue, kind="planner"):
+    """The built planner of ``kind`` for the queue's device and context: from this
+    process's table, the disk cache (user cache, then shipped), or a numba-dpex
+    compile, in that order."""
+    key = (devices.name_of(queue.sycl_device), queue.sycl_context, element_types, kind)
     kernel = STATE.planners.get(key)
     if kernel is None:
         with STATE.planners_lock:
             kernel = STATE.planners.get(key)
             if kernel is None:
-                kernel = STATE.planners[key] = _build(element_types, queue)
+                kernel = STATE.planners[key] = _build(element_types, queue, kind)
     return kernel
 
 
-def _build(element_types, queue):
-    entry = kernel_cache.load_planner(element_types)
+def _build(element_types, queue, kind):
+    entry = kernel_cache.load_planner(element_types, kind)
     if entry is not None:
         spirv, name, _path = entry
         STATE.planner_stats["built"] += 1
         return launching.program(queue, spirv, name)
     if not launching.have_compiler():
-        shipped = [", ".join(t) for t in kernel_cache.planner_specializations()]
+        shipped = [", ".join(t) for t in kernel_cache.planner_specializations(kind)]
         raise launching.KernelUnavailableError(
-            f"device plan: no planner for metadata of element types {element_types} "
-            f"({', '.join(planner.METADATA_ARRAYS)}) and numba-dpex is not installed to "
-            f"compile one; the package ships planners for: {'; '.join(shipped)} (pass "
+            f"device plan: no {kind} planner for arrays of element types {element_types} "
+            f"({', '.join(_SOURCES[kind][2])}) and numba-dpex is not installed to "
+            f"compile one; the package ships those for: {'; '.join(shipped)} (pass "
             f"the metadata as one index dtype, flags as bool or that dtype)")
-    spirv, name = compile_spirv(element_types, queue)
+    spirv, name = compile_spirv(element_types, queue, kind)
     kernel = launching.program(queue, spirv, name)
     try:
-        kernel_cache.store_planner(element_types, spirv, name)
+        kernel_cache.store_planner(element_types, spirv, name, kind=kind)
     except OSError:  # an unwritable cache: compiled in this process only
         pass
     return kernel
@@ -118,7 +136,7 @@ class _Tables:
 
     def __init__(self, plan, queue):
         import dpctl.memory as dpm
-        words = planner.ROWS_WORDS + plan.num_blocks * planner.NF
+        words, offsets = plan.table_layout()
         self.memory = dpm.MemoryUSMDevice(4 * words, queue=queue)
         self.views = {
             "tables": bridge.DeviceView(memory=self.memory, offset=0, shape=(words,),
@@ -136,12 +154,15 @@ class _Tables:
             if bridge.is_copy(self.views["errors"]):
                 raise RuntimeError("device plan: its error words are not device memory "
                                    "of this queue")
-        self.table_args = launching.table_args(
-            self.views["tables"],
-            dict(zip(("rows", "blocks", "links"), (0, planner.ROWS_WORDS, 0))))  # no links
+        self.offsets = offsets
+        self.table_args = launching.table_args(self.views["tables"],
+                                               dict(zip(TABLES, offsets)))
         self.queue = queue
         self.launch = None  # (kernel, packed values), kept when every view is zero-copy
         self.record = None  # the fused kernel's record parameters, kept likewise
+        # the rule planner's (kernel, packed values) by the windows' (rows, steps), kept
+        # likewise
+        self.rules = {}
 
 
 def _release(where):
@@ -209,24 +230,75 @@ def record_on(plan, queue):
 _POINTERS = launching.pointer_layout(planner.PLAN_ARGS, _ARRAYS)
 
 
-def plan_on(plan, queue):
-    """Submit ``plan``'s planner on ``queue`` (not waited for). Returns (the conv
-    kernel's packed tables parameters, the planner's event to make the conv launch wait
-    for: None on an in-order queue, which orders them already)."""
+def plan_on(plan, queue, windows=None):
+    """Submit ``plan``'s planner on ``queue`` (not waited for), and with state rules its
+    rule planner after it, for a run with ``windows`` (the intermediate windows' view,
+    or None). Returns (the conv kernel's packed tables parameters, the last planner's
+    event to make the conv launch wait for: None on an in-order queue, which orders
+    them already)."""
     where = _tables_of(plan, queue)
+    depend = not queue.is_in_order
+    # an out-of-order queue does not order the rule planner after this one: wait
+    wait = bool(plan.rules) and depend
     if where.launch is not None:
         kernel, values = where.launch
-        return where.table_args, launching.submit_planner(
-            kernel, queue, values, _POINTERS, plan.num_blocks, not queue.is_in_order)
-    kernel, values, zero_copy = _packed(plan, queue, where)
-    if not zero_copy:  # copies of the metadata: freed with ``values``, so wait
-        launching.submit_planner(kernel, queue, values, _POINTERS, plan.num_blocks, False,
+        event = launching.submit_planner(kernel, queue, values, _POINTERS, plan.num_blocks,
+                                         depend and not wait, wait=wait)
+    else:
+        kernel, values, zero_copy = _packed(plan, queue, where)
+        if not zero_copy:  # copies of the metadata: freed with ``values``, so wait
+            launching.submit_planner(kernel, queue, values, _POINTERS, plan.num_blocks,
+                                     False, wait=True)
+            event = None
+        else:
+            if launching.can_resubmit():
+                where.launch = (kernel, launching.addresses(values, _POINTERS))
+            event = launching.submit_planner(kernel, queue, values, _POINTERS,
+                                             plan.num_blocks, depend and not wait,
+                                             wait=wait)
+    if plan.rules:
+        event = _plan_rules_on(plan, queue, where, windows)
+    return where.table_args, event
+
+
+_RULE_POINTERS = launching.pointer_layout(planner.RULE_ARGS,
+                                          planner.RULE_ARRAYS + ("tables", "errors"))
+
+
+def _plan_rules_on(plan, queue, where, windows):
+    """Submit the rule planner of ``plan`` (``planner.plan_rules``) over its sequences,
+    amending the table the planner wrote. Returns its event (out-of-order queues)."""
+    shape = None if windows is None else windows.shape
+    count = plan.num_ns + plan.num_sp
+    depend = not queue.is_in_order
+    kept = where.rules.get(shape and shape[:2])
+    if kept is not None:
+        kernel, values = kept
+        return launching.submit_planner(kernel, queue, values, _RULE_POINTERS, count,
+                                        depend)
+    views, strides, zero_copy = {}, {}, True
+    scalars = plan.rule_values(shape)
+    for name in planner.RULE_ARRAYS:
+        t, _stride, _cstride = plan.rule_arrays[name]
+        view, _ = bridge.to_device(t, plan.names.get(name, name), False, queue)
+        zero_copy = zero_copy and not bridge.is_copy(view)
+        views[name] = view
+        given = name in plan.rules
+        strides[name] = view.strides[0] if given else 0
+        if name.endswith("parents"):
+            scalars[name + "_cstride"] = view.strides[1] if given else 0
+    views.update(tables=where.views["tables"], errors=where.views["errors"])
+    scalars.update(blocks=where.offsets[1], links=where.offsets[2])
+    values = launching.metadata_params(planner.RULE_ARGS, views, strides, scalars)
+    kernel = get_planner(plan.rule_types, queue, "rules")
+    if not zero_copy:  # copies: freed with ``values``, so wait
+        launching.submit_planner(kernel, queue, values, _RULE_POINTERS, count, False,
                                  wait=True)
-        return where.table_args, None
+        return None
     if launching.can_resubmit():
-        where.launch = (kernel, launching.addresses(values, _POINTERS))
-    return where.table_args, launching.submit_planner(
-        kernel, queue, values, _POINTERS, plan.num_blocks, not queue.is_in_order)
+        where.rules[shape and shape[:2]] = (kernel,
+                                            launching.addresses(values, _RULE_POINTERS))
+    return launching.submit_planner(kernel, queue, values, _RULE_POINTERS, count, depend)
 
 
 def read_errors(plan):

@@ -43,12 +43,13 @@ def tables_on(plan, queue):
     return tables
 
 
-def for_run(plan, queue):
+def for_run(plan, queue, windows=None):
     """(the conv kernel's packed tables parameters for ``plan`` on ``queue``, an event the
     conv launch must wait for, or None): a host plan's uploaded tables; a device plan's
-    table, written now by its planner (submitted here, ``sycl.planner``)."""
+    table, written now by its planners (submitted here, ``sycl.planner``) for a run with
+    ``windows`` (the intermediate windows' view, or None)."""
     if plan.on_device:
-        return planner.plan_on(plan, queue)
+        return planner.plan_on(plan, queue, windows)
     return tables_on(plan, queue), None
 
 
