@@ -231,3 +231,85 @@ def causal_conv1d_fn_reference(x, weight, bias, conv_state, query_start_loc, cac
         has_initial_state=has_initial_state, non_spec_token_indx=token_indx,
         non_spec_num_accepted_tokens=num_accepted_tokens,
         activation=activation, pad_slot_id=pad_slot_id)
+
+
+# The GDN layer's conv stage (SEMANTICS.md "The GDN conv stage"): the constants of the
+# chain it replaces (vLLM's fused post-conv kernel, 2026-12).
+L2NORM_EPS = 1e-6
+SOFTPLUS_THRESHOLD = 20.0
+STAGE_PARTS = ("spec", "non_spec")
+
+
+def softplus(z):
+    """log(1 + exp(z)), and z itself above the threshold (as the engines' kernels)."""
+    with np.errstate(over="ignore"):
+        return np.where(z > SOFTPLUS_THRESHOLD, z, np.log1p(np.exp(np.minimum(
+            z, SOFTPLUS_THRESHOLD))))
+
+
+def l2norm(v):
+    """v / sqrt(sum(v^2) + eps) over the last axis."""
+    return v / np.sqrt((v * v).sum(axis=-1, keepdims=True) + L2NORM_EPS)
+
+
+def gdn_conv_stage_reference(x, weight, bias, conv_state, a, b, A_log, dt_bias, *,
+                             num_k_heads, head_k_dim, head_v_dim, activation="silu",
+                             use_l2norm=True, exp_g=False, pad_slot_id=-1, **metadata):
+    """The GDN layer's conv stage of one engine step, in float64: the conv and state
+    update of ``causal_conv1d_reference`` (``metadata``: its keywords), then for each
+    token of each part, in the part's token order (its token map's, else its rows of
+    ``causal_conv1d_reference``'s default layout), from the token's conv output
+    y = [q | k | v] (H = num_k_heads heads of head_k_dim for q and for k, HV =
+    len(A_log) heads of head_v_dim for v):
+
+    - q, k: (H, K), each head l2-normalised (``l2norm``) unless ``use_l2norm`` is False;
+    - v: (HV, V);
+    - g = -exp(A_log) * softplus(a + dt_bias) (HV,) (exp(g) with ``exp_g``);
+    - beta = sigmoid(b) (HV,), from the token's rows of a and b (T, HV).
+
+    Returns ({part: {"q", "k", "v", "g", "beta"}} for "spec" and "non_spec", each
+    array (tokens of the part, ...) float64; new_state) (new_state as
+    ``causal_conv1d_reference``'s). A padded sequence's tokens come out with zero q, k
+    and v (its conv outputs are zeros) and their g and beta from a and b as any other's.
+    """
+    H, K, V = num_k_heads, head_k_dim, head_v_dim
+    A_log, dt_bias = as_float64(A_log), as_float64(dt_bias)
+    a, b = as_float64(a), as_float64(b)
+    HV = len(A_log)
+    dim = as_float64(weight).shape[0]
+    if dim != 2 * H * K + HV * V:
+        raise ValueError(f"num_k_heads, head_k_dim, head_v_dim: 2 * {H} * {K} + "
+                         f"len(A_log)={HV} * {V} = {2 * H * K + HV * V}, but the conv "
+                         f"has {dim} channels")
+    y, new_state = causal_conv1d_reference(x, weight, bias, conv_state,
+                                           activation=activation, pad_slot_id=pad_slot_id,
+                                           **metadata)[:2]
+    rows = _part_rows(metadata)
+    parts = {}
+    for part in STAGE_PARTS:
+        r = rows[part]
+        yp = y[r]
+        q = yp[:, :H * K].reshape(len(r), H, K)
+        k = yp[:, H * K:2 * H * K].reshape(len(r), H, K)
+        v = yp[:, 2 * H * K:].reshape(len(r), HV, V)
+        if use_l2norm:
+            q, k = l2norm(q), l2norm(k)
+        g = -np.exp(A_log)[None, :] * softplus(a[r] + dt_bias[None, :])
+        parts[part] = dict(q=q, k=k, v=v, g=np.exp(g) if exp_g else g,
+                           beta=1.0 / (1.0 + np.exp(-b[r])))
+    return parts, new_state
+
+
+def _part_rows(metadata):
+    """Each part's rows of x, in its token order: its token map's first tokens, else the
+    default layout of ``causal_conv1d_reference`` (non-spec rows first)."""
+    counts = {}
+    for part in STAGE_PARTS:
+        qsl = as_int(metadata.get(f"{part}_query_start_loc"))
+        counts[part] = 0 if qsl is None else int(qsl[-1])
+    rows = {}
+    for part, first in (("non_spec", 0), ("spec", counts["non_spec"])):
+        given = as_int(metadata.get(f"{part}_token_indx"))
+        rows[part] = (np.arange(first, first + counts[part]) if given is None
+                      else given[:counts[part]])
+    return rows

@@ -14,7 +14,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from jitconv.reference import causal_conv1d_fn_reference, causal_conv1d_reference
+from jitconv.reference import (causal_conv1d_fn_reference, causal_conv1d_reference,
+                               gdn_conv_stage_reference)
 from jitconv.testing.steps import cumulative
 
 DIM = 6
@@ -577,3 +578,91 @@ def test_a_parent_map_that_is_not_a_tree_in_order_is_refused(parents):
     with pytest.raises(ValueError, match="spec_parent_token: token"):
         run_spec(x, weight, bias, state, [3], [1], [1],
                  spec_parent_token=np.asarray([parents]))
+
+
+# ------------------------------------------------------------- the GDN conv stage
+
+def stage_case(seed, H=2, HV=4, K=8, V=6, width=4):
+    """A mixed step (two prefill chunks, a pad, two spec sequences) with shuffled token
+    maps, and the layer's gating inputs, as the stage reference takes them."""
+    rng = rng_for(seed)
+    dim = 2 * H * K + HV * V
+    S = width - 1
+    ns, sp = [5, 3, 2], [3, 3]
+    T = sum(ns) + sum(sp) + 2  # two rows of x nobody covers
+    order = rng.permutation(T)
+    lines = rng.permutation(12)
+    md = dict(non_spec_query_start_loc=cumulative(ns),
+              non_spec_state_indices=np.array([lines[0], -1, lines[1]]),
+              has_initial_state=np.array([True, False, True]),
+              non_spec_token_indx=order[:sum(ns)],
+              spec_query_start_loc=cumulative(sp),
+              spec_state_indices=np.array([lines[2], lines[3]]),
+              spec_token_indx=order[sum(ns):sum(ns) + sum(sp)],
+              num_accepted_tokens=np.array([1, 2]))
+    data = dict(x=rng.standard_normal((T, dim)), weight=rng.standard_normal((dim, width)),
+                bias=rng.standard_normal(dim),
+                conv_state=rng.standard_normal((12, dim, S + 3)),
+                a=rng.standard_normal((T, HV)) * 8, b=rng.standard_normal((T, HV)) * 3,
+                A_log=rng.standard_normal(HV), dt_bias=rng.standard_normal(HV) * 8)
+    return data, md, dict(num_k_heads=H, head_k_dim=K, head_v_dim=V)
+
+
+@pytest.mark.parametrize("use_l2norm,exp_g", [(True, False), (False, False), (True, True)])
+def test_gdn_stage_splits_normalises_and_gates_each_part(use_l2norm, exp_g):
+    """The stage reference against its formulas written with torch: the conv's output
+    rows of each part's tokens, in the part's token order, cut into q, k (H heads of K)
+    and v (HV heads of V); q and k divided by sqrt(sum of squares + 1e-6) per head;
+    g = -exp(A_log) * softplus(a + dt_bias) (torch's softplus, threshold 20), beta the
+    sigmoid of b; the state as the conv reference's."""
+    data, md, heads = stage_case(3)
+    parts, state = gdn_conv_stage_reference(**data, **heads, use_l2norm=use_l2norm,
+                                            exp_g=exp_g, **md)
+    out, want_state = causal_conv1d_reference(data["x"], data["weight"], data["bias"],
+                                              data["conv_state"], **md)
+    np.testing.assert_array_equal(state, want_state)
+    H, K, V = heads["num_k_heads"], heads["head_k_dim"], heads["head_v_dim"]
+    for part in ("spec", "non_spec"):
+        rows = torch.from_numpy(md[f"{part}_token_indx"])
+        y = torch.from_numpy(out)[rows]
+        q, k, v = torch.split(y, [H * K, H * K, y.shape[1] - 2 * H * K], dim=1)
+        q, k, v = q.reshape(len(rows), H, K), k.reshape(len(rows), H, K), \
+            v.reshape(len(rows), -1, V)
+        if use_l2norm:
+            q = q * torch.rsqrt((q * q).sum(-1, keepdim=True) + 1e-6)
+            k = k * torch.rsqrt((k * k).sum(-1, keepdim=True) + 1e-6)
+        a, b = (torch.from_numpy(data[n])[rows] for n in ("a", "b"))
+        g = -torch.from_numpy(data["A_log"]).exp() * F.softplus(
+            a + torch.from_numpy(data["dt_bias"]), beta=1.0, threshold=20.0)
+        want = dict(q=q, k=k, v=v, g=g.exp() if exp_g else g, beta=torch.sigmoid(b))
+        for name, value in want.items():
+            np.testing.assert_allclose(parts[part][name], value.numpy(), **EXACT,
+                                       err_msg=f"{part} {name}")
+    pad = md["non_spec_token_indx"][5:8]  # the padded sequence's tokens: zero q, k, v
+    assert not np.abs(out[pad]).any()
+    assert not np.abs(parts["non_spec"]["q"][5:8]).any()
+    assert (parts["non_spec"]["beta"][5:8] > 0).all()
+
+
+def test_gdn_stage_default_rows_and_softplus_threshold():
+    """Without token maps each part's tokens are its rows of the default layout (non-spec
+    first); softplus is its argument itself above 20 and log(1 + e^x) up to it."""
+    data, md, heads = stage_case(4)
+    for key in ("non_spec_token_indx", "spec_token_indx"):
+        md.pop(key)
+    data["a"][:, 0] = 25.0 - data["dt_bias"][0]  # softplus(25) taken as 25
+    data["a"][:, 1] = 20.0 - data["dt_bias"][1]  # softplus(20) = log(1 + e^20)
+    parts, _ = gdn_conv_stage_reference(**data, **heads, **md)
+    n_ns = 10
+    np.testing.assert_allclose(parts["non_spec"]["g"][:, 0],
+                               -np.exp(data["A_log"][0]) * 25.0, **EXACT)
+    np.testing.assert_allclose(parts["spec"]["g"][:, 1],
+                               -np.exp(data["A_log"][1]) * np.log1p(np.exp(20.0)), **EXACT)
+    np.testing.assert_allclose(parts["spec"]["beta"],
+                               1 / (1 + np.exp(-data["b"][n_ns:n_ns + 6])), **EXACT)
+
+
+def test_gdn_stage_heads_must_fill_the_conv():
+    data, md, heads = stage_case(5)
+    with pytest.raises(ValueError, match="num_k_heads, head_k_dim, head_v_dim"):
+        gdn_conv_stage_reference(**data, **dict(heads, head_v_dim=5), **md)
