@@ -269,3 +269,13 @@ def test_device_plan_metadata_types_without_a_planner_are_named(spirv_device, mo
     with pytest.raises(launching.KernelUnavailableError,
                        match=r"no planner for metadata of element types \('int64', 'int32'"):
         plan.run(x, w, None, state)
+    # the rule planner's arrays likewise (int64 parents beside int32 window rows)
+    lines = jitconv.zeros((2,), torch.int32)
+    plan = jitconv.device_plan(
+        2, 4, 3, 4, non_spec_state_indices=lines,
+        non_spec_parent_token=jitconv.zeros((2, 1), torch.int64),
+        non_spec_window_rows=lines)
+    with pytest.raises(launching.KernelUnavailableError,
+                       match=r"no rule planner for rules of element types \('int64', 'int64', "
+                             r"'int32'"):
+        plan.run(x, w, None, state, intermediate_windows=jitconv.zeros((2, 1, 8, 3)))

@@ -35,6 +35,9 @@ def test_shipped_entries_are_intact():
         assert hashlib.sha256(spirv).hexdigest() == meta["sha256"], name
         if "planner" in meta:  # a device planner (jitconv.device_plan)
             assert meta["abi"] == kernel_cache._planner_abi(tuple(meta["planner"])), name
+        elif "rules" in meta:  # a device plan's rule planner
+            assert meta["abi"] == kernel_cache._planner_abi(tuple(meta["rules"]),
+                                                            "rules"), name
         elif "record_types" in meta:  # a fused kernel of device plans
             assert meta["abi"] == kernel_cache._abi(tuple(meta["record_types"])), name
         else:

@@ -114,8 +114,9 @@ def _build(element_types, queue, kind):
         return launching.program(queue, spirv, name)
     if not launching.have_compiler():
         shipped = [", ".join(t) for t in kernel_cache.planner_specializations(kind)]
+        what = "planner for metadata" if kind == "planner" else "rule planner for rules"
         raise launching.KernelUnavailableError(
-            f"device plan: no {kind} planner for arrays of element types {element_types} "
+            f"device plan: no {what} of element types {element_types} "
             f"({', '.join(_SOURCES[kind][2])}) and numba-dpex is not installed to "
             f"compile one; the package ships those for: {'; '.join(shipped)} (pass "
             f"the metadata as one index dtype, flags as bool or that dtype)")
