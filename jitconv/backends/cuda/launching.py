@@ -488,10 +488,17 @@ def _planner_launch(plan, tables, sim):
     """(kernel, args, grid, block) of a device plan's planner writing ``tables``."""
     types_, values = _planner_values(plan, sim)
     values["tables"] = tables
+    kernel, (grid, block) = _planner_kernel(types_, "planner", plan.num_blocks)
+    return kernel, tuple(values[a] for a in planner.PLAN_ARGS), grid, block
+
+
+def _planner_kernel(element_types, kind, threads):
+    """(the planner kernel of ``kind`` for these element types, its launch shape over
+    ``threads`` threads): ``backends/cuda/planner.py``, which needs numba-cuda, so it is
+    imported on first use, as this module's other numba-cuda parts."""
     from jitconv.backends.cuda import planner as cuda_planner  # numba-cuda
-    grid, block = cuda_planner.launch_shape(plan.num_blocks)
-    return (cuda_planner.get_planner(types_),
-            tuple(values[a] for a in planner.PLAN_ARGS), grid, block)
+    return (cuda_planner.get_planner(element_types, kind),
+            cuda_planner.launch_shape(threads))
 
 
 def _rules_launch(plan, tables, offsets, sim, windows):
@@ -505,10 +512,8 @@ def _rules_launch(plan, tables, offsets, sim, windows):
     values.update(plan.rule_values(None if windows is None else windows.shape),
                   tables=tables, blocks=offsets[1], links=offsets[2],
                   errors=_as_kernel_arg(errors_of(plan, sim), sim))
-    from jitconv.backends.cuda import planner as cuda_planner  # numba-cuda
-    grid, block = cuda_planner.launch_shape(values["count"])
-    return (cuda_planner.get_planner(plan.rule_types, "rules"),
-            tuple(values[a] for a in planner.RULE_ARGS), grid, block)
+    kernel, (grid, block) = _planner_kernel(plan.rule_types, "rules", values["count"])
+    return kernel, tuple(values[a] for a in planner.RULE_ARGS), grid, block
 
 
 @functools.lru_cache(maxsize=None)
