@@ -24,7 +24,8 @@ from jitconv.api.ops import clear_caches, plan  # noqa: E402
 # The public ops: eager jitconv.api.ops, custom ops under torch.compile.
 from jitconv.integrations.torch_ops import (causal_conv1d_fn, causal_conv1d_mixed,  # noqa: E402
                                             causal_conv1d_update)
-from jitconv.api.plan import SplitOutputs, StepPlan  # noqa: E402
+from jitconv.api.plan import SplitOutputs, StageOutputs, StageResult, StepPlan  # noqa: E402
+from jitconv.api.stage import gdn_conv_stage  # noqa: E402
 from jitconv.api.device_plan import DevicePlan, device_plan  # noqa: E402
 from jitconv.api.device_errors import check_errors  # noqa: E402
 from jitconv.backends.sycl.device_check import DeviceCheckError  # noqa: E402
@@ -34,7 +35,8 @@ from jitconv import vllm  # noqa: E402
 
 __all__ = [
     "causal_conv1d_fn", "causal_conv1d_update", "causal_conv1d_mixed", "plan", "StepPlan",
-    "clear_caches", "SplitOutputs", "device_plan", "DevicePlan", "check_errors", "devices",
+    "clear_caches", "SplitOutputs", "gdn_conv_stage", "StageOutputs", "StageResult",
+    "device_plan", "DevicePlan", "check_errors", "devices",
     "get_device", "set_device", "get_queue", "empty", "zeros", "copy_counts",
     "reset_copy_counts", "set_allow_copies", "set_pool_limit", "pool_bytes", "CopyRequiredError",
     "DeviceNotFoundError", "DeviceCheckError", "SUPPORTED_WIDTHS", "reference", "vllm",

@@ -314,6 +314,16 @@ def build_kernels(args):
         print(f"  width {width} {dtype:9s} {_math_name(fast)} chains "
               f"{'wide' if wide else '    '} {path.stat().st_size / 1024:6.1f} KiB "
               f"{time.perf_counter() - t0:5.2f} s  {path.name}", flush=True)
+    # the GDN stage's kernels (jitconv.gdn_conv_stage)
+    for width, dtype, wide, fast in kernel_cache.stage_specializations():
+        if width not in widths or dtype not in dtypes:
+            continue
+        t0 = time.perf_counter()
+        _kernel, path = launching.compile_and_store(width, dtype, queue, target, wide=wide,
+                                                    fast=fast, stage=True)
+        print(f"  width {width} {dtype:9s} {_math_name(fast)} stage  "
+              f"{'wide' if wide else '    '} {path.stat().st_size / 1024:6.1f} KiB "
+              f"{time.perf_counter() - t0:5.2f} s  {path.name}", flush=True)
     # the device planners (jitconv.device_plan): one per shipped set of metadata types
     for types in kernel_cache.planner_specializations():
         t0 = time.perf_counter()
@@ -336,23 +346,29 @@ def build_kernels(args):
     return 0
 
 
-def kernel_text(backend, width, dtype, wide=False, kind="general", math=None, chains=False):
+def kernel_text(backend, width, dtype, wide=False, kind="general", math=None, chains=False,
+                stage=False):
     """The generated Python source of one kernel specialization (``show-kernel``);
-    ``chains``: the kernel of steps with parent maps or windows."""
+    ``chains``: the kernel of steps with parent maps or windows; ``stage``: the GDN
+    stage's kernel (on CUDA for head_k_dim 128: 4 channels per thread)."""
     if backend == "sycl":
         fast = {None: None, "exact": False, "fast": True}[math]
-        return source.name_and_source(width, dtype, fast, wide, chains=chains)[1]
+        return source.name_and_source(width, dtype, fast, wide, chains=chains,
+                                      stage=stage)[1]
     spec = cuda_launching.kind_spec(width, dtype, kind)
     if math is not None:
         spec = dataclasses.replace(spec, fast_exp=math == "fast")
     if chains:
         spec = dataclasses.replace(spec, chains=True)
+    if stage:
+        spec = dataclasses.replace(spec, stage=True, channels=4,
+                                   row_group=min(spec.row_group, 4))
     return cuda_source.name_and_source(spec)[1]
 
 
 def show_kernel(args):
     sys.stdout.write(kernel_text(args.backend, args.width, args.dtype, args.wide, args.kind,
-                                 args.math, args.chains))
+                                 args.math, args.chains, args.stage))
     return 0
 
 
@@ -419,6 +435,8 @@ def main(argv=None):
                    help="silu's exp and division (default: the backend's for the dtype)")
     k.add_argument("--chains", action="store_true",
                    help="the kernel of steps with parent maps or intermediate windows")
+    k.add_argument("--stage", action="store_true",
+                   help="the GDN conv stage's kernel (jitconv.gdn_conv_stage)")
     b = add("build-kernels", help="precompile kernels to SPIR-V (persistent)")
     where = b.add_mutually_exclusive_group()
     where.add_argument("--dir", help="directory to write (default: the user cache, "

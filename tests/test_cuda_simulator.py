@@ -25,7 +25,8 @@ def test_cuda_kernels_in_the_simulator():
     env.pop("JITCONV_DEVICE", None)
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                            "-rs", str(TESTS / "test_cuda.py"),
-                           str(TESTS / "test_device_plan.py"), str(TESTS / "test_vllm.py")],
+                           str(TESTS / "test_device_plan.py"), str(TESTS / "test_vllm.py"),
+                           str(TESTS / "test_gdn_stage.py")],
                           cwd=TESTS.parent, env=env,
                           capture_output=True, text=True, timeout=900)
     tail = done.stdout[-3000:] + done.stderr[-2000:]
@@ -33,9 +34,9 @@ def test_cuda_kernels_in_the_simulator():
     passed = re.search(r"(\d+) passed", done.stdout)
     assert passed and int(passed.group(1)) >= 60, tail
     # Only what needs a GPU may skip: the stream test (the simulator has no streams) and
-    # the device-plan tests of graphs and driver launches; and the device-plan tests'
-    # SYCL cases (SYCL is hidden here; the main run has them).
+    # the device-plan tests of graphs and driver launches; and the SYCL cases of the
+    # device-plan and stage tests (SYCL is hidden here; the main run has them).
     reasons = re.findall(r"SKIPPED \[(\d+)\] [^:]+:\d+: (.*)", done.stdout)
     reasons = [(n, why) for n, why in reasons if not why.startswith("SYCL device plans")]
     assert all("simulator has no" in why for _, why in reasons), tail
-    assert sum(int(n) for n, _ in reasons) <= 31, tail  # 30 device-plan, 1 stream
+    assert sum(int(n) for n, _ in reasons) <= 34, tail  # 30 device-plan, 1 stream, 3 stage

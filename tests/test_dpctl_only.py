@@ -41,7 +41,7 @@ ENVIRONMENTS = {  # name: (requirements file, venv, dpctl version, kernels)
 TEST_FILES = ("test_mixed.py", "test_validation.py", "test_vllm.py",
               "test_causal_conv1d_fn.py", "test_dlpack.py", "test_plan.py",
               "test_run_cache.py", "test_plan_cache.py", "test_device_check.py",
-              "test_golden_kernels.py", "test_device_plan.py")
+              "test_golden_kernels.py", "test_device_plan.py", "test_gdn_stage.py")
 SUPPORT_FILES = ("conftest.py", "helpers.py")
 # Needs dpctl.tensor to make an array on another queue: not available with dpctl 0.22.
 DESELECT = "test_validation.py::test_bad_input_raises_and_leaves_state[different devices]"

@@ -11,30 +11,33 @@ import pytest
 from jitconv.__main__ import kernel_text
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
-KERNELS = {  # file -> (backend, width, dtype, wide, kind, chains)
-    "sycl-w4-bfloat16.py": ("sycl", 4, "bfloat16", False, "general", False),
-    "sycl-w4-bfloat16-wide.py": ("sycl", 4, "bfloat16", True, "general", False),
-    "sycl-w4-float32.py": ("sycl", 4, "float32", False, "general", False),
-    "sycl-w4-bfloat16-wide-chains.py": ("sycl", 4, "bfloat16", True, "general", True),
-    "cuda-w4-bfloat16-general.py": ("cuda", 4, "bfloat16", False, "general", False),
-    "cuda-w4-bfloat16-decode.py": ("cuda", 4, "bfloat16", False, "decode", False),
-    "cuda-w4-float32-spec.py": ("cuda", 4, "float32", False, "spec", False),
-    "cuda-w4-bfloat16-chains.py": ("cuda", 4, "bfloat16", False, "general", True),
+KERNELS = {  # file -> (backend, width, dtype, wide, kind, chains, stage)
+    "sycl-w4-bfloat16.py": ("sycl", 4, "bfloat16", False, "general", False, False),
+    "sycl-w4-bfloat16-wide.py": ("sycl", 4, "bfloat16", True, "general", False, False),
+    "sycl-w4-float32.py": ("sycl", 4, "float32", False, "general", False, False),
+    "sycl-w4-bfloat16-wide-chains.py": ("sycl", 4, "bfloat16", True, "general", True, False),
+    "sycl-w4-bfloat16-wide-stage.py": ("sycl", 4, "bfloat16", True, "general", False, True),
+    "cuda-w4-bfloat16-general.py": ("cuda", 4, "bfloat16", False, "general", False, False),
+    "cuda-w4-bfloat16-decode.py": ("cuda", 4, "bfloat16", False, "decode", False, False),
+    "cuda-w4-float32-spec.py": ("cuda", 4, "float32", False, "spec", False, False),
+    "cuda-w4-bfloat16-chains.py": ("cuda", 4, "bfloat16", False, "general", True, False),
+    "cuda-w4-bfloat16-stage.py": ("cuda", 4, "bfloat16", False, "general", False, True),
 }
 
 
 def _command(name):
-    backend, width, dtype, wide, kind, chains = KERNELS[name]
+    backend, width, dtype, wide, kind, chains, stage = KERNELS[name]
     flags = " --wide" if wide else "" if backend == "sycl" else f" --kind {kind}"
     flags += " --chains" if chains else ""
+    flags += " --stage" if stage else ""
     return (f"python -m jitconv show-kernel {backend} --width {width} --dtype {dtype}"
             f"{flags} > tests/golden/{name}")
 
 
 @pytest.mark.parametrize("name", sorted(KERNELS))
 def test_generated_kernel_matches_its_golden_copy(name):
-    backend, width, dtype, wide, kind, chains = KERNELS[name]
-    got = kernel_text(backend, width, dtype, wide, kind, chains=chains)
+    backend, width, dtype, wide, kind, chains, stage = KERNELS[name]
+    got = kernel_text(backend, width, dtype, wide, kind, chains=chains, stage=stage)
     want = (GOLDEN / name).read_text()
     if got != want:
         diff = "".join(difflib.unified_diff(want.splitlines(True), got.splitlines(True),

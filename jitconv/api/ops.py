@@ -165,7 +165,7 @@ def with_rules(part, values, names, geo):
     return dataclasses.replace(part, **rules)
 
 
-def _prepare(x, weight, bias, conv_state, out, activation, math, pad_slot_id):
+def prepare(x, weight, bias, conv_state, out, activation, math, pad_slot_id):
     """Argument checks shared by every op, before any metadata is read (so a bad tensor
     is reported first, as it always was). Returns the step's Geometry and what
     ``StepPlan.run_checked`` takes as checked tensors."""
@@ -244,7 +244,7 @@ def causal_conv1d_fn(x: Array, weight: Array, bias: Optional[Array], conv_state:
                                   geo, dict(device_calls.NO_ARRAYS, ns_qsl=query_start_loc,
                                             ns_lines=cache_indices,
                                             ns_init=has_initial_state), FN_DEVICE_NAMES))
-    geo, checked = _prepare(x, weight, bias, conv_state, out, activation, math,
+    geo, checked = prepare(x, weight, bias, conv_state, out, activation, math,
                            pad_slot_id)
 
     def build():
@@ -298,7 +298,7 @@ def causal_conv1d_update(x: Array, weight: Array, bias: Optional[Array], conv_st
         return _run_on_device(("update", longest), (x, weight, bias, conv_state, out),
                               activation, math, pad_slot_id, metadata,
                               lambda geo: _update_device_plan(geo, *metadata, longest))
-    geo, checked = _prepare(x, weight, bias, conv_state, out, activation, math,
+    geo, checked = prepare(x, weight, bias, conv_state, out, activation, math,
                            pad_slot_id)
     longest = validation.check_max_query_len(max_query_len)
 
@@ -332,14 +332,14 @@ def causal_conv1d_update(x: Array, weight: Array, bias: Optional[Array], conv_st
 def _run_on_device(op, args, activation, math, pad_slot_id, metadata, build):
     """A one-shot call whose metadata stays on the device: the device plan kept for
     ``op`` (a name, with what else fixes the plan), these tensors' shapes and the
-    ``metadata`` tensors, else ``build(geometry)``'s after the host's checks (``_prepare``),
+    ``metadata`` tensors, else ``build(geometry)``'s after the host's checks (``prepare``),
     run on ``args`` (x, weight, bias, conv_state, out)."""
     x, weight, bias, conv_state, out = args
     key = (op, device_calls.shapes(x, weight, conv_state),
            validation.check_pad_slot_id(pad_slot_id)) + tuple(
                device_calls.describe(m) for m in metadata)
     plan = device_calls.kept_plan(key, lambda: build(
-        _prepare(*args, activation, math, pad_slot_id)[0]))
+        prepare(*args, activation, math, pad_slot_id)[0]))
     return plan.run(x, weight, bias, conv_state, out=out, activation=activation, math=math)
 
 
@@ -488,7 +488,7 @@ def mixed(x, weight, bias, conv_state, meta, *, activation="silu", pad_slot_id=-
         return _run_on_device("mixed", (x, weight, bias, conv_state, out), activation, math,
                               pad_slot_id, tuple(arrays.values()), lambda geo: device_calls.build(
                                   geo, arrays, device_plan.ARGUMENT_NAMES))
-    geo, checked = _prepare(x, weight, bias, conv_state, out, activation, math,
+    geo, checked = prepare(x, weight, bias, conv_state, out, activation, math,
                            pad_slot_id)
     plan = plan_cache.plan_for(plan_cache.key("mixed", geo, meta.all_values()),
                                lambda: plan_from(meta, geo))

@@ -19,10 +19,11 @@ A plan's fields are never written after it is built, so any number of threads ma
 from typing import Any, NamedTuple, Optional
 
 import numpy as np
+import torch
 
 from jitconv.api import validation
 from jitconv.kernels.batch import DEFAULT_BLOCK_TOKENS, build_batch
-from jitconv.backends import Launch, registry
+from jitconv.backends import Launch, StageTensors, registry
 from jitconv.kernels.abi import SPLIT_NONE, SPLIT_PARTS, SPLIT_SLOTS
 from jitconv.memory import arrays
 
@@ -31,6 +32,25 @@ class SplitOutputs(NamedTuple):
     """A run's outputs split by part (``out_spec`` / ``out_non_spec``): row k of each is
     the part's k-th token, what ``out.index_select(0, token_indx)`` gives for the part's
     token map. None for a part without tokens that got no tensor."""
+    spec: Any
+    non_spec: Any
+
+
+class StageOutputs(NamedTuple):
+    """One part's outputs of the GDN conv stage, row k its k-th token (the part's token
+    order, as ``SplitOutputs``): q and k (tokens, num_k_heads, head_k_dim), v (tokens,
+    num_v_heads, head_v_dim) in x's dtype, contiguous; g and beta (tokens, num_v_heads)
+    float32."""
+    q: Any
+    k: Any
+    v: Any
+    g: Any
+    beta: Any
+
+
+class StageResult(NamedTuple):
+    """``StepPlan.run_stage``'s result: each part's ``StageOutputs`` (None for a part
+    without tokens)."""
     spec: Any
     non_spec: Any
 
@@ -207,6 +227,99 @@ class StepPlan:
         result = self._launch(backend, tensors, silu, math, dtype, key, mode, windows)
         return self._split_views(result) if mode == SPLIT_SLOTS else result
 
+    def run_stage(self, x: Any, weight: Any, bias: Optional[Any], conv_state: Any, a: Any,
+                  b: Any, A_log: Any, dt_bias: Any, *, num_k_heads: int, head_k_dim: int,
+                  head_v_dim: int, use_l2norm: bool = True, exp_g: bool = False,
+                  activation: Optional[str] = "silu", math: Optional[str] = None,
+                  checked=None) -> StageResult:
+        """The GDN conv stage of one layer with the plan's metadata, in one launch
+        (``jitconv.gdn_conv_stage`` documents the arguments): the conv and state update
+        as ``run``'s, then per token of each part q, k (l2-normalised unless
+        ``use_l2norm`` is False), v, g (exp(g) with ``exp_g``) and beta. Every argument
+        is checked before anything is launched. ``checked``: as ``run_checked``'s."""
+        backend = registry.for_call(x)
+        if self.on_device:
+            raise ValueError("x: the GDN stage writes each part's rows, whose counts "
+                             "device plans do not read on the host: use a plan built "
+                             "from host metadata (jitconv.plan)")
+        if self.takes_windows:
+            raise ValueError("spec_window_rows/non_spec_window_rows: the GDN stage does "
+                             "not write intermediate windows; plan the step without them")
+        heads = (num_k_heads, head_k_dim, head_v_dim)
+        stage_args = (a, b, A_log, dt_bias, heads, use_l2norm, exp_g)
+        buffer, key = backend.remembered_stage(self, (x, weight, bias, conv_state, None),
+                                               stage_args, activation, math)
+        if buffer is not None:  # these tensors passed the checks of this geometry
+            return self._stage_views(buffer, heads, validation.shape_of(A_log)[0])
+        silu = validation.check_activation(activation)
+        validation.check_math(math)
+        if checked is None:
+            tensors = registry.normalize_all(x, weight, bias, conv_state, None)
+            _dim, width, dtype = validation.check_tensors(*tensors)
+            validation.check_fits_plan(self.geometry, tensors[0], tensors[3], width)
+        else:
+            tensors, dtype = checked
+        x_given, weight, bias, conv_state, _ = tensors
+        for name, t in (("x", x_given), ("a", a), ("b", b), ("A_log", A_log),
+                        ("dt_bias", dt_bias)):
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"{name}: the GDN stage takes torch tensors, got "
+                                f"{type(t).__name__}")
+        hv = validation.check_stage(x_given, conv_state, a, b, A_log, dt_bias, *heads)
+        refusal = backend.stage_refusal(head_k_dim, head_v_dim)
+        if refusal is not None:
+            raise ValueError(refusal)
+        for name, flag in (("use_l2norm", use_l2norm), ("exp_g", exp_g)):
+            if not isinstance(flag, (bool, np.bool_)):
+                raise TypeError(f"{name}: expected True or False, got {flag!r}")
+        validation.check_writable(x_given, weight, bias, conv_state, None)
+        extents = validation.check_aliasing(x_given, weight, bias, conv_state, None,
+                                            self.lines)
+        spec_rows, ns_rows = self.part_tokens
+        dim = validation.shape_of(x_given)[1]
+        sizes = _stage_sizes(self.part_tokens, dim, hv, x_given.element_size())
+        buffer = backend.empty_output(x_given, (sizes["total"],), dtype)
+        if dim and self.num_blocks:
+            x = registry.channels_contiguous(x_given)
+            parts = [buffer[first:first + rows * dim].view(rows, dim) if rows else None
+                     for rows, first in ((ns_rows, 0), (spec_rows, ns_rows * dim))]
+            stage = StageTensors(
+                a=a, b=b, A_log=backend.as_floats(A_log), dt_bias=backend.as_floats(dt_bias),
+                buffer=buffer, gates=buffer[sizes["gates"]:].view(torch.float32),
+                part_rows=(ns_rows, spec_rows), head_k_dim=head_k_dim,
+                qk=num_k_heads * head_k_dim, vdim=hv * head_v_dim, head_v_dim=head_v_dim,
+                l2norm=bool(use_l2norm), exp_g=bool(exp_g))
+            backend.launch(self, Launch(
+                x=x, weight=weight, bias=bias, conv_state=conv_state, out=None,
+                target=parts[0], silu=silu, math=math, dtype=dtype, extents=extents,
+                zero_copy=x is x_given, key=key, split=SPLIT_PARTS, out2=parts[1],
+                spec_slot0=self.spec_slot0, stage=stage))
+        return self._stage_views(buffer, heads, hv)
+
+    def _stage_views(self, buffer, heads, hv):
+        """A stage run's ``StageResult``: views of its one output (``_stage_sizes``)."""
+        num_k_heads, head_k_dim, head_v_dim = heads
+        spec_rows, ns_rows = self.part_tokens
+        qk = num_k_heads * head_k_dim
+        dim = 2 * qk + hv * head_v_dim
+        sizes = _stage_sizes(self.part_tokens, dim, hv, buffer.element_size())
+        gates = buffer[sizes["gates"]:].view(torch.float32)
+        outputs = []
+        for rows, first, g0 in ((ns_rows, 0, 0),
+                                (spec_rows, ns_rows * dim, 2 * ns_rows * hv)):
+            if not rows:
+                outputs.append(None)
+                continue
+            qk_rows, g_rows = rows * qk, rows * hv
+            outputs.append(StageOutputs(
+                q=buffer[first:first + qk_rows].view(rows, num_k_heads, head_k_dim),
+                k=buffer[first + qk_rows:first + 2 * qk_rows].view(rows, num_k_heads,
+                                                                    head_k_dim),
+                v=buffer[first + 2 * qk_rows:first + rows * dim].view(rows, hv, head_v_dim),
+                g=gates[g0:g0 + g_rows].view(rows, hv),
+                beta=gates[g0 + g_rows:g0 + 2 * g_rows].view(rows, hv)))
+        return StageResult(spec=outputs[1], non_spec=outputs[0])
+
     def _split_views(self, slots):
         """The parts' rows of an output written in slot order (SPLIT_SLOTS): the non-spec
         part's slots first, then the spec part's."""
@@ -276,6 +389,17 @@ class StepPlan:
                                     extents=extents, zero_copy=zero_copy, key=key,
                                     split=split, windows=windows))
         return _finish(out, target)
+
+
+def _stage_sizes(part_tokens, dim, hv, itemsize):
+    """Where a stage run's one output (elements of x's dtype) holds what: the non-spec
+    part's q | k | v from 0, the spec part's after it, then (from "gates", 16-byte
+    aligned) the float32 gates: the non-spec part's g and beta, then the spec part's;
+    "total" elements in all."""
+    spec_rows, ns_rows = part_tokens
+    per16 = 16 // itemsize
+    gates = -(-(ns_rows + spec_rows) * dim // per16) * per16
+    return dict(gates=gates, total=gates + 2 * (ns_rows + spec_rows) * hv * 4 // itemsize)
 
 
 def split_request(split, out_spec, out_non_spec):

@@ -635,3 +635,53 @@ def check_windows(windows, x, plan_rows, steps, width, extents):
         if extents.get(other) is not None and arrays.extents_meet(extent, extents[other]):
             raise ValueError(f"{name} and {other} overlap in memory; pass separate tensors")
     return extent
+
+
+# ---------------------------------------------------------------- the GDN conv stage
+
+def check_stage(x, conv_state, a, b, A_log, dt_bias, num_k_heads, head_k_dim, head_v_dim):
+    """The GDN stage's own arguments (SEMANTICS.md "The GDN conv stage"), after
+    ``check_tensors``: head counts and dims that fill x's channels, a and b (num_tokens,
+    HV) in x's dtype with unit column stride, A_log and dt_bias (HV,) floating, all on x's
+    device, none overlapping conv_state (updated while they are read). Returns HV."""
+    for name, value in (("num_k_heads", num_k_heads), ("head_k_dim", head_k_dim),
+                        ("head_v_dim", head_v_dim)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+            raise ValueError(f"{name}: expected a positive int, got {value!r}")
+    num_tokens, dim = shape_of(x)
+    for name, t in (("A_log", A_log), ("dt_bias", dt_bias), ("a", a), ("b", b)):
+        if not hasattr(t, "shape") or not hasattr(t, "dtype"):
+            raise TypeError(f"{name}: expected a tensor, got {type(t).__name__}")
+    if len(shape_of(A_log)) != 1:
+        raise ValueError(f"A_log: expected shape (num_v_heads,), got {shape_of(A_log)}")
+    hv = shape_of(A_log)[0]
+    qk = num_k_heads * head_k_dim
+    if 2 * qk + hv * head_v_dim != dim:
+        raise ValueError(f"num_k_heads, head_k_dim, head_v_dim: 2 * {num_k_heads} * "
+                         f"{head_k_dim} + len(A_log)={hv} * {head_v_dim} = "
+                         f"{2 * qk + hv * head_v_dim}, but x has {dim} channels")
+    if shape_of(dt_bias) != (hv,):
+        raise ValueError(f"dt_bias: expected shape ({hv},) (as A_log), got "
+                         f"{shape_of(dt_bias)}")
+    for name, t in (("A_log", A_log), ("dt_bias", dt_bias)):
+        if arrays.dtype_name(t) not in FLOAT_DTYPES:
+            raise TypeError(f"{name}: dtype must be one of {FLOAT_DTYPES}, got "
+                            f"{arrays.dtype_name(t)}")
+    for name, t in (("a", a), ("b", b)):
+        if shape_of(t) != (num_tokens, hv):
+            raise ValueError(f"{name}: expected shape ({num_tokens}, {hv}) (x's rows, "
+                             f"num_v_heads), got {shape_of(t)}")
+        _same_dtype(name, t, arrays.dtype_name(x))
+        _check_strides(name, t)
+        if hv > 1 and t.stride()[1] != 1:
+            raise ValueError(f"{name}: its heads (last dimension) must be contiguous, got "
+                             f"strides {tuple(t.stride())}")
+    where, state = _where(x), arrays.byte_extent(conv_state)
+    for name, t in (("a", a), ("b", b), ("A_log", A_log), ("dt_bias", dt_bias)):
+        if _where(t) != where:
+            raise ValueError(f"{name}: expected a tensor on the same device as x "
+                             f"({arrays.device_of(x)}), got one on {arrays.device_of(t)}")
+        if arrays.extents_meet(arrays.byte_extent(t), state):
+            raise ValueError(f"{name} and conv_state overlap in memory: conv_state is "
+                             f"updated while {name} is read; pass separate tensors")
+    return hv

@@ -40,6 +40,31 @@ class Launch:
     spec_slot0: int = 0
     # The intermediate windows (the plan's window rows), or None.
     windows: object = None
+    # The GDN conv stage's inputs and outputs (a ``StageTensors``), or None: the conv
+    # alone. With it split is SPLIT_PARTS and target / out2 are the parts' q | k | v
+    # buffers, viewed as (part tokens, dim).
+    stage: object = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class StageTensors:
+    """A stage run's tensors and head layout, checked (``jitconv.kernels.abi.STAGE_ARGS``
+    says how the kernel reads them)."""
+    a: object          # (tokens, HV), unit column stride, x's dtype
+    b: object          # (tokens, HV), the same
+    A_log: object      # (HV,) float32, contiguous
+    dt_bias: object    # (HV,) float32, contiguous
+    buffer: object     # the run's one new output, flat; the parts' buffers and gates are
+    #                    views of it (a remembered run allocates it anew and patches
+    #                    their addresses: ``cuda.driver.Prepared``)
+    gates: object      # float32: the non-spec part's g and beta, then the spec part's
+    part_rows: tuple   # (non-spec, spec) tokens
+    head_k_dim: int
+    qk: int            # num_k_heads * head_k_dim
+    vdim: int          # num_v_heads * head_v_dim
+    head_v_dim: int
+    l2norm: bool
+    exp_g: bool
 
 
 class Backend(Protocol):
@@ -69,6 +94,18 @@ class Backend(Protocol):
 
     def empty(self, shape, dtype, device):
         """A new tensor on ``device`` (one of this backend's) its kernels use with no copy."""
+
+    def remembered_stage(self, plan, args, stage_args, activation, math):
+        """``remembered`` for a GDN stage run (``args``: x, weight, bias, conv_state,
+        None; ``stage_args``: a, b, A_log, dt_bias, (num_k_heads, head_k_dim,
+        head_v_dim), use_l2norm, exp_g): (its new output buffer, key) or (None, key)."""
+
+    def stage_refusal(self, head_k_dim, head_v_dim):
+        """Why this backend cannot run the GDN stage with these head dims (a message
+        naming the argument), or None."""
+
+    def as_floats(self, t):
+        """A torch tensor ``t`` as a contiguous float32 vector (itself when it is one)."""
 
     def read_errors(self, plan) -> list:
         """A device plan's own error words (``kernels.planner.ERRORS``), cleared."""

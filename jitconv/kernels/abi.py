@@ -150,3 +150,29 @@ CONV_ARGS = (
     ("win_stride_row", 0, "int64", None), ("win_stride_step", 0, "int64", None),
     ("win_stride_c", 0, "int64", None), ("win_stride_col", 0, "int64", None),
 )
+
+# The GDN conv stage (SEMANTICS.md "The GDN conv stage"): the conv kernel with the stage's
+# pieces (``template.kernel_source``'s ``stage``) takes these after its other arguments.
+# Its outputs are split by part (``split`` 1): each part's buffer (out: non-spec, out2:
+# spec) holds q (rows, H * K), then k (rows, H * K), then v (rows, HV * V), each
+# contiguous, ``part_rows`` / ``part2_rows`` rows (the part's tokens); "gates" (float32)
+# holds each part's g (rows, HV) then beta (rows, HV), the non-spec part's from
+# ``gates_offset``, the spec part's from ``gates2_offset``. a and b (rows of x, HV)
+# have unit column stride; A_log and dt_bias (HV,) are float32. ``qk`` = H * K,
+# ``vdim`` = HV * V, ``head_v`` = V; ``l2norm`` and ``exp_g`` are 0 or 1.
+STAGE_ARGS = (
+    ("ga", 1, "raw", "C"), ("ga_offset", 0, "int64", None), ("ga_row_stride", 0, "int64", None),
+    ("gb", 1, "raw", "C"), ("gb_offset", 0, "int64", None), ("gb_row_stride", 0, "int64", None),
+    ("alog", 1, "float32", "C"), ("alog_offset", 0, "int64", None),
+    ("dtb", 1, "float32", "C"), ("dtb_offset", 0, "int64", None),
+    ("gates", 1, "float32", "C"), ("gates_offset", 0, "int64", None),
+    ("gates2_offset", 0, "int64", None),
+    ("part_rows", 0, "int64", None), ("part2_rows", 0, "int64", None),
+    ("qk", 0, "int64", None), ("head_k", 0, "int64", None), ("vdim", 0, "int64", None),
+    ("head_v", 0, "int64", None),
+    ("l2norm", 0, "int64", None), ("exp_g", 0, "int64", None),
+)
+# The stage's constants, as vLLM's fused_post_conv_prep (the reference has its own copy:
+# it stands alone): l2norm's eps and softplus's threshold.
+STAGE_L2NORM_EPS = 1e-6
+STAGE_SOFTPLUS_THRESHOLD = 20.0

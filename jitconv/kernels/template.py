@@ -34,14 +34,16 @@ how to reproduce them: docs/design.md):
   branches on the strides, 64-bit weight words), ``early_record`` (the block record's
   every field read with its first ones, before the pad check),
   ``reuse_state_loads`` and ``split_window`` (CUDA: fewer instructions and memory rounds
-  per decode or spec work-item).
+  per decode or spec work-item);
+- ``stage``: the GDN conv stage (SEMANTICS.md) in the same kernel: the outputs in head
+  layout, q and k l2-normalised, the gates (``kernel_source``).
 """
 
 from dataclasses import dataclass
 
 import numpy as np
 
-from jitconv.kernels.abi import BLOCK_FIELDS, LINK_FIELDS, SEQUENCE_FIELDS
+from jitconv.kernels.abi import BLOCK_FIELDS, LINK_FIELDS, SEQUENCE_FIELDS, STAGE_ARGS
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -64,6 +66,16 @@ class Backend:
     shared_array: str = None
     first_in_group: str = None
     barrier: str = None
+    # The GDN stage's l2norm (``kernel_source``'s ``stage``), one of two ways. lane_sum:
+    # the name of a device function summing a float32 over the work-items of one head
+    # (head_k_dim / C of one token block), every one getting the sum: each token is
+    # normalised before its store. group_barrier: a statement after which the stores of
+    # the work-group's work-items (one head's, of one token block: the backend launches
+    # such work-groups) are visible to all of them: the raw outputs are stored, then each
+    # token's head row is normalised by one work-item (``norm_pass``). Neither: no stage
+    # kernels.
+    lane_sum: str = None
+    group_barrier: str = None
 
 
 def window_value(x, x_at, x_row_stride, state, state_at, tables, rows, first_slot, base, p,
@@ -116,7 +128,7 @@ _TEMPLATE = """
             ors = out2_row_stride
             ob = t0 - spec_slot0
 {split_offsets}
-    if line < 0:
+{stage_offsets}    if line < 0:
         # Padded sequence, or output rows no sequence covers: zeros, no state access.
         if ob >= 0 and flags & FLAG_UNCOVERED:
             return  # rows of neither part: no split output has them
@@ -125,7 +137,7 @@ _TEMPLATE = """
             if not flags & FLAG_BLOCK_ROWS:
                 r = tables[U(rows + t0 + i)]
 {pad_zeros}
-        return
+{pad_gates}        return
 
 {early_weights}{late_record}    first_slot = t0 - p0  # the sequence's first token slot
     initial = flags & FLAG_INITIAL_STATE
@@ -135,7 +147,7 @@ _TEMPLATE = """
 {state_part}
 {late_weights}{window_to_float}
 {tokens}
-"""
+{norm_pass}{gates}"""
 
 
 # The kernel's parameters: CONV_ARGS (abi), after the backend's index argument(s) and
@@ -146,7 +158,7 @@ _PARAMETERS = """{index_arg}x, x_offset, x_row_stride, out, out_offset, out_row_
            state, state_offset, state_stride_line, state_stride_c, state_stride_col,
            tables, rows, blocks, links, has_bias, silu, out2, out2_offset, out2_row_stride,
            split, spec_slot0, win, win_offset, win_stride_row, win_stride_step,
-           win_stride_c, win_stride_col{extra_args}{record_args}"""
+           win_stride_c, win_stride_col{extra_args}{record_args}{stage_args}"""
 
 
 # The state window and the state update; in its own template because a backend with
@@ -197,7 +209,8 @@ _SHORT_STATE_PART = """{state_offsets}
 def kernel_source(width, name, backend, channels=1, lookahead=1, word_taps=False,
                   state_chunk=None, short_tokens=0, row_group=1, early_weights=False,
                   group_state=False, vector_taps=False, uniform_decode=False,
-                  record_args=None, shared_record=False, constants=(), chains=True):
+                  record_args=None, shared_record=False, constants=(), chains=True,
+                  stage=False):
     """The Python source of the conv kernel for one width, backend, channel count and
     lookahead (tokens whose loads are issued before the first of their stores).
     ``word_taps`` (width 4, 16-bit storage, a backend with ``unit_stride_reads`` that
@@ -233,6 +246,14 @@ def kernel_source(width, name, backend, channels=1, lookahead=1, word_taps=False
     chain piece (parent maps and intermediate windows, FLAG_CHAIN blocks) in the general
     token loops; a backend that leaves it out launches such a kernel only for steps
     without chains (the parameters stay, unused).
+
+    ``stage`` (a backend with ``lane_sum`` or ``group_barrier``; host plans' split
+    outputs, ``split`` 1): the GDN conv stage (SEMANTICS.md) in the same launch:
+    ``abi.STAGE_ARGS`` appended to the parameters; outputs to the parts' q | k | v
+    buffers in head layout (``stage_offsets``); q and k heads l2-normalised per token
+    (``store_outputs`` with ``lane_sum``, else ``norm_pass``); g and beta per v head and
+    token (``gates``). The backend launches the head_k_dim / ``channels`` work-items of
+    one head and token block together (one ``lane_sum`` group, or one work-group).
     """
     if uniform_decode and short_tokens != 1:
         raise ValueError(f"uniform_decode needs short_tokens 1, got {short_tokens}")
@@ -245,9 +266,13 @@ def kernel_source(width, name, backend, channels=1, lookahead=1, word_taps=False
         raise ValueError("shared_record needs record_args and a backend with shared_array")
     if chains and short_tokens:
         chains = False  # a short kernel has no token loops; never launched for chains
+    if stage and (record_args is not None or (backend.lane_sum or backend.group_barrier)
+                  is None):
+        raise ValueError("stage needs a backend with lane_sum or group_barrier, and no "
+                         "record_args")
     return _Kernel(width, backend, channels, lookahead, word_taps, state_chunk, short_tokens,
                    row_group, early_weights, group_state, vector_taps, uniform_decode,
-                   record_args, shared_record, chains).source(name, constants)
+                   record_args, shared_record, chains, stage).source(name, constants)
 
 
 IND = " " * 4  # one level of indentation in the generated source
@@ -276,14 +301,14 @@ class _Kernel:
 
     def __init__(self, width, backend, channels, lookahead, word_taps, state_chunk,
                  short_tokens, row_group, early_weights, group_state, vector_taps,
-                 uniform_decode, record_args, shared_record, chains=True):
+                 uniform_decode, record_args, shared_record, chains=True, stage=False):
         self.width, self.backend, self.channels, self.lookahead = (width, backend, channels,
                                                                    lookahead)
         self.word_taps, self.short_tokens, self.early_weights = (word_taps, short_tokens,
                                                                  early_weights)
         self.vector_taps, self.uniform_decode = vector_taps, uniform_decode
         self.record_args, self.shared_record = record_args, shared_record
-        self.chains = chains
+        self.chains, self.stage = chains, stage
         # where the state part stores the new state: the rule kernels' lines piece may
         # move it to another line (lines_write_base)
         self.write_base = "sw" if chains else "st"
@@ -359,6 +384,20 @@ class _Kernel:
             lines += [f"f{k}{J} = f{k + 1}{J}" for k in range(S - 1)] + [f"f{S - 1}{J} = {xv.format(J=J)}"]
         lines.append("if silu:")
         lines += [f"    acc{J} = fdiv(acc{J}, ONE + exp(-acc{J}))" for J in self.suffixes]
+        return lines + self.store_outputs(row, i)
+
+    def store_outputs(self, row, i):
+        """The store of a token's outputs acc{J} (``out_row``); with the stage, q and k
+        heads are first divided by their norm: the lanes' sums of squares added by the
+        backend's ``lane_sum`` (every lane of a head takes this branch: the head's lanes
+        are one block's and ``qk2`` is a multiple of the head's channels)."""
+        if not self.stage or self.backend.lane_sum is None:  # (norm_pass normalises)
+            return self.out_row("store(acc{J})", row, i)
+        squares = " + ".join(f"acc{J} * acc{J}" for J in self.suffixes)
+        lines = ["if l2norm and c < qk2:",
+                 IND + f"ss = {self.backend.lane_sum}({squares})",
+                 IND + "ss = fdiv(ONE, sqrt(ss + L2NORM_EPS))"]
+        lines += [IND + f"acc{J} = acc{J} * ss" for J in self.suffixes]
         return lines + self.out_row("store(acc{J})", row, i)
 
     def token_loops(self, row_of):
@@ -440,7 +479,7 @@ class _Kernel:
             body.append(f"acc{J} = bias_c{J} + {taps}")
         body.append("if silu:")
         body += [f"    acc{J} = fdiv(acc{J}, ONE + exp(-acc{J}))" for J in self.suffixes]
-        body += self.out_row("store(acc{J})", "r", "i")
+        body += self.store_outputs("r", "i")
         body += ["if wrow >= 0:",
                  IND + "wt = win_offset + wrow * win_stride_row + t * win_stride_step"]
         body += _indent([f"win[U(wt + {CH} * win_stride_c + {S - 1 - j} * win_stride_col)] "
@@ -752,6 +791,85 @@ class _Kernel:
             fields += [f"n = {self.field('seq_len')}", f"off = {self.field('off')}"]
         return "\n".join(_indent(fields, 1))
 
+    # ------------------------------------------------------------ the GDN stage
+
+    def stage_offsets(self):
+        """The stage's outputs (``abi.STAGE_ARGS``): in the block's part's buffer, the
+        work-item's channels are in the q, k or v rows (all its channels in one: C
+        divides head_k_dim and head_v), at row stride qk or vdim; ``tp``: the part's
+        rows, ``go``: its gates' offset."""
+        if not self.stage:
+            return ""
+        lines = ["# The GDN stage: q rows, then k rows, then v rows of the part's buffer.",
+                 "qk2 = 2 * qk", "sb = out_offset", "tp = part_rows", "go = gates_offset",
+                 "if flags & FLAG_SPEC:",
+                 IND + "sb = out2_offset", IND + "tp = part2_rows",
+                 IND + "go = gates2_offset",
+                 "ors = qk", "if c < qk:"]
+        lines += [IND + f"oc{J} = sb + {CH}" for J, CH in zip(self.suffixes, self.chans)]
+        lines += ["elif c < qk2:"]
+        lines += [IND + f"oc{J} = sb + tp * qk + {CH} - qk"
+                  for J, CH in zip(self.suffixes, self.chans)]
+        lines += ["else:", IND + "ors = vdim"]
+        lines += [IND + f"oc{J} = sb + tp * qk2 + {CH} - qk2"
+                  for J, CH in zip(self.suffixes, self.chans)]
+        return "\n".join(_indent(lines, 1)) + "\n"
+
+    def norm_pass(self):
+        """The stage's l2norm on a backend with ``group_barrier``: after the barrier (the
+        head's raw outputs of the block are stored), each of the block's tokens is
+        normalised by one work-item of the head (token i by its work-item i mod
+        head_k / C), which reads the token's head row (as stored, in the output's dtype),
+        then scales it in place."""
+        if not self.stage or self.backend.lane_sum is not None:
+            return ""
+        C, oc = self.channels, "oc" + self.suffixes[0]
+        lines = ["if l2norm and c < qk2:",
+                 IND + self.backend.group_barrier,
+                 IND + "hc = c - c % head_k  # the head's first channel",
+                 IND + f"ho = {oc} - (c - hc)  # its offset in the part's rows",
+                 IND + f"for i in range((c - hc) // {C}, nb, head_k // {C}):",
+                 IND * 2 + "at = ho + (ob + i) * ors",
+                 IND * 2 + "ss = F32_ZERO",
+                 IND * 2 + "for j in range(head_k):",
+                 IND * 3 + "yv = load(o[U(at + j)])",
+                 IND * 3 + "ss += yv * yv",
+                 IND * 2 + "ss = fdiv(ONE, sqrt(ss + L2NORM_EPS))",
+                 IND * 2 + "for j in range(head_k):",
+                 IND * 3 + "o[U(at + j)] = store(load(o[U(at + j)]) * ss)"]
+        return "\n".join(_indent(lines, 1)) + "\n"
+
+    def gates(self, depth):
+        """The stage's gates of the block's tokens: g = -exp(A_log) * softplus(a +
+        dt_bias) (or exp(g)) and beta = sigmoid(b), float32, to the part's g and beta
+        rows. The work-items of a v head share its tokens (token i by the head's
+        work-item i mod head_v / C): none loops over a whole block while the others
+        wait. ``gexp`` is exact (not silu's ``exp``, which may be the device's
+        approximate one)."""
+        if not self.stage:
+            return ""
+        C = self.channels
+        lines = ["if c >= qk2:",
+                 IND + "hv = (c - qk2) // head_v",
+                 IND + "nhv = vdim // head_v",
+                 IND + "ea = -gexp(alog[U(alog_offset + hv)])",
+                 IND + "db = dtb[U(dtb_offset + hv)]",
+                 IND + f"for i in range((c - qk2 - hv * head_v) // {C}, nb, head_v // {C}):",
+                 IND * 2 + "r = r0 + i",
+                 IND * 2 + "if not flags & FLAG_BLOCK_ROWS:",
+                 IND * 3 + "r = tables[U(rows + t0 + i)]",
+                 IND * 2 + "za = load(ga[U(ga_offset + r * ga_row_stride + hv)]) + db",
+                 IND * 2 + "if za <= SOFTPLUS_THRESHOLD:",
+                 IND * 3 + "za = log1p(gexp(za))",
+                 IND * 2 + "gv = ea * za",
+                 IND * 2 + "if exp_g:",
+                 IND * 3 + "gv = gexp(gv)",
+                 IND * 2 + "zb = load(gb[U(gb_offset + r * gb_row_stride + hv)])",
+                 IND * 2 + "gs = go + (ob + i) * nhv + hv",
+                 IND * 2 + "gates[U(gs)] = gv",
+                 IND * 2 + "gates[U(gs + tp * nhv)] = fdiv(ONE, ONE + gexp(-zb))"]
+        return "\n".join(_indent(lines, depth)) + "\n"
+
     # ------------------------------------------------------------ the whole kernel
 
     def field(self, name):
@@ -783,9 +901,10 @@ class _Kernel:
         """The def line (with ``constants``: see ``kernel_source``) and the bindings."""
         backend = self.backend
         record_args = "" if self.record_args is None else ", " + ", ".join(self.record_args)
+        stage_args = "".join(f", {a[0]}" for a in STAGE_ARGS) if self.stage else ""
         parameters = _PARAMETERS.format(index_arg=backend.index_arg,
                                         extra_args=backend.extra_args,
-                                        record_args=record_args)
+                                        record_args=record_args, stage_args=stage_args)
         if not constants:
             return f"def {name}({parameters}):"
         names = [p.strip() for p in parameters.split(",")]
@@ -811,6 +930,8 @@ class _Kernel:
                                       "out\noc{J} = out_offset + {CH}"),
             split_offsets=self.each("oc{J} = out2_offset + {CH}", 3),
             pad_zeros="\n".join(_indent(self.out_row("ZERO", "r", "i"), 3)),
+            stage_offsets=self.stage_offsets(), pad_gates=self.gates(2), gates=self.gates(1),
+            norm_pass=self.norm_pass(),
             state_part=self.state(),
             early_record=record + "\n" if early_record else "",
             late_record="" if early_record else record + "\n",

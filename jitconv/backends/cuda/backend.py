@@ -60,11 +60,32 @@ class CudaBackend:
         launching.launch(plan, launch.x, launch.weight, launch.bias, launch.conv_state,
                          target, launch.silu, launch.dtype, launch.math,
                          launch.key if launch.zero_copy else None,
-                         launch.out is None and not parts, out2, launch.split,
-                         launch.spec_slot0, launch.windows)
+                         (launch.out is None and not parts) or launch.stage is not None,
+                         out2, launch.split,
+                         launch.spec_slot0, launch.windows, launch.stage)
 
     def empty_output(self, x, shape, dtype):
         return torch.empty(shape, dtype=x.dtype, device=x.device)
+
+    def remembered_stage(self, plan, args, stage_args, activation, math):
+        if isinstance(args[0], torch.Tensor):
+            self._refuse_capture(plan, args[0])
+        return launching.stage_remembered(plan, args, stage_args, activation, math)
+
+    def stage_refusal(self, head_k_dim, head_v_dim):
+        # one warp per q or k head (launching.launch): head_k_dim / 32 channels per
+        # thread, which must also divide head_v_dim
+        channels = head_k_dim // 32
+        if head_k_dim % 32 or channels not in (1, 2, 4, 8):
+            return (f"head_k_dim: the CUDA stage kernel takes 32, 64, 128 or 256 (one "
+                    f"warp per head), got {head_k_dim}")
+        if head_v_dim % channels:
+            return (f"head_v_dim: must be a multiple of head_k_dim / 32 = {channels} on "
+                    f"CUDA, got {head_v_dim}")
+        return None
+
+    def as_floats(self, t):
+        return t.to(torch.float32).contiguous()
 
     def empty(self, shape, dtype, device):
         """torch's own memory of the GPU (the CPU under numba's simulator): its allocator

@@ -84,9 +84,10 @@ MAX_STREAMS = 64  # configurations a prepared launch keeps (then it starts again
 
 
 class Prepared:
-    """One kernel launch with its grid and arguments fixed. ``patch``: the index of the
-    argument word that ``launch(stream, value)`` replaces (a new output's address), or
-    None."""
+    """One kernel launch with its grid and arguments fixed. ``patch``: the argument words
+    that ``launch(stream, value)`` replaces, as ((index, delta), ...): word index gets
+    value + delta (a new output's address, and addresses inside it); an int i stands for
+    ((i, 0),); None: none."""
 
     __slots__ = ("function", "grid", "block", "words", "size", "extra", "patch", "configs")
 
@@ -98,7 +99,7 @@ class Prepared:
         self.words = (ctypes.c_int64 * len(args))(*(int(a) for a in args))
         self.size = ctypes.c_size_t(ctypes.sizeof(self.words))
         self.extra = self._extra(self.words)
-        self.patch = patch
+        self.patch = ((patch, 0),) if isinstance(patch, int) else patch
         self.configs = {}  # raw stream handle -> a reference to its LaunchConfig
 
     def _extra(self, words):
@@ -122,7 +123,8 @@ class Prepared:
         extra = self.extra
         if self.patch is not None:
             words = type(self.words).from_buffer_copy(self.words)
-            words[self.patch] = value
+            for index, delta in self.patch:
+                words[index] = value + delta
             extra = self._extra(words)
         code = STATE.driver.cuLaunchKernelEx(config, self.function, None, extra)
         if code:

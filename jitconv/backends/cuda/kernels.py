@@ -41,7 +41,7 @@ from jitconv.backends.cuda.state import STATE  # noqa: E402
 from jitconv.kernels import bit_conversions, planner  # noqa: E402
 from jitconv.kernels.abi import (CONV_ARGS, FLAG_BLOCK_ROWS, FLAG_INITIAL_STATE, FLAG_SEQ_ROWS,  # noqa: E402
                          FLAG_SPEC, FLAG_UNCOVERED, FLAG_CHAIN, FLAG_LINES, FLAG_RING,
-                         FLAG_TREE,
+                         FLAG_TREE, STAGE_ARGS, STAGE_L2NORM_EPS, STAGE_SOFTPLUS_THRESHOLD,
                          SPLIT_PARTS,
                          STORAGE)
 from jitconv.kernels.template import window_value  # noqa: E402
@@ -61,7 +61,7 @@ def pointer_signature(dtype_name, names=ARG_NAMES, fused_plan=None):
         _, ndim, element, _ = arg
         scalar = raw if element == "raw" else from_dtype(np.dtype(element))
         return types.CPointer(scalar) if ndim else scalar
-    by_name = {a[0]: a for a in CONV_ARGS + EXTRA_ARGS}
+    by_name = {a[0]: a for a in CONV_ARGS + EXTRA_ARGS + STAGE_ARGS}
     by_name.update({a: (a, 0, "int64", None) for a in planner.RECORD_ARGS})
     by_name["errors"] = ("errors", 1, "int32", None)
     for a, element in zip(planner.METADATA_ARRAYS, fused_plan or ()):
@@ -228,6 +228,39 @@ def _make_fast_silu(_key):
             cuda.jit(device=True)(lambda a, b: libdevice.fast_fdividef(a, b)))
 
 
+def _lane_sum_warp(value):
+    """The sum of ``value`` over the 32 lanes of the warp, in every lane (a butterfly:
+    each step adds the same two operands in both lanes, so every lane ends with the same
+    bits)."""
+    for step in (16, 8, 4, 2, 1):
+        value += cuda.shfl_xor_sync(0xFFFFFFFF, value, step)
+    return value
+
+
+def _lane_sum_shared(value):
+    """``_lane_sum_warp`` for the simulator, which has no shuffles: through shared
+    memory between two barriers (the simulator launches a stage kernel's thread blocks
+    as one warp, 32 x 1, so the barriers are the warp's)."""
+    sums = cuda.shared.array(32, np.float32)
+    lane = cuda.threadIdx.x % 32
+    cuda.syncthreads()  # the previous sum was read by every lane
+    sums[lane] = value
+    cuda.syncthreads()
+    total = np.float32(0.0)
+    for j in range(32):
+        total += sums[j]
+    return total
+
+
+def stage_functions():
+    """What a stage kernel's source calls besides the conv kernel's (its namespace)."""
+    lane_sum = _lane_sum_shared if _simulating() else _lane_sum_warp
+    return {"lane_sum": cuda.jit(device=True)(lane_sum), "gexp": math.exp,
+            "log1p": math.log1p, "sqrt": math.sqrt,
+            "L2NORM_EPS": np.float32(STAGE_L2NORM_EPS),
+            "SOFTPLUS_THRESHOLD": np.float32(STAGE_SOFTPLUS_THRESHOLD)}
+
+
 def make_conv_kernel(spec):
     """The CUDA conv kernel of a ``source.KernelSpec``: a numba-cuda dispatcher, compiled
     here for ``pointer_signature`` on a GPU (its one overload is launched with device
@@ -261,6 +294,8 @@ def make_conv_kernel(spec):
         from jitconv.backends.cuda.planner import device_functions
         namespace["slot_record"] = device_functions()["slot_record"]
         namespace["RECORD_TYPE"] = np.int32  # the tables' element type: the same arithmetic
+    if spec.stage:
+        namespace.update(stage_functions())
     exec(compile(source, filename, "exec"), namespace)
     if _simulating():  # Python: numpy arrays, no register limit
         return cuda.jit(fastmath=fastmath)(namespace[name])

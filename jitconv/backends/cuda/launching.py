@@ -37,8 +37,8 @@ from jitconv.backends.cuda import driver
 from jitconv.backends.cuda.state import STATE
 from jitconv.backends.cuda.devices import architecture, have_numba_cuda, native_bf16, simulating
 from jitconv.backends.cuda.source import (ARG_NAMES, CALL_ARGS, EXTRA_ARGS, LAYOUT_ARGS,
-                                          STATE_CHUNK_EXTRA, KernelSpec, plan_kind,
-                                          record_args_taken, short_tokens_for)
+                                          STAGE_NAMES, STATE_CHUNK_EXTRA, KernelSpec,
+                                          plan_kind, record_args_taken, short_tokens_for)
 
 _SIXTEEN_BIT = (torch.float16, torch.bfloat16)
 
@@ -222,14 +222,17 @@ def _uniform_decode(plan, short_tokens, tune):
 
 
 def launch(plan, x, weight, bias, conv_state, target, silu, dtype, math=None, key=None,
-           new_output=False, out2=None, split=SPLIT_NONE, spec_slot0=0, windows=None):
+           new_output=False, out2=None, split=SPLIT_NONE, spec_slot0=0, windows=None,
+           stage=None):
     """One run of ``plan`` on checked tensors into ``target`` (StepPlan._launch checked
     them and chose target: channels of x and target contiguous, target apart from x):
     for a device plan its planner, then the conv kernel, on torch's current stream. With
     a ``key`` (``run_key``) the prepared launches are kept for ``run_remembered``;
     ``new_output``: target is a new tensor at every such run. ``split``, ``out2``,
     ``spec_slot0``: split outputs (``backends.Launch``); ``windows``: the intermediate
-    windows (``backends.Launch``)."""
+    windows; ``stage``: the GDN stage's ``StageTensors`` (``backends.Launch``: one warp
+    per q or k head, so head_k_dim / 32 channels per thread, and in the simulator, whose
+    lane sum is a thread block's, thread blocks of 32 x 1)."""
     sim = simulating()
     if not sim and not have_numba_cuda():
         raise RuntimeError("x: a CUDA tensor, but numba-cuda is not installed: "
@@ -245,10 +248,13 @@ def launch(plan, x, weight, bias, conv_state, target, silu, dtype, math=None, ke
     short_tokens = _plan_short_tokens(plan) if short else 0
     tune = tuning.cuda(arch, dtype, kind_of(short_tokens))
     channels = channels_for(dim, tune.channels)
+    if stage is not None:
+        channels = stage.head_k_dim // 32
     if split != SPLIT_PARTS:
         out2 = None
     row_group, group_state = row_group_for(channels, tune, x, target, conv_state, out2)
-    grid, block = launch_shape(dim // channels, plan.num_blocks, tune.threads)
+    threads = 32 if stage is not None and sim else tune.threads
+    grid, block = launch_shape(dim // channels, plan.num_blocks, threads)
     stream = None if sim else driver.current_stream(x.device.index)
 
     # a plan with rules: the rule planner amends the planner's table (no fused kernel)
@@ -280,19 +286,24 @@ def launch(plan, x, weight, bias, conv_state, target, silu, dtype, math=None, ke
             vector_taps=vector_taps_for(weight, tune), block=fixed, compact_args=compact,
             exact_grid=tune.exact_grid,
             uniform_decode=_uniform_decode(plan, short_tokens, tune), fused_plan=record_types,
-            shared_record=tune.shared_record, plan_kind=kind, chains=plan.has_chains)
+            shared_record=tune.shared_record, plan_kind=kind, chains=plan.has_chains,
+            stage=stage is not None)
         names = CALL_ARGS if compact else ARG_NAMES
         if compact:  # the layout's values are in the kernel: pass the per-call ones
             args = tuple(args[i] for i in _call_at())
         if fused:
             args += tuple(record_values[a] for a in record_args_taken(kind))
+        patch_at = ((names.index("out"), 0),)
+        if stage is not None:
+            args += _stage_arguments(stage, sim)
+            patch_at = _stage_patch(stage, names, args, sim)
         launches = [(get_kernel(spec), args, grid, block)]
         if plan.on_device and not fused:
             planning = [_planner_launch(plan, tables, sim)]
             if plan.rules:
                 planning.append(_rules_launch(plan, tables, offsets, sim, windows))
             launches[:0] = planning
-        return launches, names.index("out")
+        return launches, patch_at
 
     if sim:
         for kernel, args, grid_, block_ in kernels_and_args()[0]:
@@ -300,7 +311,7 @@ def launch(plan, x, weight, bias, conv_state, target, silu, dtype, math=None, ke
         return
     from numba import cuda
     with cuda.gpus[x.device.index]:
-        launches, out_at = kernels_and_args()
+        launches, patch_at = kernels_and_args()
         context = driver.address(cuda.current_context().handle)
         # Each dispatcher's one compiled kernel (source.pointer_signature), launched
         # through the driver with its arguments packed once (``driver``): the
@@ -309,10 +320,12 @@ def launch(plan, x, weight, bias, conv_state, target, silu, dtype, math=None, ke
         prepared = []
         for n, (kernel, args, grid_, block_) in enumerate(launches):
             (compiled,) = kernel.overloads.values()
-            patch = out_at if new_output and n == len(launches) - 1 else None
+            patch = patch_at if new_output and n == len(launches) - 1 else None
             prepared.append(driver.Prepared(
                 kernel=compiled._codelibrary.get_cufunc().handle, args=args, grid=grid_,
                 block=block_, patch=patch))
+    if stage is not None:  # the patched words point into the stage's one output
+        target = stage.buffer
     output = (tuple(target.shape), target.dtype, target.device) if new_output else None
     run = Run(tuple(prepared), context, output)
     run.launch(stream, target)
@@ -543,6 +556,61 @@ def _layout(args):
                 return None
             STATE.layouts.add(layout)
     return layout
+
+
+def _stage_patch(stage, names, args, sim):
+    """The words a remembered stage run patches (``driver.Prepared``): out, out2 and the
+    gates all point into ``stage.buffer`` (one new tensor per run), at their offsets
+    from its start."""
+    if sim:
+        return None
+    base = stage.buffer.data_ptr()
+    at = [names.index("out"), names.index("out2"),
+          len(args) - len(STAGE_NAMES) + STAGE_NAMES.index("gates")]
+    return tuple((i, int(args[i]) - base) for i in at)
+
+
+def stage_key(args, stage_args, activation, math):
+    """``run_key`` of a stage run: the conv's tensors', then a, b, A_log and dt_bias's
+    layouts and the head dims and flags (``stage_args``: (a, b, A_log, dt_bias, heads,
+    use_l2norm, exp_g)). None: not a run to remember (as ``run_key``'s, or A_log or
+    dt_bias is not contiguous float32: the launch reads a converted copy then)."""
+    key = run_key(args, activation, math, SPLIT_PARTS)
+    a, b, A_log, dt_bias, heads, l2norm, exp_g = stage_args
+    if key is None or not all(isinstance(t, torch.Tensor) and t.dtype == torch.float32
+                              and t.is_contiguous() for t in (A_log, dt_bias)):
+        return None
+    try:
+        key += tuple((t.data_ptr(), t.shape, t.stride(), t.dtype, t.get_device())
+                     for t in (a, b, A_log, dt_bias)) + (heads, l2norm, exp_g)
+        if not key[5]:  # outside inference mode: the flags the checks read
+            key += (_flags(a), _flags(b))
+        return key
+    except AttributeError:  # not a tensor: the checks will say so
+        return None
+
+
+def stage_remembered(plan, args, stage_args, activation, math):
+    """(the stage's output buffer, key) of the stage run kept for these arguments
+    (launched now), or (None, key) when none is kept (key None: never to be kept)."""
+    key = stage_key(args, stage_args, activation, math)
+    if key is None:
+        return None, None
+    run = _plan_state(plan).get("runs", _NO_RUNS).get(key)
+    if run is None:
+        return None, key
+    return run(None, key[STREAM_AT]), key  # these tensors passed this geometry's checks
+
+
+def _stage_arguments(stage, sim):
+    """A stage kernel's last arguments (``kernels.abi.STAGE_ARGS``)."""
+    a, b, alog, dtb, gates = (_as_kernel_arg(t, sim) for t in (
+        stage.a, stage.b, stage.A_log, stage.dt_bias, stage.gates))
+    rows_ns, rows_sp = stage.part_rows
+    nhv = stage.vdim // stage.head_v_dim
+    return (a, 0, stage.a.stride(0), b, 0, stage.b.stride(0), alog, 0, dtb, 0,
+            gates, 0, 2 * rows_ns * nhv, rows_ns, rows_sp, stage.qk, stage.head_k_dim,
+            stage.vdim, stage.head_v_dim, int(stage.l2norm), int(stage.exp_g))
 
 
 def _arguments(tables, offsets, plan, x, weight, bias, conv_state, target, silu, dim, sim,

@@ -7,7 +7,7 @@ thread blocks needs; the layout compiled in as constants), as text. No numba imp
 import dataclasses
 from typing import Optional
 
-from jitconv.kernels.abi import CONV_ARGS, SUPPORTED_WIDTHS, TABLES
+from jitconv.kernels.abi import CONV_ARGS, STAGE_ARGS, SUPPORTED_WIDTHS, TABLES
 from jitconv.kernels.planner import RECORD_ARGS
 from jitconv.kernels.template import Backend, kernel_source
 
@@ -33,7 +33,8 @@ def cuda_index(block=None, exact=False):
 CUDA = Backend(name="cuda", index_arg="", extra_args=", dim, num_blocks", index=cuda_index(),
                early_record=True, reuse_state_loads=True, split_window=True,
                shared_array="cuda.shared.array({n}, RECORD_TYPE)",
-               first_in_group="cuda.threadIdx.x == 0", barrier="cuda.syncthreads()")
+               first_in_group="cuda.threadIdx.x == 0", barrier="cuda.syncthreads()",
+               lane_sum="lane_sum")
 EXTRA_ARGS = (("dim", 0, "int64", None), ("num_blocks", 0, "int64", None))
 # New-state values read from x per round of loads: width - 1 + this (the template's
 # state_chunk). With one more than the window's width - 1, a spec sequence of 1 + 3
@@ -53,6 +54,7 @@ LAYOUT_ARGS = tuple(a[0] for a in CONV_ARGS + EXTRA_ARGS
 
 
 ARG_NAMES = tuple(a[0] for a in CONV_ARGS + EXTRA_ARGS)
+STAGE_NAMES = tuple(a[0] for a in STAGE_ARGS)  # a stage kernel's last arguments
 # What a kernel with a compiled-in layout takes: the per-call arguments only.
 CALL_ARGS = tuple(name for name in ARG_NAMES if name not in LAYOUT_ARGS)
 
@@ -124,8 +126,10 @@ class KernelSpec:
     ``plan_kind``: those of its RECORD_ARGS compiled in as constants (``plan_kind()``), the
     kernel then taking the others; ``chains``: the template's chain piece (parent maps,
     intermediate windows), only in kernels of plans that have them, so that every other
-    launch runs the kernel it ran before the piece existed. Values without effect are
-    normalized, so that one kernel has one spec."""
+    launch runs the kernel it ran before the piece existed; ``stage``: the GDN conv
+    stage's kernel (the template's ``stage``: ``abi.STAGE_ARGS`` follow the others; a
+    warp's 32 lanes are one q or k head, so channels = head_k_dim / 32). Values without
+    effect are normalized, so that one kernel has one spec."""
     width: int
     dtype_name: str
     channels: int = 1
@@ -148,6 +152,7 @@ class KernelSpec:
     shared_record: bool = False
     plan_kind: Optional[tuple] = None
     chains: bool = False
+    stage: bool = False
 
     def __post_init__(self):
         normal = {"native_bf16": self.native_bf16 and self.dtype_name == "bfloat16",
@@ -195,7 +200,7 @@ def name_and_source(spec):
             f"{f'_fp{hash(fused_plan) % 10 ** 6}' if fused_plan else ''}"
             f"{'_sr' if spec.shared_record else ''}"
             f"{f'_pk{hash(plan_kind) % 10 ** 6}' if plan_kind else ''}"
-            f"{'_ch' if spec.chains else ''}")
+            f"{'_ch' if spec.chains else ''}{'_gdn' if spec.stage else ''}")
     backend = dataclasses.replace(CUDA, index=cuda_index(block, exact)) if block else CUDA
     # Bound at the body's top: the layout's values (kept as renamed parameters without
     # compact_args), then the plan kind's.
@@ -210,6 +215,7 @@ def name_and_source(spec):
                            vector_taps=spec.vector_taps, uniform_decode=spec.uniform_decode,
                            record_args=RECORD_ARGS if fused_plan else None,
                            shared_record=bool(fused_plan) and spec.shared_record,
-                           constants=constants, chains=spec.chains)
+                           constants=constants, chains=spec.chains, stage=spec.stage)
     names = CALL_ARGS if layout is not None and spec.compact_args else ARG_NAMES
-    return name, source, names + (record_args_taken(plan_kind) if fused_plan else ())
+    names += record_args_taken(plan_kind) if fused_plan else ()
+    return name, source, names + (STAGE_NAMES if spec.stage else ())

@@ -24,6 +24,15 @@ from jitconv.kernels.abi import SPLIT_NONE, SPLIT_PARTS, fast_silu
 from jitconv.memory.arrays import UsmArray, is_device_array
 
 
+def _stage_tensors(stage):
+    """The stage's tensors as ``launch``'s (name, tensor, writable, written) entries."""
+    if stage is None:
+        return ()
+    return (("ga", stage.a, False, None), ("gb", stage.b, False, None),
+            ("alog", stage.A_log, False, None), ("dtb", stage.dt_bias, False, None),
+            ("gates", stage.gates, True, None))
+
+
 class SyclBackend:
     name = "sycl"
     state = STATE  # everything the backend keeps between calls (``sycl.state``)
@@ -78,7 +87,7 @@ class SyclBackend:
                 ("out2", launch.out2, True, None),
                 ("win", launch.windows, True,
                  None if launch.windows is None or plan.window_rows is None
-                 else plan.window_rows.tolist())):
+                 else plan.window_rows.tolist())) + _stage_tensors(launch.stage):
             if t is None:  # a split part without tokens: x stands in (see Launch)
                 continue
             views[name], wb = bridge.to_device(t, name, writable, queue, written)
@@ -116,6 +125,15 @@ class SyclBackend:
             after, wait = None, wait or copies  # copied metadata lives until the wait
         else:
             table_args, after = tables.for_run(plan, queue, views.get("win"))
+        if launch.stage is not None:  # (never remembered: a new output every run)
+            launching.submit_stage(
+                queue, plan.geometry.width, launch.dtype, views, table_args,
+                plan.num_blocks, dim, launch.stage, has_bias=bias is not None,
+                silu=launch.silu, fast=fast, wait=wait, after=after,
+                spec_slot0=launch.spec_slot0, chains=plan.has_chains)
+            for wb in write_backs:
+                wb()
+            return
         kernel, values, grid = launching.submit_conv(
             queue, plan.geometry.width, launch.dtype, views, table_args, plan.num_blocks,
             dim, has_bias=bias is not None, silu=launch.silu, fast=fast, wait=wait,
@@ -144,6 +162,19 @@ class SyclBackend:
 
     def empty_output(self, x, shape, dtype):
         return bridge.empty_like_output(x, shape, dtype)
+
+    def remembered_stage(self, plan, args, stage_args, activation, math):
+        return None, None  # stage runs are not remembered on SYCL devices (yet)
+
+    def stage_refusal(self, head_k_dim, head_v_dim):
+        # one work-group per head: at most 256 work-items (every SYCL GPU's limit is
+        # higher), one channel each at worst
+        if head_k_dim > 256:
+            return f"head_k_dim: at most 256 on SYCL devices, got {head_k_dim}"
+        return None
+
+    def as_floats(self, t):
+        return t.to(torch.float32).contiguous()
 
     def empty(self, shape, dtype, device):
         return usm.empty(shape, dtype, device)

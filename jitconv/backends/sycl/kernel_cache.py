@@ -43,7 +43,8 @@ from pathlib import Path
 from jitconv.version import __version__
 from jitconv.backends.sycl.source import name_and_source
 from jitconv.backends.sycl.state import STATE
-from jitconv.kernels.abi import CONV_ARGS, STORAGE, SUPPORTED_WIDTHS, WIDE_CHANNELS, fast_silu
+from jitconv.kernels.abi import (CONV_ARGS, STAGE_ARGS, STORAGE, SUPPORTED_WIDTHS,
+                                 WIDE_CHANNELS, fast_silu)
 from jitconv.kernels.planner import (METADATA_ARRAYS, PLAN_ARGS, RECORD_ARGS, RULE_ARGS,
                                      RULE_ARRAYS)
 
@@ -91,6 +92,8 @@ def shipped_files():
     keys = [key(*spec) for spec in specializations()]
     keys += [key(*spec) for spec in fused_specializations()]
     keys += [key(w, d, wide, fast, None, True) for w, d, wide, fast in chain_specializations()]
+    keys += [key(w, d, wide, fast, None, False, True)
+             for w, d, wide, fast in stage_specializations()]
     keys += [planner_key(types, kind) for kind in ("planner", "rules")
              for types in planner_specializations(kind)]
     return sorted(f"{k}{suffix}" for k in keys for suffix in (".json", ".spv"))
@@ -116,12 +119,15 @@ def compiler_versions():
     return {"numba-dpex": _dist_version("numba-dpex"), "numba": _dist_version("numba")}
 
 
-def _abi(record_types=None):
+def _abi(record_types=None, stage=False):
     """The argument layout an entry's SPIR-V expects: ``CONV_ARGS``, and a fused kernel's
-    record arguments with its metadata's element types."""
+    record arguments with its metadata's element types, or a stage kernel's
+    ``STAGE_ARGS``."""
     abi = [list(a) for a in CONV_ARGS]
     if record_types is not None:
         abi.append([list(RECORD_ARGS), list(record_types)])
+    if stage:
+        abi.append([list(a) for a in STAGE_ARGS])
     return abi
 
 
@@ -160,20 +166,22 @@ def _tree_text(node):
     return repr(node)
 
 
-def key(width, dtype_name, wide=False, fast=None, record_types=None, chains=False):
+def key(width, dtype_name, wide=False, fast=None, record_types=None, chains=False,
+        stage=False):
     """Hash of everything that changes the SPIR-V (see the module docstring). ``fast``:
     silu's fast math or not (None: the dtype's default, ``abi.fast_silu``);
     ``record_types``: the fused kernel for device plans with metadata of those element
     types (its code then also comes from PLANNER_FILES); ``chains``: the kernel with the
-    chain piece (parent maps, windows)."""
+    chain piece (parent maps, windows); ``stage``: the GDN stage's kernel."""
     fast = fast_silu(dtype_name) if fast is None else fast
     fused = record_types is not None
-    name, source = name_and_source(width, dtype_name, fast, wide, fused, chains)
+    name, source = name_and_source(width, dtype_name, fast, wide, fused, chains, stage)
     code = _code_fingerprint() + (_code_fingerprint(PLANNER_FILES) if fused else "")
-    h = hashlib.sha256(json.dumps([FORMAT, __version__, _abi(record_types), name, source,
-                                   code]).encode())
+    h = hashlib.sha256(json.dumps([FORMAT, __version__, _abi(record_types, stage), name,
+                                   source, code]).encode())
     kind = f"_fused_{record_types[1]}_{record_types[2]}" if fused else ""
     kind += "_chains" if chains and not fused else ""
+    kind += "_gdn" if stage else ""
     return f"conv_w{width}_{dtype_name}{'_wide' if wide else ''}{kind}_{h.hexdigest()[:20]}"
 
 
@@ -230,6 +238,19 @@ def chain_specializations():
     return [s for s in specializations() if s[0] in CHAIN_WIDTHS]
 
 
+# The GDN stage's kernels shipped (``jitconv.gdn_conv_stage``), by width: the GDN layers'.
+# Without the chain piece (a stage of steps with parent maps compiles where numba-dpex is
+# installed).
+STAGE_WIDTHS = (4,)
+
+
+def stage_specializations():
+    """(width, dtype, wide, fast) of the GDN stage kernels the package ships: each width of
+    STAGE_WIDTHS and dtype, one-channel and wide, silu's default math."""
+    return [s for s in specializations()
+            if s[0] in STAGE_WIDTHS and s[3] == fast_silu(s[1])]
+
+
 def fused_specializations():
     """(width, dtype, wide, fast, record types) of the fused kernels the package ships:
     each width of FUSED_WIDTHS and dtype, one-channel and wide, silu's default math, for
@@ -239,11 +260,12 @@ def fused_specializations():
             for types in planner_specializations()]
 
 
-def load(width, dtype_name, wide=False, fast=None, record_types=None, chains=False):
+def load(width, dtype_name, wide=False, fast=None, record_types=None, chains=False,
+         stage=False):
     """(spirv bytes, kernel name, path) of a valid entry, or None. Stale entries are
     recorded in the backend state's ``rejected`` and ignored."""
-    return _load(key(width, dtype_name, wide, fast, record_types, chains),
-                 _abi(record_types))
+    return _load(key(width, dtype_name, wide, fast, record_types, chains, stage),
+                 _abi(record_types, stage))
 
 
 def load_planner(element_types, kind="planner"):
@@ -284,17 +306,19 @@ def _load(k, abi):
 
 
 def store(width, dtype_name, spirv, kernel_name, directory=None, wide=False, fast=None,
-          record_types=None, chains=False):
+          record_types=None, chains=False, stage=False):
     """Write an entry atomically (a concurrent reader sees the old state or the new one,
     never half a file). Returns the path of the SPIR-V file."""
     fast = fast_silu(dtype_name) if fast is None else fast
     meta = {"width": width, "dtype": dtype_name, "wide": wide, "fast": fast,
-            "abi": _abi(record_types)}
+            "abi": _abi(record_types, stage)}
     if record_types is not None:
         meta["record_types"] = list(record_types)
     if chains:
         meta["chains"] = True
-    return _store(key(width, dtype_name, wide, fast, record_types, chains), meta, spirv,
+    if stage:
+        meta["stage"] = True
+    return _store(key(width, dtype_name, wide, fast, record_types, chains, stage), meta, spirv,
                   kernel_name, directory)
 
 

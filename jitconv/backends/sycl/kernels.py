@@ -27,11 +27,13 @@ from numba.core import cgutils
 from numba.core.extending import intrinsic
 
 import numba_dpex as dpex
+from numba_dpex.kernel_api import MemoryScope, group_barrier
 
 from jitconv.kernels import bit_conversions, planner
 from jitconv.kernels.abi import (FLAG_BLOCK_ROWS, FLAG_CHAIN, FLAG_INITIAL_STATE, FLAG_SEQ_ROWS,
                                  FLAG_LINES, FLAG_RING, FLAG_SPEC, FLAG_TREE,
-                                 FLAG_UNCOVERED, SPLIT_PARTS, STORAGE, WIDE_CHANNELS,
+                                 FLAG_UNCOVERED, SPLIT_PARTS, STAGE_L2NORM_EPS,
+                                 STAGE_SOFTPLUS_THRESHOLD, STORAGE, WIDE_CHANNELS,
                                  fast_silu)
 from jitconv.kernels.template import window_value
 from jitconv.backends.sycl.source import name_and_source
@@ -220,7 +222,7 @@ def planner_functions():
 
 
 def make_conv_kernel(width, dtype_name, fast=None, wide=False, fused=False, chains=False,
-                     **backend_options):
+                     stage=False, **backend_options):
     """Build the mixed-batch causal-conv1d kernel for one (width, dtype) specialization;
     ``fast``: the fast silu (silu's exp is OpenCL's native_exp instead of math.exp);
     None: the dtype's default (``abi.fast_silu``); ``wide``: the wide kernel
@@ -231,11 +233,12 @@ def make_conv_kernel(width, dtype_name, fast=None, wide=False, fused=False, chai
     The width shapes the source (scalar registers for the window and the taps); the
     storage conversions are globals of the generated function, so numba treats them as
     compile-time constants. Returns a numba-dpex kernel with the argument list
-    ``kernels.abi.CONV_ARGS`` (then ``planner.RECORD_ARGS`` when ``fused``).
+    ``kernels.abi.CONV_ARGS`` (then ``planner.RECORD_ARGS`` when ``fused``, or
+    ``abi.STAGE_ARGS`` with ``stage``: the GDN stage's nd-range kernel).
     """
     if fast is None:
         fast = fast_silu(dtype_name)
-    name, source = name_and_source(width, dtype_name, fast, wide, fused, chains,
+    name, source = name_and_source(width, dtype_name, fast, wide, fused, chains, stage,
                                    **backend_options)
     variant = "".join(f" {key}={value}" for key, value in sorted(backend_options.items()))
     filename = f"<jitconv kernel {name}{variant}>"
@@ -256,5 +259,10 @@ def make_conv_kernel(width, dtype_name, fast=None, wide=False, fused=False, chai
     }
     if fused:
         namespace["slot_record"] = planner_functions()["slot_record"]
+    if stage:
+        namespace.update(gexp=math.exp, log1p=math.log1p, sqrt=math.sqrt,
+                         L2NORM_EPS=np.float32(STAGE_L2NORM_EPS),
+                         SOFTPLUS_THRESHOLD=np.float32(STAGE_SOFTPLUS_THRESHOLD),
+                         group_barrier=group_barrier, MemoryScope=MemoryScope)
     exec(compile(source, filename, "exec"), namespace)
     return dpex.kernel(namespace[name])

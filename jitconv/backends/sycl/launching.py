@@ -26,8 +26,8 @@ import numpy as np
 
 from jitconv.backends.sycl import device_check
 from jitconv.backends.sycl import kernel_cache
-from jitconv.kernels.abi import (CONV_ARGS, SPLIT_NONE, SPLIT_PARTS, STORAGE, TABLES,
-                                 WIDE_CHANNELS, fast_silu, rows_aligned)
+from jitconv.kernels.abi import (CONV_ARGS, SPLIT_NONE, SPLIT_PARTS, STAGE_ARGS, STORAGE,
+                                 TABLES, WIDE_CHANNELS, fast_silu, rows_aligned)
 from jitconv.kernels.planner import METADATA_ARRAYS, RECORD_ARGS
 from jitconv.backends.sycl import devices
 from jitconv.backends.sycl.state import STATE
@@ -67,18 +67,19 @@ def planner_types(names, element_types, queue, arrays=METADATA_ARRAYS):
             if n in elements else types.int64 for n in names]
 
 
-def _signature(width, dtype_name, queue, record_types=None):
+def _signature(width, dtype_name, queue, record_types=None, stage=False):
     """The conv kernel's signature (``kernels.abi.CONV_ARGS``), then for a fused kernel
-    the record's arguments (``planner.RECORD_ARGS``) with metadata of ``record_types``."""
+    the record's arguments (``planner.RECORD_ARGS``) with metadata of ``record_types``,
+    or a stage kernel's ``abi.STAGE_ARGS`` (its index an nd-item)."""
     from numba import types
     from numba_dpex.core.types import DpctlSyclQueue, USMNdArray
-    from numba_dpex.core.types.kernel_api.index_space_ids import ItemType
+    from numba_dpex.core.types.kernel_api.index_space_ids import ItemType, NdItemType
 
     ntype = {"raw": getattr(types, np.dtype(STORAGE[dtype_name]).name),
-             "int32": types.int32, "int64": types.int64}
+             "int32": types.int32, "int64": types.int64, "float32": types.float32}
     qtype = DpctlSyclQueue(queue)
-    args = [ItemType(2)]
-    for _name, ndim, elem, layout in CONV_ARGS:
+    args = [NdItemType(2) if stage else ItemType(2)]
+    for _name, ndim, elem, layout in CONV_ARGS + (STAGE_ARGS if stage else ()):
         if ndim == 0:
             args.append(ntype[elem])
         else:
@@ -89,7 +90,7 @@ def _signature(width, dtype_name, queue, record_types=None):
 
 
 def compile_spirv(width, dtype_name, queue, wide=False, fast=None, record_types=None,
-                  chains=False):
+                  chains=False, stage=False):
     """SPIR-V bytes and kernel name of one specialization, compiled by numba-dpex
     (``record_types``: the fused kernel for device plans with metadata of those element
     types, ``planner.METADATA_ARRAYS`` order; None: the kernel that reads the tables)."""
@@ -100,10 +101,11 @@ def compile_spirv(width, dtype_name, queue, wide=False, fast=None, record_types=
     queue = devices.compile_queue(queue)
     prepare_numba_dpex(queue)
     dispatcher = make_conv_kernel(width, dtype_name, fast, wide=wide,
-                                  fused=record_types is not None, chains=chains)
+                                  fused=record_types is not None, chains=chains,
+                                  stage=stage)
     with target_override("dpex"):
         result = dispatcher.get_compile_result(_signature(width, dtype_name, queue,
-                                                          record_types))
+                                                          record_types, stage))
     STATE.stats["compiled"] += 1
     module = result.kernel_device_ir_module
     return module.kernel_bitcode, module.kernel_name
@@ -125,10 +127,11 @@ def program(queue, spirv, name):
     return kernel
 
 
-def _build(width, dtype_name, queue, wide, fast=None, record_types=None, chains=False):
+def _build(width, dtype_name, queue, wide, fast=None, record_types=None, chains=False,
+           stage=False):
     """Disk cache first (no numba-dpex import at all), else compile and store. Returns
     (kernel, its SPIR-V)."""
-    entry = kernel_cache.load(width, dtype_name, wide, fast, record_types, chains)
+    entry = kernel_cache.load(width, dtype_name, wide, fast, record_types, chains, stage)
     if entry is not None:
         spirv, name, path = entry
         try:
@@ -144,28 +147,31 @@ def _build(width, dtype_name, queue, wide, fast=None, record_types=None, chains=
             f"no usable prebuilt kernel for width={width}, dtype={dtype_name}"
             f"{' (wide)' if wide else ''}"
             f"{f' (fused, metadata {record_types})' if record_types else ''}"
-            f"{' (with the chain piece: parent maps or windows)' if chains else ''} in "
+            f"{' (with the chain piece: parent maps or windows)' if chains else ''}"
+            f"{' (the GDN stage)' if stage else ''} in "
             f"{[str(d) for d in kernel_cache.search_dirs()]} and numba-dpex is not "
             f"installed to compile one; run `python -m jitconv build-kernels` where "
             f"numba-dpex is installed and point JITCONV_CACHE_DIR at the result"
             + (f" (ignored: {STATE.rejected})" if STATE.rejected else ""))
     return compile_and_store(width, dtype_name, queue, required=False, wide=wide,
                              with_spirv=True, fast=fast, record_types=record_types,
-                             chains=chains)
+                             chains=chains, stage=stage)
 
 
 def compile_and_store(width, dtype_name, queue, directory=None, required=True, wide=False,
-                      with_spirv=False, fast=None, record_types=None, chains=False):
+                      with_spirv=False, fast=None, record_types=None, chains=False,
+                      stage=False):
     """Compile with numba-dpex, build (only what builds is stored), store the SPIR-V.
     Returns (kernel, path of the stored SPIR-V), or (kernel, SPIR-V bytes) ``with_spirv``.
     With ``required=False`` a cache that cannot be written (read-only, no home directory)
     costs a warning, once per directory, and the kernel is still returned (path None):
     compiled once, not cached."""
-    spirv, name = compile_spirv(width, dtype_name, queue, wide, fast, record_types, chains)
+    spirv, name = compile_spirv(width, dtype_name, queue, wide, fast, record_types, chains,
+                                stage)
     kernel = program(queue, spirv, name)
     try:
         path = kernel_cache.store(width, dtype_name, spirv, name, directory, wide, fast,
-                                  record_types, chains)
+                                  record_types, chains, stage)
         return kernel, spirv if with_spirv else path
     except OSError as exc:
         if required:
@@ -182,17 +188,18 @@ def compile_and_store(width, dtype_name, queue, directory=None, required=True, w
 
 
 def get_conv_kernel(width, dtype_name, queue, wide=False, fast=None, record_types=None,
-                    chains=False):
+                    chains=False, stage=False):
     """The built SYCL kernel for (the queue's device and context, width, dtype, wide or
     not, silu's math: ``fast``, None for the dtype's default; ``record_types``: the fused
     kernel for device plans with metadata of those element types; ``chains``: the kernel
-    with the chain piece, for plans with parent maps or windows): from this process's
+    with the chain piece, for plans with parent maps or windows; ``stage``: the GDN
+    stage's nd-range kernel): from this process's
     table, the disk cache, or a fresh numba-dpex compile, in that order. A program belongs
     to one context: a queue of another context (torch's, a user's) gets its own build of
     the same SPIR-V."""
     fast = fast_silu(dtype_name) if fast is None else fast
     key = (devices.name_of(queue.sycl_device), queue.sycl_context, width, dtype_name, wide,
-           fast, chains, record_types)
+           fast, chains, record_types, stage)
     kernel = STATE.kernels.get(key)
     if kernel is None:
         with STATE.kernels_lock:
@@ -202,12 +209,15 @@ def get_conv_kernel(width, dtype_name, queue, wide=False, fast=None, record_type
                 if refused is not None:
                     raise refused
                 kernel, spirv = _build(width, dtype_name, queue, wide, fast, record_types,
-                                       chains)
+                                       chains, stage)
                 # Before its first launch: a kernel that fails is never kept or launched.
-                device_check.verify(queue, width, dtype_name, wide, spirv,
-                                    _known_answer_launch(kernel, queue, dtype_name, wide,
-                                                         record_types),
-                                    fast=fast, record_types=record_types, chains=chains)
+                # (The stage kernel's check is the conv kernel's of the same device, which
+                # the stage's launch builds first: ``submit_stage``.)
+                if not stage:
+                    device_check.verify(
+                        queue, width, dtype_name, wide, spirv,
+                        _known_answer_launch(kernel, queue, dtype_name, wide, record_types),
+                        fast=fast, record_types=record_types, chains=chains)
                 STATE.kernels[key] = kernel
     return kernel
 
@@ -452,20 +462,61 @@ def set_out(values, address, shape):
         values[first:first + len(packed)] = packed
 
 
-def submit_packed(kernel, queue, values, grid, wait, after=None):
+def submit_packed(kernel, queue, values, grid, wait, after=None, local=None, pointers=None):
     """Submit the conv kernel with packed parameters (from ``_pack``: USM memory objects
     or, on the C path, plain addresses where a pointer goes) over ``grid``; ``after``:
-    an event of ``submit_planner`` that the kernel must wait for (consumed)."""
+    an event of ``submit_planner`` that the kernel must wait for (consumed); ``local``,
+    ``pointers``: a stage kernel's work-group shape and pointer layout
+    (``submit_stage``)."""
     if device_check.refused_any():  # a device failed its check: launch nothing there
         refused = device_check.refusal(devices.name_of(queue.sycl_device))
         if refused is not None:
             raise refused
     sink = getattr(STATE.recording, "events", None)
     event = _submit(kernel, queue, values, grid, wait, keep_event=sink is not None,
-                    after=after)
+                    after=after, local=local, pointers=pointers)
     if sink is not None:
         sink.append(event)
     STATE.stats["submitted"] += 1
+
+
+# A stage kernel's parameters after the conv kernel's (``abi.STAGE_ARGS``): which are USM
+# pointers.
+STAGE_POINTERS = tuple(p for _name, ndim, _e, _l in STAGE_ARGS
+                       for p in ([i == _ARRAY_POINTER for i in range(5)] if ndim else (False,)))
+
+
+def submit_stage(queue, width, dtype_name, views, tables, num_blocks, dim, stage, *,
+                 has_bias, silu, fast=None, wait=True, after=None, spec_slot0=0,
+                 chains=False):
+    """The GDN stage's launch (``backends.StageTensors``; views as ``submit_conv``'s with
+    split outputs, and "ga", "gb", "alog", "dtb", "gates"): one work-group per head and
+    token block, head_k_dim / C work-items (C: the wide kernel's channels where it fits
+    and divides both head dims, else 1), the channel range rounded up to whole
+    work-groups (the kernel's guard). The conv kernel of the same specialization is
+    built first: its device check (``device_check.verify``) vouches for the device's
+    compiler before the stage kernel runs there."""
+    group = WIDE_CHANNELS.get(dtype_name, 1)
+    wide = wide_fits(views, dim, dtype_name) and stage.head_k_dim % group == 0 and \
+        stage.head_v_dim % group == 0
+    channels = group if wide else 1
+    get_conv_kernel(width, dtype_name, queue, wide, fast, chains=chains)
+    kernel = get_conv_kernel(width, dtype_name, queue, wide, fast, chains=chains, stage=True)
+    values = _pack(views, tables, has_bias, silu, SPLIT_PARTS, spec_slot0)
+    ga, gb, gates = views["ga"], views["gb"], views["gates"]
+    rows_ns, rows_sp = stage.part_rows
+    nhv = stage.vdim // stage.head_v_dim
+    values += array_args(ga, ga.offset, ga.strides[0])
+    values += array_args(gb, gb.offset, gb.strides[0])
+    values += array_args(views["alog"], views["alog"].offset)
+    values += array_args(views["dtb"], views["dtb"].offset)
+    values += array_args(gates, gates.offset, gates.offset + 2 * rows_ns * nhv)
+    values += [rows_ns, rows_sp, stage.qk, stage.head_k_dim, stage.vdim, stage.head_v_dim,
+               int(stage.l2norm), int(stage.exp_g)]
+    lanes = stage.head_k_dim // channels
+    grid = (int(num_blocks), -(-(int(dim) // channels) // lanes) * lanes)
+    submit_packed(kernel, queue, values, grid, wait, after, local=(1, lanes),
+                  pointers=_POINTERS + STAGE_POINTERS)
 
 
 def submit_planner(kernel, queue, values, pointers, slots, depend, wait=False):
@@ -481,16 +532,19 @@ def submit_planner(kernel, queue, values, pointers, slots, depend, wait=False):
     return event if depend else None
 
 
-def _submit(kernel, queue, values, grid, wait, keep_event=False, after=None):
-    pointers = pointers_of(len(values))
+def _submit(kernel, queue, values, grid, wait, keep_event=False, after=None, local=None,
+            pointers=None):
+    """``local``: the work-group's shape (an nd-range launch), else None (a range)."""
+    pointers = pointers or pointers_of(len(values))
     if _c_submit is not None:
         return _c_submit(kernel, queue, values, pointers, grid, wait, keep_event=keep_event,
-                         after=after)
+                         after=after, local=local)
     args = [v if p else ctypes.c_int64(v) for v, p in zip(values, pointers)]
+    ranges = [list(grid)] + ([list(local)] if local is not None else [])
     if after is not None:
-        event = queue.submit(kernel, args, list(grid), dEvents=[after])
+        event = queue.submit(kernel, args, *ranges, dEvents=[after])
     else:
-        event = queue.submit(kernel, args, list(grid))
+        event = queue.submit(kernel, args, *ranges)
     if wait:
         event.wait()
     return event
@@ -523,6 +577,13 @@ class _CSubmit:
         self.submit.argtypes = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
                                 ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p,
                                 ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t)
+        # the same with a work-group shape (global range, local range, dimensions)
+        self.submit_nd = lib.DPCTLQueue_SubmitNDRange
+        self.submit_nd.restype = ctypes.c_void_p
+        self.submit_nd.argtypes = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                                   ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p,
+                                   ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p,
+                                   ctypes.c_size_t)
         self.wait, self.delete = lib.DPCTLEvent_Wait, lib.DPCTLEvent_Delete
         for f in (self.wait, self.delete):
             f.restype, f.argtypes = None, (ctypes.c_void_p,)
@@ -549,9 +610,11 @@ class _CSubmit:
         return found
 
     def __call__(self, kernel, queue, values, pointers, grid, wait, keep_event=False,
-                 handle=False, after=None):
+                 handle=False, after=None, local=None):
         """Submit; returns a dpctl.SyclEvent with ``keep_event``, the raw event handle
-        with ``handle`` (for a later call's ``after``, which deletes it), else None."""
+        with ``handle`` (for a later call's ``after``, which deletes it), else None.
+        ``local``: the work-group's shape (an nd-range launch; rare: its range array is
+        made per call), else None."""
         buf, args, types, rng, layout, where = self._slots(pointers)
         for i in where:
             if values[i].__class__ is not int:  # memory objects: their addresses
@@ -564,8 +627,13 @@ class _CSubmit:
         deps, n_deps = None, 0
         if after is not None:
             deps, n_deps = (ctypes.c_void_p * 1)(after), 1
-        event = self.submit(kernel.addressof_ref(), queue.addressof_ref(), args, types,
-                            len(pointers), rng, len(grid), deps, n_deps)
+        if local is None:
+            event = self.submit(kernel.addressof_ref(), queue.addressof_ref(), args, types,
+                                len(pointers), rng, len(grid), deps, n_deps)
+        else:
+            event = self.submit_nd(kernel.addressof_ref(), queue.addressof_ref(), args,
+                                   types, len(pointers), rng,
+                                   (ctypes.c_size_t * 3)(*local), len(grid), deps, n_deps)
         if after is not None:
             self.delete(after)
         if not event:

@@ -1,0 +1,250 @@
+"""The GDN conv stage (``jitconv.gdn_conv_stage``, SEMANTICS.md "The GDN conv stage"):
+one launch against ``reference.gdn_conv_stage_reference``, on the device under test.
+
+Where it runs: on a SYCL device (CI: opencl:cpu, the nd-range kernel whose work-groups
+normalise after a barrier), on an NVIDIA GPU (numba-cuda: a warp per head, l2norm by
+shuffles), and in CI under numba's CUDA simulator (tests/test_cuda_simulator.py). The
+simulator has no warp shuffles: its lane sum goes through shared memory
+(``backends/cuda/kernels._lane_sum_shared``), so the shuffle itself is checked on a GPU
+only. Small head dims on the CPU devices (head_k_dim 32: one channel per CUDA thread),
+Qwen3-Next's on a GPU.
+"""
+
+import pytest
+import torch
+
+import jitconv
+from jitconv.backends.cuda import devices as cuda_devices
+from jitconv.backends.cuda.backend import CudaBackend
+from jitconv.backends.sycl.backend import SyclBackend
+from jitconv.reference import gdn_conv_stage_reference
+from jitconv.testing.steps import DATA_KEYS, mixed_step
+
+from helpers import (DTYPES, POISON, assert_outputs_close, assert_state_exact,
+                     bits, randn)
+
+SIM = cuda_devices.simulating()
+GPU = bool(cuda_devices.devices()) and not SIM
+# (num_k_heads, head_k_dim, num_v_heads, head_v_dim): the smallest on the CPU devices, and
+# on a GPU Qwen3-Next's head dims with GQA (2 v heads per k head).
+HEADS = (2, 128, 4, 128) if GPU else (1, 32, 2, 32)
+FIELDS = ("q", "k", "v", "g", "beta")
+# g and beta are float32 from float32 math: tight against float64
+GATE_TOLERANCE = dict(rtol=2e-5, atol=2e-6)
+
+
+@pytest.fixture
+def device(sycl_device):
+    """The device under test (a SYCL device, a CUDA GPU or the simulator), current."""
+    return jitconv.set_device(sycl_device)
+
+
+@pytest.fixture
+def poisoned_outputs(monkeypatch):
+    """The stage's one output (q, k, v and the gates of both parts) starts as NaN, so a
+    row or gate it does not write fails the comparison."""
+    for backend in (CudaBackend, SyclBackend):
+        def poisoned(self, *args, empty_output=backend.empty_output):
+            return empty_output(self, *args).fill_(POISON)
+        monkeypatch.setattr(backend, "empty_output", poisoned)
+
+
+def stage_case(seed, dtype, *, ns_lengths=(1, 2, 9, 3), sp_lengths=(1, 4, 2), pads=1,
+               rows="shuffled", heads=HEADS, width=4):
+    """A mixed step (prefill chunks, decodes, spec verify, pads, shuffled rows) with the
+    stage's inputs: (data tensors, metadata, a, b, A_log, dt_bias, heads)."""
+    H, K, HV, V = heads
+    gen = torch.Generator().manual_seed(seed)
+    step = mixed_step(gen, dim=2 * H * K + HV * V, width=width, dtype=dtype,
+                      ns_lengths=ns_lengths, sp_lengths=sp_lengths, rows=rows,
+                      ns_pads=pads, sp_pads=pads, initial="alternate", spec_columns=2,
+                      extra_state_columns=1, extra_lines=2)
+    device = "cuda" if GPU else "cpu"  # the simulator's and opencl:cpu's: the host's
+    data = {k: step.pop(k) for k in DATA_KEYS}
+    T = data["x"].shape[0]
+    ab = randn(gen, (T, 2 * HV), dtype) * 3  # a and b as views of one projection
+    # a + dt_bias past softplus's threshold (20) for some tokens, and far past it (where
+    # exp overflows float32 without the threshold)
+    ab[::3, HV] = 24.0
+    ab[1::4, HV] = 100.0
+    gates = dict(a=ab[:, HV:], b=ab[:, :HV], A_log=randn(gen, (HV,), torch.float32),
+                 dt_bias=randn(gen, (HV,), torch.float32))
+    on = lambda d: {k: v.to(device) if isinstance(v, torch.Tensor) else v  # noqa: E731
+                    for k, v in d.items()}
+    return on(data), on(step), on(gates)
+
+
+def run_stage(data, meta, gates, heads=HEADS, **options):
+    H, K, _HV, V = heads
+    return jitconv.gdn_conv_stage(*(data[k] for k in DATA_KEYS), gates["a"], gates["b"],
+                                  gates["A_log"], gates["dt_bias"], num_k_heads=H,
+                                  head_k_dim=K, head_v_dim=V, **meta, **options)
+
+
+def reference_of(data, meta, gates, heads=HEADS, **options):
+    H, K, _HV, V = heads
+    return gdn_conv_stage_reference(**data, **gates, **meta, num_k_heads=H, head_k_dim=K,
+                                    head_v_dim=V, **options)
+
+
+def check_against_reference(data, meta, gates, dtype, **options):
+    ref, ref_state = reference_of(data, meta, gates, **options)
+    result = run_stage(data, meta, gates, **options)
+    for part in ("spec", "non_spec"):
+        got = getattr(result, part)
+        if not len(ref[part]["v"]):
+            assert got is None
+            continue
+        for field in ("q", "k", "v"):
+            out = getattr(got, field)
+            assert out.dtype == dtype and out.is_contiguous()
+            assert_outputs_close(out, ref[part][field], dtype)
+        for field in ("g", "beta"):
+            out = getattr(got, field)
+            assert out.dtype == torch.float32
+            torch.testing.assert_close(out.double().cpu(),
+                                       torch.from_numpy(ref[part][field]),
+                                       **GATE_TOLERANCE)
+    assert_state_exact(data["conv_state"], ref_state)  # untouched lines included
+    return result
+
+
+@pytest.mark.parametrize("dtype_name", ["float32", "bfloat16"])
+@pytest.mark.parametrize("rows", ["shuffled", "vllm"])
+def test_stage_matches_the_reference(device, poisoned_outputs, dtype_name, rows):
+    dtype = DTYPES[dtype_name]
+    data, meta, gates = stage_case(11, dtype, rows=rows)
+    check_against_reference(data, meta, gates, dtype)
+
+
+@pytest.mark.parametrize("options", [dict(use_l2norm=False), dict(exp_g=True),
+                                     dict(activation=None)])
+def test_stage_options(device, poisoned_outputs, options):
+    data, meta, gates = stage_case(12, torch.float32)
+    check_against_reference(data, meta, gates, torch.float32, **options)
+
+
+@pytest.mark.parametrize("kind", ["decode", "spec", "prefill"])
+def test_stage_single_kinds(device, poisoned_outputs, kind):
+    """Steps of one kind (each a different kernel choice: decode, spec and general)."""
+    lengths = {"decode": dict(ns_lengths=(1,) * 5, sp_lengths=()),
+               "spec": dict(ns_lengths=(), sp_lengths=(4, 4, 2)),
+               "prefill": dict(ns_lengths=(17, 6), sp_lengths=())}[kind]
+    data, meta, gates = stage_case(13, torch.bfloat16, rows="plain", pads=0, **lengths)
+    check_against_reference(data, meta, gates, torch.bfloat16)
+
+
+def test_stage_conv_equals_the_split_conv(device):
+    """Without l2norm the stage's q | k | v are the conv's split outputs, bit for bit
+    (same taps, same order, same silu), and the states are the same bits."""
+    data, meta, gates = stage_case(14, torch.bfloat16)
+    state0 = data["conv_state"].clone()
+    result = run_stage(data, meta, gates, use_l2norm=False)
+    stage_state = bits(data["conv_state"])
+    data["conv_state"].copy_(state0)
+    split = jitconv.causal_conv1d_mixed(*(data[k] for k in DATA_KEYS), **meta, split=True)
+    assert torch.equal(bits(data["conv_state"]), stage_state)
+    for part in ("spec", "non_spec"):
+        got, want = getattr(result, part), getattr(split, part)
+        T = want.shape[0]
+        joined = torch.cat([got.q.reshape(T, -1), got.k.reshape(T, -1),
+                            got.v.reshape(T, -1)], dim=1)
+        assert torch.equal(bits(joined), bits(want))
+
+
+def _bad_calls(data, meta, gates):
+    """(argument named in the error, exception, changes): changes to the gates' tensors,
+    the heads (num_k_heads, head_v_dim), the metadata and the options."""
+    H, K, HV, V = HEADS
+    T, x = data["x"].shape[0], data["x"]
+    wrong_dtype = torch.float64 if x.dtype == torch.float32 else torch.float32
+    in_state = data["conv_state"].as_strided((T, HV), (HV, 1))
+    spec_seqs = len(meta["spec_query_start_loc"]) - 1
+    return [
+        ("num_k_heads", ValueError, dict(heads=(H + 1, K, HV, V))),
+        ("head_v_dim", ValueError, dict(heads=(H, K, HV, 0))),
+        ("a", ValueError, dict(gates=dict(a=gates["a"][:-1]))),
+        ("b", TypeError, dict(gates=dict(b=gates["b"].to(wrong_dtype)))),
+        ("a", ValueError, dict(gates=dict(a=torch.empty(HV, T, dtype=x.dtype).t()))),
+        ("A_log", ValueError, dict(gates=dict(A_log=gates["A_log"][:-1]))),
+        ("dt_bias", ValueError, dict(gates=dict(dt_bias=gates["dt_bias"][:-1]))),
+        ("A_log", TypeError, dict(gates=dict(A_log=gates["A_log"].to(torch.int32)))),
+        ("b", ValueError, dict(gates=dict(b=in_state))),
+        ("use_l2norm", TypeError, dict(options=dict(use_l2norm=1))),
+        ("spec_window_rows", ValueError,
+         dict(meta=dict(spec_window_rows=torch.arange(spec_seqs)))),
+        ("not_a_metadata_name", TypeError, dict(meta=dict(not_a_metadata_name=1))),
+    ]
+
+
+def test_bad_input_is_refused_before_launch(device):
+    data, meta, gates = stage_case(15, torch.float32)
+    state0 = bits(data["conv_state"])
+    for name, error, change in _bad_calls(data, meta, gates):
+        with pytest.raises(error, match=name):
+            run_stage(data, dict(meta, **change.get("meta", {})),
+                      dict(gates, **change.get("gates", {})),
+                      heads=change.get("heads", HEADS), **change.get("options", {}))
+        assert torch.equal(bits(data["conv_state"]), state0), name
+
+
+def test_head_dims_the_kernel_cannot_take(device):
+    """CUDA: head_k_dim 48 is no warp's multiple; SYCL: 512 is more than a work-group of
+    one channel per work-item may hold. Refused by name, nothing changed."""
+    heads = (1, 48, 2, 24) if cuda_devices.is_cuda_name(device) else (1, 512, 1, 32)
+    data, meta, gates = stage_case(16, torch.float32, heads=heads)
+    state0 = bits(data["conv_state"])
+    with pytest.raises(ValueError, match="head_k_dim"):
+        run_stage(data, meta, gates, heads=heads)
+    assert torch.equal(bits(data["conv_state"]), state0)
+
+
+def test_stage_takes_torch_tensors(device):
+    data, meta, gates = stage_case(17, torch.float32)
+    with pytest.raises(TypeError, match="^a: the GDN stage takes torch tensors"):
+        run_stage(data, meta, dict(gates, a=gates["a"].numpy() if not GPU else [1.0]))
+
+
+@pytest.mark.parametrize("heads", [(2, 128, 4, 128), (1, 64, 3, 32)])
+def test_stage_head_layouts(device, poisoned_outputs, heads):
+    """Qwen3-Next's head dims in bfloat16 (SYCL: the wide kernel, 4 channels per
+    work-item, 32 per work-group) and a v head dim below the k one with 3 v heads."""
+    if SIM:
+        pytest.skip("the simulator has no time for dim 1024 (the GPU run has it)")
+    data, meta, gates = stage_case(19, torch.bfloat16, heads=heads)
+    H, K, HV, V = heads
+    ref, ref_state = reference_of(data, meta, gates, heads=heads)
+    result = run_stage(data, meta, gates, heads=heads)
+    for part in ("spec", "non_spec"):
+        for field in ("q", "k", "v"):
+            assert_outputs_close(getattr(getattr(result, part), field), ref[part][field],
+                                 torch.bfloat16)
+    assert_state_exact(data["conv_state"], ref_state)
+
+
+def test_remembered_stage_runs(device, monkeypatch):
+    """A layer's second run with the same tensors is a remembered launch (no checks, no
+    kernel choice: ``launching.launch`` is not called) into a new output, and it is as
+    right as the first: the second run continues from the state the first left."""
+    if SIM:
+        pytest.skip("the simulator has no remembered launches (its tensors are the host's)")
+    if not GPU:
+        pytest.skip("stage runs are remembered on CUDA GPUs only")
+    from jitconv.backends.cuda import launching
+    data, meta, gates = stage_case(18, torch.bfloat16)
+    plan = jitconv.plan(data["x"].shape[0], data["conv_state"].shape[0],
+                        data["conv_state"].shape[2], 4, **meta)
+    H, K, _HV, V = HEADS
+    args = [data[k] for k in DATA_KEYS] + [gates[k] for k in ("a", "b", "A_log", "dt_bias")]
+    results = []
+    for run in range(2):
+        ref, ref_state = reference_of(data, meta, gates)
+        results.append(plan.run_stage(*args, num_k_heads=H, head_k_dim=K, head_v_dim=V))
+        for part in ("spec", "non_spec"):
+            for field in ("q", "k", "v"):
+                assert_outputs_close(getattr(getattr(results[-1], part), field),
+                                     ref[part][field], torch.bfloat16)
+        assert_state_exact(data["conv_state"], ref_state)
+        if run == 0:
+            monkeypatch.setattr(launching, "launch", None)  # a second launch would fail
+    assert results[0].spec.q.data_ptr() != results[1].spec.q.data_ptr()  # a new output
