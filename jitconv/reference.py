@@ -262,7 +262,8 @@ def gdn_conv_stage_reference(x, weight, bias, conv_state, a, b, A_log, dt_bias, 
     y = [q | k | v] (H = num_k_heads heads of head_k_dim for q and for k, HV =
     len(A_log) heads of head_v_dim for v):
 
-    - q, k: (H, K), each head l2-normalised (``l2norm``) unless ``use_l2norm`` is False;
+    - q, k: (H, K), each head l2-normalised (``l2norm``) where ``use_l2norm`` says: True
+      (both parts), False, or the part names it holds ("spec", "non_spec");
     - v: (HV, V);
     - g = -exp(A_log) * softplus(a + dt_bias) (HV,) (exp(g) with ``exp_g``);
     - beta = sigmoid(b) (HV,), from the token's rows of a and b (T, HV).
@@ -292,7 +293,8 @@ def gdn_conv_stage_reference(x, weight, bias, conv_state, a, b, A_log, dt_bias, 
         q = yp[:, :H * K].reshape(len(r), H, K)
         k = yp[:, H * K:2 * H * K].reshape(len(r), H, K)
         v = yp[:, 2 * H * K:].reshape(len(r), HV, V)
-        if use_l2norm:
+        if (bool(use_l2norm) if isinstance(use_l2norm, (bool, np.bool_))
+                else part in use_l2norm):
             q, k = l2norm(q), l2norm(k)
         g = -np.exp(A_log)[None, :] * softplus(a[r] + dt_bias[None, :])
         parts[part] = dict(q=q, k=k, v=v, g=np.exp(g) if exp_g else g,

@@ -192,8 +192,9 @@ def test_a_wrong_kernel_is_caught(sycl_device, fresh_checks, monkeypatch, call):
     build = launching._build
     monkeypatch.setattr(launching, "_build",
                         lambda width, dtype_name, queue, wide, fast=None, record_types=None,
-                        chains=False: build(3 if width == 4 else width, dtype_name, queue,
-                                            wide, fast, record_types, chains))
+                        chains=False, stage=False: build(3 if width == 4 else width,
+                                                         dtype_name, queue, wide, fast,
+                                                         record_types, chains, stage))
     with pytest.raises(device_check.DeviceCheckError, match="outputs wrong") as error:
         if call == "mixed":
             jitconv.causal_conv1d_mixed(**_step(torch.float32))

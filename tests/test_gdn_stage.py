@@ -118,7 +118,8 @@ def test_stage_matches_the_reference(device, poisoned_outputs, dtype_name, rows)
 
 
 @pytest.mark.parametrize("options", [dict(use_l2norm=False), dict(exp_g=True),
-                                     dict(activation=None)])
+                                     dict(activation=None), dict(use_l2norm=("non_spec",)),
+                                     dict(use_l2norm=["spec"])])
 def test_stage_options(device, poisoned_outputs, options):
     data, meta, gates = stage_case(12, torch.float32)
     check_against_reference(data, meta, gates, torch.float32, **options)
@@ -171,6 +172,7 @@ def _bad_calls(data, meta, gates):
         ("A_log", TypeError, dict(gates=dict(A_log=gates["A_log"].to(torch.int32)))),
         ("b", ValueError, dict(gates=dict(b=in_state))),
         ("use_l2norm", TypeError, dict(options=dict(use_l2norm=1))),
+        ("use_l2norm", TypeError, dict(options=dict(use_l2norm=("prefill",)))),
         ("spec_window_rows", ValueError,
          dict(meta=dict(spec_window_rows=torch.arange(spec_seqs)))),
         ("not_a_metadata_name", TypeError, dict(meta=dict(not_a_metadata_name=1))),
@@ -248,3 +250,43 @@ def test_remembered_stage_runs(device, monkeypatch):
         if run == 0:
             monkeypatch.setattr(launching, "launch", None)  # a second launch would fail
     assert results[0].spec.q.data_ptr() != results[1].spec.q.data_ptr()  # a new output
+
+
+def test_threads_run_the_stage_at_once(device):
+    """Four threads, each its own layer (tensors and conv state) of one step, call the
+    stage at once, twice each: every result and state is the reference's."""
+    if SIM:
+        pytest.skip("the simulator has no time for threads (it runs one kernel at a time)")
+    import threading
+    cases = [stage_case(30 + i, torch.bfloat16) for i in range(4)]
+    expected = []
+    for data, meta, gates in cases:
+        first, _ = reference_of(data, meta, gates)
+        state = data["conv_state"].clone()
+        data["conv_state"].copy_(torch.from_numpy(
+            reference_of(data, meta, gates)[1]).to(state.dtype))
+        second, final = reference_of(data, meta, gates)
+        data["conv_state"].copy_(state)
+        expected.append((first, second, final))
+    results, errors = [[] for _ in cases], []
+
+    def work(i):
+        try:
+            data, meta, gates = cases[i]
+            for _ in range(2):
+                results[i].append(run_stage(data, meta, gates))
+        except Exception as exc:  # reported below, with the thread's case
+            errors.append((i, exc))
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(cases))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    for (data, _meta, _gates), got, (first, second, final) in zip(cases, results, expected):
+        for result, ref in zip(got, (first, second)):
+            for part in ("spec", "non_spec"):
+                for field in ("q", "k", "v"):
+                    assert_outputs_close(getattr(getattr(result, part), field),
+                                         ref[part][field], torch.bfloat16)
+        assert_state_exact(data["conv_state"], final)

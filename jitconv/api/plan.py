@@ -229,13 +229,13 @@ class StepPlan:
 
     def run_stage(self, x: Any, weight: Any, bias: Optional[Any], conv_state: Any, a: Any,
                   b: Any, A_log: Any, dt_bias: Any, *, num_k_heads: int, head_k_dim: int,
-                  head_v_dim: int, use_l2norm: bool = True, exp_g: bool = False,
+                  head_v_dim: int, use_l2norm: Any = True, exp_g: bool = False,
                   activation: Optional[str] = "silu", math: Optional[str] = None,
                   checked=None) -> StageResult:
         """The GDN conv stage of one layer with the plan's metadata, in one launch
         (``jitconv.gdn_conv_stage`` documents the arguments): the conv and state update
-        as ``run``'s, then per token of each part q, k (l2-normalised unless
-        ``use_l2norm`` is False), v, g (exp(g) with ``exp_g``) and beta. Every argument
+        as ``run``'s, then per token of each part q, k (l2-normalised in the parts
+        ``use_l2norm`` names), v, g (exp(g) with ``exp_g``) and beta. Every argument
         is checked before anything is launched. ``checked``: as ``run_checked``'s."""
         backend = registry.for_call(x)
         if self.on_device:
@@ -246,7 +246,8 @@ class StepPlan:
             raise ValueError("spec_window_rows/non_spec_window_rows: the GDN stage does "
                              "not write intermediate windows; plan the step without them")
         heads = (num_k_heads, head_k_dim, head_v_dim)
-        stage_args = (a, b, A_log, dt_bias, heads, use_l2norm, exp_g)
+        l2norm = validation.l2norm_parts(use_l2norm)
+        stage_args = (a, b, A_log, dt_bias, heads, l2norm, exp_g)
         buffer, key = backend.remembered_stage(self, (x, weight, bias, conv_state, None),
                                                stage_args, activation, math)
         if buffer is not None:  # these tensors passed the checks of this geometry
@@ -269,9 +270,8 @@ class StepPlan:
         refusal = backend.stage_refusal(head_k_dim, head_v_dim)
         if refusal is not None:
             raise ValueError(refusal)
-        for name, flag in (("use_l2norm", use_l2norm), ("exp_g", exp_g)):
-            if not isinstance(flag, (bool, np.bool_)):
-                raise TypeError(f"{name}: expected True or False, got {flag!r}")
+        if not isinstance(exp_g, (bool, np.bool_)):
+            raise TypeError(f"exp_g: expected True or False, got {exp_g!r}")
         validation.check_writable(x_given, weight, bias, conv_state, None)
         extents = validation.check_aliasing(x_given, weight, bias, conv_state, None,
                                             self.lines)
@@ -288,7 +288,7 @@ class StepPlan:
                 buffer=buffer, gates=buffer[sizes["gates"]:].view(torch.float32),
                 part_rows=(ns_rows, spec_rows), head_k_dim=head_k_dim,
                 qk=num_k_heads * head_k_dim, vdim=hv * head_v_dim, head_v_dim=head_v_dim,
-                l2norm=bool(use_l2norm), exp_g=bool(exp_g))
+                l2norm=l2norm, exp_g=bool(exp_g))
             backend.launch(self, Launch(
                 x=x, weight=weight, bias=bias, conv_state=conv_state, out=None,
                 target=parts[0], silu=silu, math=math, dtype=dtype, extents=extents,

@@ -13,7 +13,7 @@ from jitconv.api.plan import StageResult
 
 def gdn_conv_stage(x: Any, weight: Any, bias: Optional[Any], conv_state: Any, a: Any,
                    b: Any, A_log: Any, dt_bias: Any, *, num_k_heads: int, head_k_dim: int,
-                   head_v_dim: int, use_l2norm: bool = True, exp_g: bool = False,
+                   head_v_dim: int, use_l2norm: Any = True, exp_g: bool = False,
                    activation: Optional[str] = "silu", math: Optional[str] = None,
                    pad_slot_id: int = -1, **metadata: Any) -> StageResult:
     """The conv stage of a Gated DeltaNet layer for one engine step, in one launch.
@@ -32,8 +32,11 @@ def gdn_conv_stage(x: Any, weight: Any, bias: Optional[Any], conv_state: Any, a:
         Floating; used as float32.
     num_k_heads, head_k_dim, head_v_dim : int
         The heads; num_v_heads is len(A_log).
-    use_l2norm : bool
-        Divide each q and k head by sqrt(sum of its squares + 1e-6) (vLLM's eps).
+    use_l2norm : bool, or part names
+        Divide each q and k head by sqrt(sum of its squares + 1e-6) (vLLM's eps): in
+        both parts (True), neither (False), or the parts named (e.g. ("non_spec",): vLLM
+        normalises the chunked-prefill part's q and k before its kernel and leaves the
+        spec part's to the recurrent kernel).
     exp_g : bool
         Return exp(g) instead of g.
     **metadata

@@ -685,3 +685,16 @@ def check_stage(x, conv_state, a, b, A_log, dt_bias, num_k_heads, head_k_dim, he
             raise ValueError(f"{name} and conv_state overlap in memory: conv_state is "
                              f"updated while {name} is read; pass separate tensors")
     return hv
+
+
+def l2norm_parts(use_l2norm):
+    """The stage's ``use_l2norm`` as the kernel's bits (``abi.STAGE_L2NORM_BITS``): True
+    (both parts), False (neither), or a tuple / list / set of part names ("spec",
+    "non_spec")."""
+    if isinstance(use_l2norm, (bool, np.bool_)):
+        return 3 if use_l2norm else 0
+    if isinstance(use_l2norm, (tuple, list, set, frozenset)) and \
+            all(isinstance(p, str) and p in abi.STAGE_L2NORM_BITS for p in use_l2norm):
+        return sum(abi.STAGE_L2NORM_BITS[p] for p in set(use_l2norm))
+    raise TypeError(f"use_l2norm: expected True, False or part names among "
+                    f"{sorted(abi.STAGE_L2NORM_BITS)}, got {use_l2norm!r}")

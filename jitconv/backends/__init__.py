@@ -63,7 +63,7 @@ class StageTensors:
     qk: int            # num_k_heads * head_k_dim
     vdim: int          # num_v_heads * head_v_dim
     head_v_dim: int
-    l2norm: bool
+    l2norm: int        # the parts normalised (kernels.abi.STAGE_L2NORM_BITS)
     exp_g: bool
 
 

@@ -159,7 +159,8 @@ CONV_ARGS = (
 # holds each part's g (rows, HV) then beta (rows, HV), the non-spec part's from
 # ``gates_offset``, the spec part's from ``gates2_offset``. a and b (rows of x, HV)
 # have unit column stride; A_log and dt_bias (HV,) are float32. ``qk`` = H * K,
-# ``vdim`` = HV * V, ``head_v`` = V; ``l2norm`` and ``exp_g`` are 0 or 1.
+# ``head_k`` = K, ``vdim`` = HV * V, ``head_v`` = V; ``l2norm``: which parts' q and k are
+# normalised (STAGE_L2NORM_BITS); ``exp_g``: 0 or 1.
 STAGE_ARGS = (
     ("ga", 1, "raw", "C"), ("ga_offset", 0, "int64", None), ("ga_row_stride", 0, "int64", None),
     ("gb", 1, "raw", "C"), ("gb_offset", 0, "int64", None), ("gb_row_stride", 0, "int64", None),
@@ -172,6 +173,7 @@ STAGE_ARGS = (
     ("head_v", 0, "int64", None),
     ("l2norm", 0, "int64", None), ("exp_g", 0, "int64", None),
 )
+STAGE_L2NORM_BITS = {"non_spec": 1, "spec": 2}
 # The stage's constants, as vLLM's fused_post_conv_prep (the reference has its own copy:
 # it stands alone): l2norm's eps and softplus's threshold.
 STAGE_L2NORM_EPS = 1e-6

@@ -394,7 +394,7 @@ class _Kernel:
         if not self.stage or self.backend.lane_sum is None:  # (norm_pass normalises)
             return self.out_row("store(acc{J})", row, i)
         squares = " + ".join(f"acc{J} * acc{J}" for J in self.suffixes)
-        lines = ["if l2norm and c < qk2:",
+        lines = ["if l2norm & lbit and c < qk2:",
                  IND + f"ss = {self.backend.lane_sum}({squares})",
                  IND + "ss = fdiv(ONE, sqrt(ss + L2NORM_EPS))"]
         lines += [IND + f"acc{J} = acc{J} * ss" for J in self.suffixes]
@@ -797,14 +797,14 @@ class _Kernel:
         """The stage's outputs (``abi.STAGE_ARGS``): in the block's part's buffer, the
         work-item's channels are in the q, k or v rows (all its channels in one: C
         divides head_k_dim and head_v), at row stride qk or vdim; ``tp``: the part's
-        rows, ``go``: its gates' offset."""
+        rows, ``go``: its gates' offset, ``lbit``: its bit of ``l2norm``."""
         if not self.stage:
             return ""
         lines = ["# The GDN stage: q rows, then k rows, then v rows of the part's buffer.",
                  "qk2 = 2 * qk", "sb = out_offset", "tp = part_rows", "go = gates_offset",
-                 "if flags & FLAG_SPEC:",
+                 "lbit = 1", "if flags & FLAG_SPEC:",
                  IND + "sb = out2_offset", IND + "tp = part2_rows",
-                 IND + "go = gates2_offset",
+                 IND + "go = gates2_offset", IND + "lbit = 2",
                  "ors = qk", "if c < qk:"]
         lines += [IND + f"oc{J} = sb + {CH}" for J, CH in zip(self.suffixes, self.chans)]
         lines += ["elif c < qk2:"]
@@ -824,7 +824,7 @@ class _Kernel:
         if not self.stage or self.backend.lane_sum is not None:
             return ""
         C, oc = self.channels, "oc" + self.suffixes[0]
-        lines = ["if l2norm and c < qk2:",
+        lines = ["if l2norm & lbit and c < qk2:",
                  IND + self.backend.group_barrier,
                  IND + "hc = c - c % head_k  # the head's first channel",
                  IND + f"ho = {oc} - (c - hc)  # its offset in the part's rows",

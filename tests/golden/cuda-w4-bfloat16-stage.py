@@ -48,10 +48,12 @@ def jitconv_conv_w4_bfloat16_c4_l8_fastexp_r64_g2_vt_gdn(x, x_offset, x_row_stri
     sb = out_offset
     tp = part_rows
     go = gates_offset
+    lbit = 1
     if flags & FLAG_SPEC:
         sb = out2_offset
         tp = part2_rows
         go = gates2_offset
+        lbit = 2
     ors = qk
     if c < qk:
         oc_0 = sb + c
@@ -336,7 +338,7 @@ def jitconv_conv_w4_bfloat16_c4_l8_fastexp_r64_g2_vt_gdn(x, x_offset, x_row_stri
                 acc_1 = fdiv(acc_1, ONE + exp(-acc_1))
                 acc_2 = fdiv(acc_2, ONE + exp(-acc_2))
                 acc_3 = fdiv(acc_3, ONE + exp(-acc_3))
-            if l2norm and c < qk2:
+            if l2norm & lbit and c < qk2:
                 ss = lane_sum(acc_0 * acc_0 + acc_1 * acc_1 + acc_2 * acc_2 + acc_3 * acc_3)
                 ss = fdiv(ONE, sqrt(ss + L2NORM_EPS))
                 acc_0 = acc_0 * ss
@@ -371,7 +373,7 @@ def jitconv_conv_w4_bfloat16_c4_l8_fastexp_r64_g2_vt_gdn(x, x_offset, x_row_stri
                     acc_1 = fdiv(acc_1, ONE + exp(-acc_1))
                     acc_2 = fdiv(acc_2, ONE + exp(-acc_2))
                     acc_3 = fdiv(acc_3, ONE + exp(-acc_3))
-                if l2norm and c < qk2:
+                if l2norm & lbit and c < qk2:
                     ss = lane_sum(acc_0 * acc_0 + acc_1 * acc_1 + acc_2 * acc_2 + acc_3 * acc_3)
                     ss = fdiv(ONE, sqrt(ss + L2NORM_EPS))
                     acc_0 = acc_0 * ss
@@ -406,7 +408,7 @@ def jitconv_conv_w4_bfloat16_c4_l8_fastexp_r64_g2_vt_gdn(x, x_offset, x_row_stri
                         acc_1 = fdiv(acc_1, ONE + exp(-acc_1))
                         acc_2 = fdiv(acc_2, ONE + exp(-acc_2))
                         acc_3 = fdiv(acc_3, ONE + exp(-acc_3))
-                    if l2norm and c < qk2:
+                    if l2norm & lbit and c < qk2:
                         ss = lane_sum(acc_0 * acc_0 + acc_1 * acc_1 + acc_2 * acc_2 + acc_3 * acc_3)
                         ss = fdiv(ONE, sqrt(ss + L2NORM_EPS))
                         acc_0 = acc_0 * ss
@@ -441,7 +443,7 @@ def jitconv_conv_w4_bfloat16_c4_l8_fastexp_r64_g2_vt_gdn(x, x_offset, x_row_stri
                             acc_1 = fdiv(acc_1, ONE + exp(-acc_1))
                             acc_2 = fdiv(acc_2, ONE + exp(-acc_2))
                             acc_3 = fdiv(acc_3, ONE + exp(-acc_3))
-                        if l2norm and c < qk2:
+                        if l2norm & lbit and c < qk2:
                             ss = lane_sum(acc_0 * acc_0 + acc_1 * acc_1 + acc_2 * acc_2 + acc_3 * acc_3)
                             ss = fdiv(ONE, sqrt(ss + L2NORM_EPS))
                             acc_0 = acc_0 * ss
@@ -530,7 +532,7 @@ def jitconv_conv_w4_bfloat16_c4_l8_fastexp_r64_g2_vt_gdn(x, x_offset, x_row_stri
                 acc_1 = fdiv(acc_1, ONE + exp(-acc_1))
                 acc_2 = fdiv(acc_2, ONE + exp(-acc_2))
                 acc_3 = fdiv(acc_3, ONE + exp(-acc_3))
-            if l2norm and c < qk2:
+            if l2norm & lbit and c < qk2:
                 ss = lane_sum(acc_0 * acc_0 + acc_1 * acc_1 + acc_2 * acc_2 + acc_3 * acc_3)
                 ss = fdiv(ONE, sqrt(ss + L2NORM_EPS))
                 acc_0 = acc_0 * ss
@@ -560,7 +562,7 @@ def jitconv_conv_w4_bfloat16_c4_l8_fastexp_r64_g2_vt_gdn(x, x_offset, x_row_stri
                 acc_1 = fdiv(acc_1, ONE + exp(-acc_1))
                 acc_2 = fdiv(acc_2, ONE + exp(-acc_2))
                 acc_3 = fdiv(acc_3, ONE + exp(-acc_3))
-            if l2norm and c < qk2:
+            if l2norm & lbit and c < qk2:
                 ss = lane_sum(acc_0 * acc_0 + acc_1 * acc_1 + acc_2 * acc_2 + acc_3 * acc_3)
                 ss = fdiv(ONE, sqrt(ss + L2NORM_EPS))
                 acc_0 = acc_0 * ss
@@ -590,7 +592,7 @@ def jitconv_conv_w4_bfloat16_c4_l8_fastexp_r64_g2_vt_gdn(x, x_offset, x_row_stri
                 acc_1 = fdiv(acc_1, ONE + exp(-acc_1))
                 acc_2 = fdiv(acc_2, ONE + exp(-acc_2))
                 acc_3 = fdiv(acc_3, ONE + exp(-acc_3))
-            if l2norm and c < qk2:
+            if l2norm & lbit and c < qk2:
                 ss = lane_sum(acc_0 * acc_0 + acc_1 * acc_1 + acc_2 * acc_2 + acc_3 * acc_3)
                 ss = fdiv(ONE, sqrt(ss + L2NORM_EPS))
                 acc_0 = acc_0 * ss
@@ -620,7 +622,7 @@ def jitconv_conv_w4_bfloat16_c4_l8_fastexp_r64_g2_vt_gdn(x, x_offset, x_row_stri
                 acc_1 = fdiv(acc_1, ONE + exp(-acc_1))
                 acc_2 = fdiv(acc_2, ONE + exp(-acc_2))
                 acc_3 = fdiv(acc_3, ONE + exp(-acc_3))
-            if l2norm and c < qk2:
+            if l2norm & lbit and c < qk2:
                 ss = lane_sum(acc_0 * acc_0 + acc_1 * acc_1 + acc_2 * acc_2 + acc_3 * acc_3)
                 ss = fdiv(ONE, sqrt(ss + L2NORM_EPS))
                 acc_0 = acc_0 * ss
@@ -650,7 +652,7 @@ def jitconv_conv_w4_bfloat16_c4_l8_fastexp_r64_g2_vt_gdn(x, x_offset, x_row_stri
                 acc_1 = fdiv(acc_1, ONE + exp(-acc_1))
                 acc_2 = fdiv(acc_2, ONE + exp(-acc_2))
                 acc_3 = fdiv(acc_3, ONE + exp(-acc_3))
-            if l2norm and c < qk2:
+            if l2norm & lbit and c < qk2:
                 ss = lane_sum(acc_0 * acc_0 + acc_1 * acc_1 + acc_2 * acc_2 + acc_3 * acc_3)
                 ss = fdiv(ONE, sqrt(ss + L2NORM_EPS))
                 acc_0 = acc_0 * ss
@@ -680,7 +682,7 @@ def jitconv_conv_w4_bfloat16_c4_l8_fastexp_r64_g2_vt_gdn(x, x_offset, x_row_stri
                 acc_1 = fdiv(acc_1, ONE + exp(-acc_1))
                 acc_2 = fdiv(acc_2, ONE + exp(-acc_2))
                 acc_3 = fdiv(acc_3, ONE + exp(-acc_3))
-            if l2norm and c < qk2:
+            if l2norm & lbit and c < qk2:
                 ss = lane_sum(acc_0 * acc_0 + acc_1 * acc_1 + acc_2 * acc_2 + acc_3 * acc_3)
                 ss = fdiv(ONE, sqrt(ss + L2NORM_EPS))
                 acc_0 = acc_0 * ss
@@ -710,7 +712,7 @@ def jitconv_conv_w4_bfloat16_c4_l8_fastexp_r64_g2_vt_gdn(x, x_offset, x_row_stri
                 acc_1 = fdiv(acc_1, ONE + exp(-acc_1))
                 acc_2 = fdiv(acc_2, ONE + exp(-acc_2))
                 acc_3 = fdiv(acc_3, ONE + exp(-acc_3))
-            if l2norm and c < qk2:
+            if l2norm & lbit and c < qk2:
                 ss = lane_sum(acc_0 * acc_0 + acc_1 * acc_1 + acc_2 * acc_2 + acc_3 * acc_3)
                 ss = fdiv(ONE, sqrt(ss + L2NORM_EPS))
                 acc_0 = acc_0 * ss
@@ -740,7 +742,7 @@ def jitconv_conv_w4_bfloat16_c4_l8_fastexp_r64_g2_vt_gdn(x, x_offset, x_row_stri
                 acc_1 = fdiv(acc_1, ONE + exp(-acc_1))
                 acc_2 = fdiv(acc_2, ONE + exp(-acc_2))
                 acc_3 = fdiv(acc_3, ONE + exp(-acc_3))
-            if l2norm and c < qk2:
+            if l2norm & lbit and c < qk2:
                 ss = lane_sum(acc_0 * acc_0 + acc_1 * acc_1 + acc_2 * acc_2 + acc_3 * acc_3)
                 ss = fdiv(ONE, sqrt(ss + L2NORM_EPS))
                 acc_0 = acc_0 * ss
@@ -800,7 +802,7 @@ def jitconv_conv_w4_bfloat16_c4_l8_fastexp_r64_g2_vt_gdn(x, x_offset, x_row_stri
                 acc_1 = fdiv(acc_1, ONE + exp(-acc_1))
                 acc_2 = fdiv(acc_2, ONE + exp(-acc_2))
                 acc_3 = fdiv(acc_3, ONE + exp(-acc_3))
-            if l2norm and c < qk2:
+            if l2norm & lbit and c < qk2:
                 ss = lane_sum(acc_0 * acc_0 + acc_1 * acc_1 + acc_2 * acc_2 + acc_3 * acc_3)
                 ss = fdiv(ONE, sqrt(ss + L2NORM_EPS))
                 acc_0 = acc_0 * ss
@@ -830,7 +832,7 @@ def jitconv_conv_w4_bfloat16_c4_l8_fastexp_r64_g2_vt_gdn(x, x_offset, x_row_stri
                 acc_1 = fdiv(acc_1, ONE + exp(-acc_1))
                 acc_2 = fdiv(acc_2, ONE + exp(-acc_2))
                 acc_3 = fdiv(acc_3, ONE + exp(-acc_3))
-            if l2norm and c < qk2:
+            if l2norm & lbit and c < qk2:
                 ss = lane_sum(acc_0 * acc_0 + acc_1 * acc_1 + acc_2 * acc_2 + acc_3 * acc_3)
                 ss = fdiv(ONE, sqrt(ss + L2NORM_EPS))
                 acc_0 = acc_0 * ss
@@ -860,7 +862,7 @@ def jitconv_conv_w4_bfloat16_c4_l8_fastexp_r64_g2_vt_gdn(x, x_offset, x_row_stri
                 acc_1 = fdiv(acc_1, ONE + exp(-acc_1))
                 acc_2 = fdiv(acc_2, ONE + exp(-acc_2))
                 acc_3 = fdiv(acc_3, ONE + exp(-acc_3))
-            if l2norm and c < qk2:
+            if l2norm & lbit and c < qk2:
                 ss = lane_sum(acc_0 * acc_0 + acc_1 * acc_1 + acc_2 * acc_2 + acc_3 * acc_3)
                 ss = fdiv(ONE, sqrt(ss + L2NORM_EPS))
                 acc_0 = acc_0 * ss
@@ -890,7 +892,7 @@ def jitconv_conv_w4_bfloat16_c4_l8_fastexp_r64_g2_vt_gdn(x, x_offset, x_row_stri
                 acc_1 = fdiv(acc_1, ONE + exp(-acc_1))
                 acc_2 = fdiv(acc_2, ONE + exp(-acc_2))
                 acc_3 = fdiv(acc_3, ONE + exp(-acc_3))
-            if l2norm and c < qk2:
+            if l2norm & lbit and c < qk2:
                 ss = lane_sum(acc_0 * acc_0 + acc_1 * acc_1 + acc_2 * acc_2 + acc_3 * acc_3)
                 ss = fdiv(ONE, sqrt(ss + L2NORM_EPS))
                 acc_0 = acc_0 * ss
@@ -929,7 +931,7 @@ def jitconv_conv_w4_bfloat16_c4_l8_fastexp_r64_g2_vt_gdn(x, x_offset, x_row_stri
                 acc_1 = fdiv(acc_1, ONE + exp(-acc_1))
                 acc_2 = fdiv(acc_2, ONE + exp(-acc_2))
                 acc_3 = fdiv(acc_3, ONE + exp(-acc_3))
-            if l2norm and c < qk2:
+            if l2norm & lbit and c < qk2:
                 ss = lane_sum(acc_0 * acc_0 + acc_1 * acc_1 + acc_2 * acc_2 + acc_3 * acc_3)
                 ss = fdiv(ONE, sqrt(ss + L2NORM_EPS))
                 acc_0 = acc_0 * ss
@@ -1018,7 +1020,7 @@ def jitconv_conv_w4_bfloat16_c4_l8_fastexp_r64_g2_vt_gdn(x, x_offset, x_row_stri
                 acc_1 = fdiv(acc_1, ONE + exp(-acc_1))
                 acc_2 = fdiv(acc_2, ONE + exp(-acc_2))
                 acc_3 = fdiv(acc_3, ONE + exp(-acc_3))
-            if l2norm and c < qk2:
+            if l2norm & lbit and c < qk2:
                 ss = lane_sum(acc_0 * acc_0 + acc_1 * acc_1 + acc_2 * acc_2 + acc_3 * acc_3)
                 ss = fdiv(ONE, sqrt(ss + L2NORM_EPS))
                 acc_0 = acc_0 * ss
@@ -1048,7 +1050,7 @@ def jitconv_conv_w4_bfloat16_c4_l8_fastexp_r64_g2_vt_gdn(x, x_offset, x_row_stri
                 acc_1 = fdiv(acc_1, ONE + exp(-acc_1))
                 acc_2 = fdiv(acc_2, ONE + exp(-acc_2))
                 acc_3 = fdiv(acc_3, ONE + exp(-acc_3))
-            if l2norm and c < qk2:
+            if l2norm & lbit and c < qk2:
                 ss = lane_sum(acc_0 * acc_0 + acc_1 * acc_1 + acc_2 * acc_2 + acc_3 * acc_3)
                 ss = fdiv(ONE, sqrt(ss + L2NORM_EPS))
                 acc_0 = acc_0 * ss
@@ -1078,7 +1080,7 @@ def jitconv_conv_w4_bfloat16_c4_l8_fastexp_r64_g2_vt_gdn(x, x_offset, x_row_stri
                 acc_1 = fdiv(acc_1, ONE + exp(-acc_1))
                 acc_2 = fdiv(acc_2, ONE + exp(-acc_2))
                 acc_3 = fdiv(acc_3, ONE + exp(-acc_3))
-            if l2norm and c < qk2:
+            if l2norm & lbit and c < qk2:
                 ss = lane_sum(acc_0 * acc_0 + acc_1 * acc_1 + acc_2 * acc_2 + acc_3 * acc_3)
                 ss = fdiv(ONE, sqrt(ss + L2NORM_EPS))
                 acc_0 = acc_0 * ss
@@ -1108,7 +1110,7 @@ def jitconv_conv_w4_bfloat16_c4_l8_fastexp_r64_g2_vt_gdn(x, x_offset, x_row_stri
                 acc_1 = fdiv(acc_1, ONE + exp(-acc_1))
                 acc_2 = fdiv(acc_2, ONE + exp(-acc_2))
                 acc_3 = fdiv(acc_3, ONE + exp(-acc_3))
-            if l2norm and c < qk2:
+            if l2norm & lbit and c < qk2:
                 ss = lane_sum(acc_0 * acc_0 + acc_1 * acc_1 + acc_2 * acc_2 + acc_3 * acc_3)
                 ss = fdiv(ONE, sqrt(ss + L2NORM_EPS))
                 acc_0 = acc_0 * ss
@@ -1138,7 +1140,7 @@ def jitconv_conv_w4_bfloat16_c4_l8_fastexp_r64_g2_vt_gdn(x, x_offset, x_row_stri
                 acc_1 = fdiv(acc_1, ONE + exp(-acc_1))
                 acc_2 = fdiv(acc_2, ONE + exp(-acc_2))
                 acc_3 = fdiv(acc_3, ONE + exp(-acc_3))
-            if l2norm and c < qk2:
+            if l2norm & lbit and c < qk2:
                 ss = lane_sum(acc_0 * acc_0 + acc_1 * acc_1 + acc_2 * acc_2 + acc_3 * acc_3)
                 ss = fdiv(ONE, sqrt(ss + L2NORM_EPS))
                 acc_0 = acc_0 * ss
@@ -1168,7 +1170,7 @@ def jitconv_conv_w4_bfloat16_c4_l8_fastexp_r64_g2_vt_gdn(x, x_offset, x_row_stri
                 acc_1 = fdiv(acc_1, ONE + exp(-acc_1))
                 acc_2 = fdiv(acc_2, ONE + exp(-acc_2))
                 acc_3 = fdiv(acc_3, ONE + exp(-acc_3))
-            if l2norm and c < qk2:
+            if l2norm & lbit and c < qk2:
                 ss = lane_sum(acc_0 * acc_0 + acc_1 * acc_1 + acc_2 * acc_2 + acc_3 * acc_3)
                 ss = fdiv(ONE, sqrt(ss + L2NORM_EPS))
                 acc_0 = acc_0 * ss
@@ -1198,7 +1200,7 @@ def jitconv_conv_w4_bfloat16_c4_l8_fastexp_r64_g2_vt_gdn(x, x_offset, x_row_stri
                 acc_1 = fdiv(acc_1, ONE + exp(-acc_1))
                 acc_2 = fdiv(acc_2, ONE + exp(-acc_2))
                 acc_3 = fdiv(acc_3, ONE + exp(-acc_3))
-            if l2norm and c < qk2:
+            if l2norm & lbit and c < qk2:
                 ss = lane_sum(acc_0 * acc_0 + acc_1 * acc_1 + acc_2 * acc_2 + acc_3 * acc_3)
                 ss = fdiv(ONE, sqrt(ss + L2NORM_EPS))
                 acc_0 = acc_0 * ss
@@ -1228,7 +1230,7 @@ def jitconv_conv_w4_bfloat16_c4_l8_fastexp_r64_g2_vt_gdn(x, x_offset, x_row_stri
                 acc_1 = fdiv(acc_1, ONE + exp(-acc_1))
                 acc_2 = fdiv(acc_2, ONE + exp(-acc_2))
                 acc_3 = fdiv(acc_3, ONE + exp(-acc_3))
-            if l2norm and c < qk2:
+            if l2norm & lbit and c < qk2:
                 ss = lane_sum(acc_0 * acc_0 + acc_1 * acc_1 + acc_2 * acc_2 + acc_3 * acc_3)
                 ss = fdiv(ONE, sqrt(ss + L2NORM_EPS))
                 acc_0 = acc_0 * ss
@@ -1288,7 +1290,7 @@ def jitconv_conv_w4_bfloat16_c4_l8_fastexp_r64_g2_vt_gdn(x, x_offset, x_row_stri
                 acc_1 = fdiv(acc_1, ONE + exp(-acc_1))
                 acc_2 = fdiv(acc_2, ONE + exp(-acc_2))
                 acc_3 = fdiv(acc_3, ONE + exp(-acc_3))
-            if l2norm and c < qk2:
+            if l2norm & lbit and c < qk2:
                 ss = lane_sum(acc_0 * acc_0 + acc_1 * acc_1 + acc_2 * acc_2 + acc_3 * acc_3)
                 ss = fdiv(ONE, sqrt(ss + L2NORM_EPS))
                 acc_0 = acc_0 * ss
@@ -1318,7 +1320,7 @@ def jitconv_conv_w4_bfloat16_c4_l8_fastexp_r64_g2_vt_gdn(x, x_offset, x_row_stri
                 acc_1 = fdiv(acc_1, ONE + exp(-acc_1))
                 acc_2 = fdiv(acc_2, ONE + exp(-acc_2))
                 acc_3 = fdiv(acc_3, ONE + exp(-acc_3))
-            if l2norm and c < qk2:
+            if l2norm & lbit and c < qk2:
                 ss = lane_sum(acc_0 * acc_0 + acc_1 * acc_1 + acc_2 * acc_2 + acc_3 * acc_3)
                 ss = fdiv(ONE, sqrt(ss + L2NORM_EPS))
                 acc_0 = acc_0 * ss
@@ -1348,7 +1350,7 @@ def jitconv_conv_w4_bfloat16_c4_l8_fastexp_r64_g2_vt_gdn(x, x_offset, x_row_stri
                 acc_1 = fdiv(acc_1, ONE + exp(-acc_1))
                 acc_2 = fdiv(acc_2, ONE + exp(-acc_2))
                 acc_3 = fdiv(acc_3, ONE + exp(-acc_3))
-            if l2norm and c < qk2:
+            if l2norm & lbit and c < qk2:
                 ss = lane_sum(acc_0 * acc_0 + acc_1 * acc_1 + acc_2 * acc_2 + acc_3 * acc_3)
                 ss = fdiv(ONE, sqrt(ss + L2NORM_EPS))
                 acc_0 = acc_0 * ss
@@ -1378,7 +1380,7 @@ def jitconv_conv_w4_bfloat16_c4_l8_fastexp_r64_g2_vt_gdn(x, x_offset, x_row_stri
                 acc_1 = fdiv(acc_1, ONE + exp(-acc_1))
                 acc_2 = fdiv(acc_2, ONE + exp(-acc_2))
                 acc_3 = fdiv(acc_3, ONE + exp(-acc_3))
-            if l2norm and c < qk2:
+            if l2norm & lbit and c < qk2:
                 ss = lane_sum(acc_0 * acc_0 + acc_1 * acc_1 + acc_2 * acc_2 + acc_3 * acc_3)
                 ss = fdiv(ONE, sqrt(ss + L2NORM_EPS))
                 acc_0 = acc_0 * ss
@@ -1417,7 +1419,7 @@ def jitconv_conv_w4_bfloat16_c4_l8_fastexp_r64_g2_vt_gdn(x, x_offset, x_row_stri
                 acc_1 = fdiv(acc_1, ONE + exp(-acc_1))
                 acc_2 = fdiv(acc_2, ONE + exp(-acc_2))
                 acc_3 = fdiv(acc_3, ONE + exp(-acc_3))
-            if l2norm and c < qk2:
+            if l2norm & lbit and c < qk2:
                 ss = lane_sum(acc_0 * acc_0 + acc_1 * acc_1 + acc_2 * acc_2 + acc_3 * acc_3)
                 ss = fdiv(ONE, sqrt(ss + L2NORM_EPS))
                 acc_0 = acc_0 * ss

@@ -44,10 +44,12 @@ def jitconv_conv_w4_bfloat16_fast_wide_gdn(item, x, x_offset, x_row_stride, out,
     sb = out_offset
     tp = part_rows
     go = gates_offset
+    lbit = 1
     if flags & FLAG_SPEC:
         sb = out2_offset
         tp = part2_rows
         go = gates2_offset
+        lbit = 2
     ors = qk
     if c < qk:
         oc_0 = sb + c
@@ -327,7 +329,7 @@ def jitconv_conv_w4_bfloat16_fast_wide_gdn(item, x, x_offset, x_row_stride, out,
                 acc_2 = fdiv(acc_2, ONE + exp(-acc_2))
                 acc_3 = fdiv(acc_3, ONE + exp(-acc_3))
             store_row4(o, U(oc_0 + (r if ob < 0 else ob + i) * ors), store(acc_0), store(acc_1), store(acc_2), store(acc_3))
-    if l2norm and c < qk2:
+    if l2norm & lbit and c < qk2:
         group_barrier(item.get_group(), MemoryScope.WORK_GROUP)
         hc = c - c % head_k  # the head's first channel
         ho = oc_0 - (c - hc)  # its offset in the part's rows

@@ -199,7 +199,7 @@ def get_conv_kernel(width, dtype_name, queue, wide=False, fast=None, record_type
     the same SPIR-V."""
     fast = fast_silu(dtype_name) if fast is None else fast
     key = (devices.name_of(queue.sycl_device), queue.sycl_context, width, dtype_name, wide,
-           fast, chains, record_types, stage)
+           fast, chains, stage, record_types)
     kernel = STATE.kernels.get(key)
     if kernel is None:
         with STATE.kernels_lock:
@@ -512,7 +512,7 @@ def submit_stage(queue, width, dtype_name, views, tables, num_blocks, dim, stage
     values += array_args(views["dtb"], views["dtb"].offset)
     values += array_args(gates, gates.offset, gates.offset + 2 * rows_ns * nhv)
     values += [rows_ns, rows_sp, stage.qk, stage.head_k_dim, stage.vdim, stage.head_v_dim,
-               int(stage.l2norm), int(stage.exp_g)]
+               stage.l2norm, int(stage.exp_g)]
     lanes = stage.head_k_dim // channels
     grid = (int(num_blocks), -(-(int(dim) // channels) // lanes) * lanes)
     submit_packed(kernel, queue, values, grid, wait, after, local=(1, lanes),
