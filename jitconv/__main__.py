@@ -304,26 +304,19 @@ def build_kernels(args):
         print(f"  width {width} {dtype:9s} fused {_types_name(types)} "
               f"{'wide' if wide else '    '} {path.stat().st_size / 1024:6.1f} KiB "
               f"{time.perf_counter() - t0:5.2f} s  {path.name}", flush=True)
-    # the kernels with the chain piece (parent maps, intermediate windows)
-    for width, dtype, wide, fast in kernel_cache.chain_specializations():
-        if width not in widths or dtype not in dtypes:
-            continue
-        t0 = time.perf_counter()
-        _kernel, path = launching.compile_and_store(width, dtype, queue, target, wide=wide,
-                                                    fast=fast, chains=True)
-        print(f"  width {width} {dtype:9s} {_math_name(fast)} chains "
-              f"{'wide' if wide else '    '} {path.stat().st_size / 1024:6.1f} KiB "
-              f"{time.perf_counter() - t0:5.2f} s  {path.name}", flush=True)
-    # the GDN stage's kernels (jitconv.gdn_conv_stage)
-    for width, dtype, wide, fast in kernel_cache.stage_specializations():
-        if width not in widths or dtype not in dtypes:
-            continue
-        t0 = time.perf_counter()
-        _kernel, path = launching.compile_and_store(width, dtype, queue, target, wide=wide,
-                                                    fast=fast, stage=True)
-        print(f"  width {width} {dtype:9s} {_math_name(fast)} stage  "
-              f"{'wide' if wide else '    '} {path.stat().st_size / 1024:6.1f} KiB "
-              f"{time.perf_counter() - t0:5.2f} s  {path.name}", flush=True)
+    # the kernels with the chain piece (parent maps, intermediate windows), and the GDN
+    # stage's kernels (jitconv.gdn_conv_stage)
+    for label, specs, option in (("chains", kernel_cache.chain_specializations(), "chains"),
+                                 ("stage ", kernel_cache.stage_specializations(), "stage")):
+        for width, dtype, wide, fast in specs:
+            if width not in widths or dtype not in dtypes:
+                continue
+            t0 = time.perf_counter()
+            _kernel, path = launching.compile_and_store(width, dtype, queue, target,
+                                                        wide=wide, fast=fast, **{option: True})
+            print(f"  width {width} {dtype:9s} {_math_name(fast)} {label} "
+                  f"{'wide' if wide else '    '} {path.stat().st_size / 1024:6.1f} KiB "
+                  f"{time.perf_counter() - t0:5.2f} s  {path.name}", flush=True)
     # the device planners (jitconv.device_plan): one per shipped set of metadata types
     for types in kernel_cache.planner_specializations():
         t0 = time.perf_counter()

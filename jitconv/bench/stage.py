@@ -54,7 +54,7 @@ import numpy as np
 import torch
 
 import jitconv
-from jitconv.bench.gpu import device_time_us, load_vllm_triton
+from jitconv.bench.gpu import copy_bandwidth, device_time_us, load_vllm_triton
 from jitconv.reference import TOLERANCE, gdn_conv_stage_reference
 
 LAYERS = 36
@@ -309,24 +309,6 @@ def stage_bytes(step):
             + 2 * seqs * step.state_len * dim * e)
 
 
-def copy_rate(nbytes, device, reps=20):
-    """Bytes moved per second by a device-to-device copy of nbytes / 2 (read + write)."""
-    src = torch.empty(nbytes // 2, dtype=torch.uint8, device=device)
-    dst = torch.empty_like(src)
-    for _ in range(3):
-        dst.copy_(src)
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        s, t = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        dst.copy_(src)
-        t.record()
-        t.synchronize()
-        times.append(s.elapsed_time(t) * 1e-3)
-    return nbytes / statistics.median(times)
-
-
 def run(vllm_file, prep_file, out_dir=None, dims=(8192, 2048), reps=40, steps=30):
     vt, prep = load_vllm_triton(vllm_file), load_post_conv_prep(prep_file)
     device = torch.device("cuda:0")
@@ -373,7 +355,8 @@ def run(vllm_file, prep_file, out_dir=None, dims=(8192, 2048), reps=40, steps=30
                         if workload.startswith("prefill"):
                             nbytes = stage_bytes(step)
                             row["stage_GBps"] = nbytes / kernel * 1e-3
-                            row["copy_GBps"] = copy_rate(nbytes, device) * 1e-9
+                            # a copy of half the bytes reads and writes them all
+                            row["copy_GBps"] = copy_bandwidth(device, nbytes // 2)["gbps"]
                     rows.append(row)
                     print(json.dumps({k: (round(v, 2) if isinstance(v, float) else v)
                                       for k, v in row.items()}), flush=True)

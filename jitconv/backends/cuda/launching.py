@@ -432,13 +432,18 @@ def forget_runs():
 def run_remembered(plan, args, activation, math, split=SPLIT_NONE):
     """(output, key) of the run kept for these arguments (launched now), or (None, key)
     when none is kept (key None: never to be kept): ``backend.remembered``'s work."""
-    key = run_key(args, activation, math, split)
+    return _kept_run(plan, run_key(args, activation, math, split), args[4])
+
+
+def _kept_run(plan, key, out):
+    """(output, key) of the run of ``plan`` kept under ``key`` (launched now, into ``out``
+    or a new output), or (None, key) when none is kept (key None: never to be kept)."""
     if key is None:
         return None, None
     run = _plan_state(plan).get("runs", _NO_RUNS).get(key)
     if run is None:
         return None, key
-    return run(args[4], key[STREAM_AT]), key  # these tensors passed this geometry's checks
+    return run(out, key[STREAM_AT]), key  # these tensors passed this geometry's checks
 
 
 def errors_of(plan, sim=False):
@@ -593,13 +598,7 @@ def stage_key(args, stage_args, activation, math):
 def stage_remembered(plan, args, stage_args, activation, math):
     """(the stage's output buffer, key) of the stage run kept for these arguments
     (launched now), or (None, key) when none is kept (key None: never to be kept)."""
-    key = stage_key(args, stage_args, activation, math)
-    if key is None:
-        return None, None
-    run = _plan_state(plan).get("runs", _NO_RUNS).get(key)
-    if run is None:
-        return None, key
-    return run(None, key[STREAM_AT]), key  # these tensors passed this geometry's checks
+    return _kept_run(plan, stage_key(args, stage_args, activation, math), None)
 
 
 def _stage_arguments(stage, sim):
