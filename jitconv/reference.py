@@ -263,7 +263,8 @@ def gdn_conv_stage_reference(x, weight, bias, conv_state, a, b, A_log, dt_bias, 
     len(A_log) heads of head_v_dim for v):
 
     - q, k: (H, K), each head l2-normalised (``l2norm``) where ``use_l2norm`` says: True
-      (both parts), False, or the part names it holds ("spec", "non_spec");
+      (both parts), False, the part names it holds ("spec", "non_spec"), or a dict
+      {part name: first row} (that part's rows from there on);
     - v: (HV, V);
     - g = -exp(A_log) * softplus(a + dt_bias) (HV,) (exp(g) with ``exp_g``);
     - beta = sigmoid(b) (HV,), from the token's rows of a and b (T, HV).
@@ -293,9 +294,14 @@ def gdn_conv_stage_reference(x, weight, bias, conv_state, a, b, A_log, dt_bias, 
         q = yp[:, :H * K].reshape(len(r), H, K)
         k = yp[:, H * K:2 * H * K].reshape(len(r), H, K)
         v = yp[:, 2 * H * K:].reshape(len(r), HV, V)
-        if (bool(use_l2norm) if isinstance(use_l2norm, (bool, np.bool_))
-                else part in use_l2norm):
-            q, k = l2norm(q), l2norm(k)
+        if isinstance(use_l2norm, dict):
+            first = use_l2norm.get(part, len(r))
+        elif isinstance(use_l2norm, (bool, np.bool_)):
+            first = 0 if use_l2norm else len(r)
+        else:
+            first = 0 if part in use_l2norm else len(r)
+        q, k = q.copy(), k.copy()
+        q[first:], k[first:] = l2norm(q[first:]), l2norm(k[first:])
         g = -np.exp(A_log)[None, :] * softplus(a[r] + dt_bias[None, :])
         parts[part] = dict(q=q, k=k, v=v, g=np.exp(g) if exp_g else g,
                            beta=1.0 / (1.0 + np.exp(-b[r])))

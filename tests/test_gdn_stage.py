@@ -119,7 +119,9 @@ def test_stage_matches_the_reference(device, poisoned_outputs, dtype_name, rows)
 
 @pytest.mark.parametrize("options", [dict(use_l2norm=False), dict(exp_g=True),
                                      dict(activation=None), dict(use_l2norm=("non_spec",)),
-                                     dict(use_l2norm=["spec"])])
+                                     dict(use_l2norm=["spec"]),
+                                     dict(use_l2norm={"non_spec": 3, "spec": 0}),
+                                     dict(use_l2norm={"non_spec": 1, "spec": 5})])
 def test_stage_options(device, poisoned_outputs, options):
     data, meta, gates = stage_case(12, torch.float32)
     check_against_reference(data, meta, gates, torch.float32, **options)
@@ -173,6 +175,10 @@ def _bad_calls(data, meta, gates):
         ("b", ValueError, dict(gates=dict(b=in_state))),
         ("use_l2norm", TypeError, dict(options=dict(use_l2norm=1))),
         ("use_l2norm", TypeError, dict(options=dict(use_l2norm=("prefill",)))),
+        ("use_l2norm", TypeError, dict(options=dict(use_l2norm={"spec": -1}))),
+        ("use_l2norm", TypeError, dict(options=dict(use_l2norm={"prefill": 0}))),
+        # row 4 is inside the non-spec part's third sequence (rows 3..11)
+        ("use_l2norm", ValueError, dict(options=dict(use_l2norm={"non_spec": 4}))),
         ("spec_window_rows", ValueError,
          dict(meta=dict(spec_window_rows=torch.arange(spec_seqs)))),
         ("not_a_metadata_name", TypeError, dict(meta=dict(not_a_metadata_name=1))),
@@ -243,9 +249,13 @@ def test_remembered_stage_runs(device, monkeypatch):
         ref, ref_state = reference_of(data, meta, gates)
         results.append(plan.run_stage(*args, num_k_heads=H, head_k_dim=K, head_v_dim=V))
         for part in ("spec", "non_spec"):
+            got = getattr(results[-1], part)
             for field in ("q", "k", "v"):
-                assert_outputs_close(getattr(getattr(results[-1], part), field),
-                                     ref[part][field], torch.bfloat16)
+                assert_outputs_close(getattr(got, field), ref[part][field], torch.bfloat16)
+            for field in ("g", "beta"):  # the gates are patched into the new output too
+                torch.testing.assert_close(getattr(got, field).double().cpu(),
+                                           torch.from_numpy(ref[part][field]),
+                                           **GATE_TOLERANCE)
         assert_state_exact(data["conv_state"], ref_state)
         if run == 0:
             monkeypatch.setattr(launching, "launch", None)  # a second launch would fail

@@ -12,9 +12,11 @@ process per job (its docstring says what each does):
   ops called and launched; vLLM's own FULL-graph padded decode batch through the
   installed op: the null block (line 0) untouched, as by vLLM's op;
 - the real ``QwenGatedDeltaNetAttention._forward_core`` in whole-step mode on every GDN
-  layer call of a Qwen3-Next engine with MTP (metadata built by vLLM's own builder):
-  conv states bit-exact against vLLM's own conv, steps holding spec-verify sequences and
-  prefill chunks together, one launch per layer and step;
+  layer call of a Qwen3-Next engine with MTP (metadata built by vLLM's own builder), its
+  conv chain answered by the GDN stage (``rearrange_mixed_qkv`` and
+  ``fused_post_conv_prep`` included): conv states bit-exact against vLLM's own conv, the
+  recurrent kernels' q, k, v, g and beta against vLLM's CPU path's, steps holding
+  spec-verify sequences and prefill chunks together, one launch per layer and step;
 - the conventions the plugin reads from the installed ops module (nothing refused), and
   the ops' prefix-caching arguments (a read line, a write line and block-boundary
   checkpoints from a 2-D block table) through the installed ops, against the reference.
@@ -127,14 +129,30 @@ def test_padded_decode_batch_leaves_the_null_block(engine):
 
 
 def test_gdn_forward_core_in_whole_step_mode_matches_vllm(engine):
-    got = engine("gdn")
-    assert f"{GDN}.QwenGatedDeltaNetAttention._forward_core (whole-step mode)" in \
-        got["replaced"], got["replaced"]
+    got = engine("gdn", "mtp")
+    assert f"{GDN}.QwenGatedDeltaNetAttention._forward_core (whole-step mode, GDN " \
+        "stage)" in got["replaced"], got["replaced"]
     s = got["stats"]
     assert s["layer_steps"] > 0 and s["state_mismatches"] == 0, s
     assert s["spec_and_prefill"] > 0 and s["spec_only"] > 0, s  # MTP + chunked prefill
+    assert s["stage_steps"] > 0 and s["rows_normalised"] > 0, s  # the stage answered
     assert s["launches"] == s["layer_steps"], s  # one launch per layer and step
-    assert s["max_output_error"] < 0.05 and s["outputs_compared"] > 0, s  # bf16
+    assert s["max_qkv_error"] < 0.02 and s["rows_compared"] > 0, s  # bf16, relative
+    assert s["max_gate_error"] < 1e-3, s
     # vLLM 0.32's layer on XPU: its forward always takes the fused SYCL op
     (route,) = got["routes"]
     assert "no Triton route on XPU" in route, route
+
+
+def test_gdn_whole_step_mode_without_spec_decode(engine):
+    """The same engine without MTP: chunked prefill puts decodes and a prefill chunk in
+    one step, and vLLM's layer peels the decodes off the non-spec part (their q and k
+    are normalised by the recurrent kernel, the prefill tokens' before the chunk
+    kernel): the stage normalises that part's rows from its decodes' end on."""
+    got = engine("gdn", "plain")
+    s = got["stats"]
+    assert s["layer_steps"] > 0 and s["state_mismatches"] == 0, s
+    assert s["decodes_and_prefill"] > 0 and s["rows_normalised"] > 0, s
+    assert 0 < s["stage_steps"] < s["layer_steps"], s  # decode-only steps: the conv alone
+    assert s["launches"] == s["layer_steps"], s
+    assert s["max_qkv_error"] < 0.02 and s["max_gate_error"] < 1e-3, s

@@ -608,13 +608,15 @@ def stage_case(seed, H=2, HV=4, K=8, V=6, width=4):
     return data, md, dict(num_k_heads=H, head_k_dim=K, head_v_dim=V)
 
 
-@pytest.mark.parametrize("use_l2norm,exp_g", [(True, False), (False, False), (True, True)])
+@pytest.mark.parametrize("use_l2norm,exp_g", [(True, False), (False, False), (True, True),
+                                               ({"non_spec": 2}, False)])
 def test_gdn_stage_splits_normalises_and_gates_each_part(use_l2norm, exp_g):
     """The stage reference against its formulas written with torch: the conv's output
     rows of each part's tokens, in the part's token order, cut into q, k (H heads of K)
     and v (HV heads of V); q and k divided by sqrt(sum of squares + 1e-6) per head;
     g = -exp(A_log) * softplus(a + dt_bias) (torch's softplus, threshold 20), beta the
-    sigmoid of b; the state as the conv reference's."""
+    sigmoid of b; the state as the conv reference's. A dict normalises a part's rows
+    from the one it gives on."""
     data, md, heads = stage_case(3)
     parts, state = gdn_conv_stage_reference(**data, **heads, use_l2norm=use_l2norm,
                                             exp_g=exp_g, **md)
@@ -628,9 +630,10 @@ def test_gdn_stage_splits_normalises_and_gates_each_part(use_l2norm, exp_g):
         q, k, v = torch.split(y, [H * K, H * K, y.shape[1] - 2 * H * K], dim=1)
         q, k, v = q.reshape(len(rows), H, K), k.reshape(len(rows), H, K), \
             v.reshape(len(rows), -1, V)
-        if use_l2norm:
-            q = q * torch.rsqrt((q * q).sum(-1, keepdim=True) + 1e-6)
-            k = k * torch.rsqrt((k * k).sum(-1, keepdim=True) + 1e-6)
+        first = use_l2norm.get(part, len(rows)) if isinstance(use_l2norm, dict) else \
+            0 if use_l2norm else len(rows)
+        q, k = (torch.cat([t[:first], t[first:] * torch.rsqrt(
+            (t[first:] * t[first:]).sum(-1, keepdim=True) + 1e-6)]) for t in (q, k))
         a, b = (torch.from_numpy(data[n])[rows] for n in ("a", "b"))
         g = -torch.from_numpy(data["A_log"]).exp() * F.softplus(
             a + torch.from_numpy(data["dt_bias"]), beta=1.0, threshold=20.0)

@@ -307,6 +307,19 @@ def test_gdn_layer_runs_on_jitconv(cpu_tensor_device, standin, whole_step, dim_f
     assert torch.equal(bits(conv_state)[0], before[0]), "the null block was written"
 
 
+def test_whole_step_mode_reads_whether_the_stage_answers_the_layer(standin, caplog):
+    """The stand-in layer's _forward_core calls the conv ops only (no rearrange_mixed_qkv
+    or fused_post_conv_prep, which vLLM 0.32's calls): whole-step mode runs the conv
+    alone there and says why, read from the installed layer
+    (tests/test_real_vllm.py has the layer whose chain the stage answers)."""
+    caplog.set_level(logging.INFO, logger=vllm_plugin.logger.name)
+    replaced = vllm_plugin.install(whole_step=True)
+    assert f"{vllm_plugin.GDN_MODULE}.{vllm_plugin.GDN_LAYER}._forward_core (whole-step " \
+        "mode)" in replaced, replaced
+    (line,) = [x for x in plugin_lines(caplog) if "whole-step mode runs the conv only" in x]
+    assert "does not call rearrange_mixed_qkv, fused_post_conv_prep" in line, line
+
+
 # ------------------------------------------------------ platforms and vLLM versions
 
 def test_register_on_cuda_only_when_asked(standin, monkeypatch, caplog):

@@ -101,8 +101,13 @@ class StepPlan:
         # part's first token slot: what split outputs need. The non-spec part's slots
         # start at 0 (its part comes first, as every plan builder orders them).
         counts = {True: 0, False: 0}
+        starts = {True: [], False: []}  # each part's rows that begin a sequence
         for p in parts:
+            starts[p.spec].append(counts[p.spec] + np.asarray(p.query_start_loc[:-1]))
             counts[p.spec] += int(p.query_start_loc[-1])
+        self.sequence_starts = {
+            name: np.concatenate(starts[spec] + [np.zeros(0, np.int64)]).astype(np.int64)
+            for name, spec in (("spec", True), ("non_spec", False))}
         if parts and parts[0].spec and len(parts) > 1:
             raise ValueError("plan: the non-spec part must come before the spec part")
         self.part_tokens = (counts[True], counts[False])
@@ -234,8 +239,8 @@ class StepPlan:
                   checked=None) -> StageResult:
         """The GDN conv stage of one layer with the plan's metadata, in one launch
         (``jitconv.gdn_conv_stage`` documents the arguments): the conv and state update
-        as ``run``'s, then per token of each part q, k (l2-normalised in the parts
-        ``use_l2norm`` names), v, g (exp(g) with ``exp_g``) and beta. Every argument
+        as ``run``'s, then per token of each part q, k (l2-normalised where
+        ``use_l2norm`` says), v, g (exp(g) with ``exp_g``) and beta. Every argument
         is checked before anything is launched. ``checked``: as ``run_checked``'s."""
         backend = registry.for_call(x)
         if self.on_device:
@@ -246,7 +251,8 @@ class StepPlan:
             raise ValueError("spec_window_rows/non_spec_window_rows: the GDN stage does "
                              "not write intermediate windows; plan the step without them")
         heads = (num_k_heads, head_k_dim, head_v_dim)
-        l2norm = validation.l2norm_parts(use_l2norm)
+        l2norm = validation.l2norm_parts(use_l2norm, self.sequence_starts,
+                                         dict(zip(("spec", "non_spec"), self.part_tokens)))
         stage_args = (a, b, A_log, dt_bias, heads, l2norm, exp_g)
         buffer, key = backend.remembered_stage(self, (x, weight, bias, conv_state, None),
                                                stage_args, activation, math)

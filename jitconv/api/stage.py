@@ -32,11 +32,13 @@ def gdn_conv_stage(x: Any, weight: Any, bias: Optional[Any], conv_state: Any, a:
         Floating; used as float32.
     num_k_heads, head_k_dim, head_v_dim : int
         The heads; num_v_heads is len(A_log).
-    use_l2norm : bool, or part names
+    use_l2norm : bool, part names, or {part name: first row}
         Divide each q and k head by sqrt(sum of its squares + 1e-6) (vLLM's eps): in
-        both parts (True), neither (False), or the parts named (e.g. ("non_spec",): vLLM
-        normalises the chunked-prefill part's q and k before its kernel and leaves the
-        spec part's to the recurrent kernel).
+        both parts (True), neither (False), every row of the parts named (e.g.
+        ("non_spec",)), or a part's rows from the one given on, which must begin one of
+        its sequences (e.g. {"non_spec": 3}: vLLM normalises only the prefill tokens of
+        its non-spec part, which follow its decodes, and leaves the decodes' and the
+        spec part's to the recurrent kernels).
     exp_g : bool
         Return exp(g) instead of g.
     **metadata
@@ -53,8 +55,8 @@ def gdn_conv_stage(x: Any, weight: Any, bias: Optional[Any], conv_state: Any, a:
         num_v_heads) float32; None for a part without tokens. A padded sequence's tokens
         get zero q, k and v.
 
-    Runs on CUDA devices (head_k_dim 32, 64, 128 or 256); SYCL devices refuse it by name
-    so far. Every argument is checked before anything is launched; a bad one raises and
+    Runs on CUDA devices (head_k_dim 32, 64, 128 or 256) and SYCL devices (head_k_dim up
+    to 256); a device that cannot take the heads says so by name. Every argument is checked before anything is launched; a bad one raises and
     leaves conv_state as it was.
     """
     meta = StepMetadata.of(metadata)

@@ -687,14 +687,31 @@ def check_stage(x, conv_state, a, b, A_log, dt_bias, num_k_heads, head_k_dim, he
     return hv
 
 
-def l2norm_parts(use_l2norm):
-    """The stage's ``use_l2norm`` as the kernel's bits (``abi.STAGE_L2NORM_BITS``): True
-    (both parts), False (neither), or a tuple / list / set of part names ("spec",
-    "non_spec")."""
+def l2norm_parts(use_l2norm, sequence_starts, part_rows):
+    """The stage's ``use_l2norm`` as the kernel's first normalised row of each part
+    (non-spec, spec; ``abi.STAGE_L2NORM_NONE``: none): True (both parts, every row),
+    False (neither), a tuple / list / set of part names ("spec", "non_spec": every row of
+    those), or a dict {part name: first row} (rows from there on; vLLM normalises the
+    prefill rows of its non-spec part, which follow its decodes). A first row must begin
+    one of the part's sequences (``sequence_starts``: per part, the rows that do) or be
+    its row count (``part_rows``), as the kernel decides per block of a sequence."""
+    none = abi.STAGE_L2NORM_NONE
     if isinstance(use_l2norm, (bool, np.bool_)):
-        return 3 if use_l2norm else 0
+        return (0, 0) if use_l2norm else (none, none)
     if isinstance(use_l2norm, (tuple, list, set, frozenset)) and \
-            all(isinstance(p, str) and p in abi.STAGE_L2NORM_BITS for p in use_l2norm):
-        return sum(abi.STAGE_L2NORM_BITS[p] for p in set(use_l2norm))
-    raise TypeError(f"use_l2norm: expected True, False or part names among "
-                    f"{sorted(abi.STAGE_L2NORM_BITS)}, got {use_l2norm!r}")
+            all(isinstance(p, str) and p in abi.STAGE_PARTS for p in use_l2norm):
+        return tuple(0 if p in use_l2norm else none for p in abi.STAGE_PARTS)
+    if not (isinstance(use_l2norm, dict) and all(
+            isinstance(p, str) and p in abi.STAGE_PARTS and isinstance(r, (int, np.integer))
+            and not isinstance(r, (bool, np.bool_)) and r >= 0
+            for p, r in use_l2norm.items())):
+        raise TypeError(f"use_l2norm: expected True, False, part names among "
+                        f"{list(abi.STAGE_PARTS)} or a dict of part name to first row (an "
+                        f"int >= 0), got {use_l2norm!r}")
+    for part, row in use_l2norm.items():
+        if row < part_rows[part] and row not in sequence_starts[part]:
+            raise ValueError(f"use_l2norm: the {part} part's first normalised row must "
+                             f"begin one of its sequences (rows "
+                             f"{sequence_starts[part].tolist()[:16]}) or be its row count "
+                             f"{part_rows[part]}, got {row}")
+    return tuple(min(int(use_l2norm.get(p, none)), none) for p in abi.STAGE_PARTS)

@@ -63,7 +63,8 @@ class StageTensors:
     qk: int            # num_k_heads * head_k_dim
     vdim: int          # num_v_heads * head_v_dim
     head_v_dim: int
-    l2norm: int        # the parts normalised (kernels.abi.STAGE_L2NORM_BITS)
+    l2norm: tuple      # each part's first normalised row (non-spec, spec;
+    #                    kernels.abi.STAGE_L2NORM_NONE: none)
     exp_g: bool
 
 

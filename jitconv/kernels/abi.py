@@ -159,8 +159,9 @@ CONV_ARGS = (
 # holds each part's g (rows, HV) then beta (rows, HV), the non-spec part's from
 # ``gates_offset``, the spec part's from ``gates2_offset``. a and b (rows of x, HV)
 # have unit column stride; A_log and dt_bias (HV,) are float32. ``qk`` = H * K,
-# ``head_k`` = K, ``vdim`` = HV * V, ``head_v`` = V; ``l2norm``: which parts' q and k are
-# normalised (STAGE_L2NORM_BITS); ``exp_g``: 0 or 1.
+# ``head_k`` = K, ``vdim`` = HV * V, ``head_v`` = V; ``l2norm_from`` / ``l2norm2_from``:
+# the non-spec / spec part's first row whose q and k are normalised (every later row is
+# too; STAGE_L2NORM_NONE: none); ``exp_g``: 0 or 1.
 STAGE_ARGS = (
     ("ga", 1, "raw", "C"), ("ga_offset", 0, "int64", None), ("ga_row_stride", 0, "int64", None),
     ("gb", 1, "raw", "C"), ("gb_offset", 0, "int64", None), ("gb_row_stride", 0, "int64", None),
@@ -171,9 +172,11 @@ STAGE_ARGS = (
     ("part_rows", 0, "int64", None), ("part2_rows", 0, "int64", None),
     ("qk", 0, "int64", None), ("head_k", 0, "int64", None), ("vdim", 0, "int64", None),
     ("head_v", 0, "int64", None),
-    ("l2norm", 0, "int64", None), ("exp_g", 0, "int64", None),
+    ("l2norm_from", 0, "int64", None), ("l2norm2_from", 0, "int64", None),
+    ("exp_g", 0, "int64", None),
 )
-STAGE_L2NORM_BITS = {"non_spec": 1, "spec": 2}
+STAGE_PARTS = ("non_spec", "spec")  # the order of the l2norm rows above
+STAGE_L2NORM_NONE = 2 ** 62  # a first row no part reaches
 # The stage's constants, as vLLM's fused_post_conv_prep (the reference has its own copy:
 # it stands alone): l2norm's eps and softplus's threshold.
 STAGE_L2NORM_EPS = 1e-6

@@ -388,13 +388,15 @@ class _Kernel:
 
     def store_outputs(self, row, i):
         """The store of a token's outputs acc{J} (``out_row``); with the stage, q and k
-        heads are first divided by their norm: the lanes' sums of squares added by the
-        backend's ``lane_sum`` (every lane of a head takes this branch: the head's lanes
-        are one block's and ``qk2`` is a multiple of the head's channels)."""
+        heads are first divided by their norm where the block's rows are normalised (a
+        block is one sequence's, so the part's first normalised row, which begins a
+        sequence, starts a block): the lanes' sums of squares added by the backend's
+        ``lane_sum`` (every lane of a head takes the same branch: the head's lanes are one
+        block's, and ``qk2`` is a multiple of the head's channels)."""
         if not self.stage or self.backend.lane_sum is None:  # (norm_pass normalises)
             return self.out_row("store(acc{J})", row, i)
         squares = " + ".join(f"acc{J} * acc{J}" for J in self.suffixes)
-        lines = ["if l2norm & lbit and c < qk2:",
+        lines = ["if c < qk2 and ob >= lfrom:",
                  IND + f"ss = {self.backend.lane_sum}({squares})",
                  IND + "ss = fdiv(ONE, sqrt(ss + L2NORM_EPS))"]
         lines += [IND + f"acc{J} = acc{J} * ss" for J in self.suffixes]
@@ -797,14 +799,15 @@ class _Kernel:
         """The stage's outputs (``abi.STAGE_ARGS``): in the block's part's buffer, the
         work-item's channels are in the q, k or v rows (all its channels in one: C
         divides head_k_dim and head_v), at row stride qk or vdim; ``tp``: the part's
-        rows, ``go``: its gates' offset, ``lbit``: its bit of ``l2norm``."""
+        rows, ``go``: its gates' offset, ``lfrom``: its first row whose q and k are
+        normalised (it begins a sequence: blocks wholly before or from it)."""
         if not self.stage:
             return ""
         lines = ["# The GDN stage: q rows, then k rows, then v rows of the part's buffer.",
                  "qk2 = 2 * qk", "sb = out_offset", "tp = part_rows", "go = gates_offset",
-                 "lbit = 1", "if flags & FLAG_SPEC:",
+                 "lfrom = l2norm_from", "if flags & FLAG_SPEC:",
                  IND + "sb = out2_offset", IND + "tp = part2_rows",
-                 IND + "go = gates2_offset", IND + "lbit = 2",
+                 IND + "go = gates2_offset", IND + "lfrom = l2norm2_from",
                  "ors = qk", "if c < qk:"]
         lines += [IND + f"oc{J} = sb + {CH}" for J, CH in zip(self.suffixes, self.chans)]
         lines += ["elif c < qk2:"]
@@ -824,7 +827,7 @@ class _Kernel:
         if not self.stage or self.backend.lane_sum is not None:
             return ""
         C, oc = self.channels, "oc" + self.suffixes[0]
-        lines = ["if l2norm & lbit and c < qk2:",
+        lines = ["if c < qk2 and ob >= lfrom:  # the same for the whole work-group",
                  IND + self.backend.group_barrier,
                  IND + "hc = c - c % head_k  # the head's first channel",
                  IND + f"ho = {oc} - (c - hc)  # its offset in the part's rows",

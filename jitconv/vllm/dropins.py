@@ -555,6 +555,44 @@ def gdn_conv_step(mixed_qkv, weight, bias, conv_state, attn_metadata, activation
     return out.to(original_dtype)
 
 
+def gdn_conv_stage_step(mixed_qkv, weight, bias, conv_state, a, b, A_log, dt_bias,
+                        attn_metadata, *, num_k_heads, head_k_dim, head_v_dim,
+                        use_l2norm=True, exp_g=False, activation="silu",
+                        null_block_id=NULL_BLOCK_ID, non_spec_num_accepted_tokens=None):
+    """The GDN conv stage of one layer for a whole engine step, from vLLM's
+    GDNAttentionMetadata, in ONE launch: ``gdn_conv_step``'s conv and state update, then
+    per token of each part q, k, v in head layout, l2norm and gates
+    (``jitconv.gdn_conv_stage`` documents them and ``use_l2norm`` / ``exp_g``).
+
+    mixed_qkv, a, b: the layer's (num_tokens, ...) rows (rows beyond the step's tokens
+    are not read); a and b in mixed_qkv's dtype with contiguous heads. A_log, dt_bias:
+    the layer's (num_v_heads,). conv_state, the metadata, ``null_block_id`` and
+    ``non_spec_num_accepted_tokens``: as ``gdn_conv_step``'s, whose plan (kept on the
+    metadata object) this shares. mixed_qkv must have conv_state's dtype (the stage
+    computes in x's dtype; vLLM converts x to the cache's).
+
+    Returns ``jitconv.StageResult(spec, non_spec)``: each part's q, k, v, g and beta, its
+    rows in the part's token order (None for a part without tokens).
+    """
+    null_block_id = conventions.check_skipped_id(null_block_id, "null_block_id")
+    if mixed_qkv.dtype != conv_state.dtype:
+        raise TypeError(f"mixed_qkv: the GDN stage computes in x's dtype, so x must have "
+                        f"conv_state's ({conv_state.dtype}), got {mixed_qkv.dtype}")
+    lines, _dim, state_len = (int(s) for s in conv_state.shape)
+    geometry = (int(mixed_qkv.shape[0]), lines, state_len, int(weight.shape[-1]),
+                null_block_id)
+
+    def metadata():
+        return conventions.gdn_step_metadata(attn_metadata, geometry[0], lines,
+                                             null_block_id, non_spec_num_accepted_tokens)
+    plan = _step_plan(attn_metadata, geometry, non_spec_num_accepted_tokens, metadata)
+    weight, bias = _to_state_dtype(conv_state, weight, bias)
+    return plan.run_stage(mixed_qkv, weight, bias, conv_state, a, b, A_log, dt_bias,
+                          num_k_heads=num_k_heads, head_k_dim=head_k_dim,
+                          head_v_dim=head_v_dim, use_l2norm=use_l2norm, exp_g=exp_g,
+                          activation=activation_name(activation))
+
+
 def conv_state_view(conv_cache, dim_first):
     """A layer's conv cache (vLLM: ``kv_cache[0]``) as the (lines, dim, state_len) view
     the conv ops take: vLLM stores it state-major, (lines, state_len, dim), unless its

@@ -31,6 +31,17 @@ then hand their input back unchanged, as it is already convolved. In a step with
 parts the conv writes each part's rows into its own tensor instead (split outputs) and
 the layer is handed a zero-width view of ``mixed_qkv``: its two ``index_select`` gathers
 then move no data, and its conv calls return the split outputs.
+
+Where the installed layer's chain after the conv is vLLM 0.32's (``stage_problem`` reads
+it: conv calls, then ``rearrange_mixed_qkv`` or ``fused_post_conv_prep``), steps with
+prefill or spec tokens run the GDN stage instead (``jitconv.vllm.gdn_conv_stage_step``:
+conv, state update, q / k / v in head layout, the prefill tokens' l2norm and gates, in
+one launch): the layer's conv calls hand back zero-width row markers, and its
+``rearrange_mixed_qkv`` and ``fused_post_conv_prep`` answer from the stage's outputs,
+which go to the recurrent kernels as they are. Decode-only steps run the conv alone
+(the stage would save only the rearrange copy there, and vLLM may take its packed decode
+path, which reads the conv output itself). A layer that hands a marker anywhere else, or
+leaves stage rows unanswered, raises RuntimeError: never a silent wrong answer.
 """
 
 import contextvars
@@ -39,6 +50,8 @@ import importlib
 import logging
 import inspect
 import os
+
+import torch
 
 from jitconv import vllm as drop_ins
 from jitconv.vllm import installed
@@ -83,7 +96,6 @@ def platform_problem(on_cuda=False):
         from vllm.platforms import current_platform
     except ImportError as exc:
         return f"vllm.platforms cannot be imported ({exc})"
-    import torch
     name = type(current_platform).__name__
     if current_platform.is_xpu():
         if not (hasattr(torch, "xpu") and torch.xpu.is_available()):
@@ -257,22 +269,29 @@ def _argument(p, ours, args, kwargs):
 
 def _fn_hand_back(done, ours, args, kwargs):
     """While the whole-step mode has done the current layer's conv: x itself (or the
-    non-spec part's split output, as the (dim, tokens) view the layer transposes
-    back)."""
+    non-spec part's split output or stage marker, as the (dim, tokens) view the layer
+    transposes back)."""
     x = args[0] if args else kwargs["x"]
+    if isinstance(done, _StageStep):
+        return done.marker(spec=False).transpose(0, 1)
     return done.non_spec.transpose(0, 1) if isinstance(done, SplitOutputs) else x
 
 
 def _update_hand_back(done, ours, args, kwargs):
     """While the whole-step mode has done the layer's conv: x (copied into ``out`` when
-    given), or the call's part of the split outputs (the spec part's call passes its
-    query_start_loc)."""
+    given), or the call's part of the split outputs or the stage's markers (the spec
+    part's call passes its query_start_loc)."""
     x = args[0] if args else kwargs["x"]
-    if isinstance(done, SplitOutputs):
-        spec = _argument("query_start_loc", ours, args, kwargs) is not None or \
-            _argument("num_accepted_tokens", ours, args, kwargs) is not None
-        x = done.spec if spec else done.non_spec
+    spec = _argument("query_start_loc", ours, args, kwargs) is not None or \
+        _argument("num_accepted_tokens", ours, args, kwargs) is not None
     out = _argument("out", ours, args, kwargs)
+    if isinstance(done, _StageStep):
+        if out is not None:
+            raise RuntimeError("jitconv whole-step mode: the layer passed causal_conv1d_"
+                               "update an out tensor, which the GDN stage does not fill")
+        return done.marker(spec)
+    if isinstance(done, SplitOutputs):
+        x = done.spec if spec else done.non_spec
     if out is None:
         return x
     out.copy_(x)
@@ -338,8 +357,10 @@ def _watch_gdn_route(gdn):
 
 
 def _install_whole_step():
-    """Wrap the Qwen GDN layer's _forward_core (see the module docstring). Returns what
-    was wrapped, or None (logged) when the layer is not as expected."""
+    """Wrap the Qwen GDN layer's _forward_core (see the module docstring); in stage mode
+    (``stage_problem`` finds none) also its ``rearrange_mixed_qkv`` and the module's
+    ``fused_post_conv_prep``. Returns what was wrapped, or None (logged) when the layer
+    is not as expected."""
     try:
         gdn = importlib.import_module(GDN_MODULE)
         layer = getattr(gdn, GDN_LAYER)
@@ -350,6 +371,12 @@ def _install_whole_step():
         logger.info("jitconv: whole-step mode not installed (%s: %s)",
                     type(exc).__name__, exc)
         return None
+    problem = stage_problem(gdn, layer)
+    if problem is None:
+        _install_stage_answers(gdn, layer)
+    else:
+        logger.info("jitconv: whole-step mode runs the conv only: %s", problem)
+    core = inspect.signature(original)
 
     @functools.wraps(original)
     def _forward_core(self, mixed_qkv, *args, **kwargs):
@@ -360,15 +387,28 @@ def _install_whole_step():
             return original(self, mixed_qkv, *args, **kwargs)
         rows = mixed_qkv[:metadata.num_actual_tokens]
         weight = self.conv1d.weight
+        weight = weight.view(weight.size(0), weight.size(-1))
         conv_state = drop_ins.conv_state_view(self.kv_cache[0], is_conv_state_dim_first())
+        spec = getattr(metadata, "spec_sequence_masks", None) is not None
+        if problem is None and (spec or metadata.num_prefills > 0):
+            bound = core.bind(self, mixed_qkv, *args, **kwargs)
+            step = _run_stage(self, rows, bound.arguments["a"], bound.arguments["b"],
+                              weight, conv_state, metadata)
+            if step is not None:
+                bound.arguments["mixed_qkv"] = mixed_qkv[:, :0]
+                token = _conv_done.set(step)
+                try:
+                    result = original(*bound.args, **bound.kwargs)
+                finally:
+                    _conv_done.reset(token)
+                step.check_answered()
+                return result
         # Both parts in the step: the layer gathers each part's rows out of mixed_qkv
         # before its conv calls. The conv writes them split instead (one launch), the
         # layer gets a zero-width view, so its gathers move no data, and its conv calls
         # hand back the split outputs.
-        both = getattr(metadata, "spec_sequence_masks", None) is not None and \
-            (metadata.num_prefills > 0 or metadata.num_decodes > 0)
-        result = drop_ins.gdn_conv_step(rows, weight.view(weight.size(0), weight.size(-1)),
-                                        self.conv1d.bias, conv_state, metadata,
+        both = spec and (metadata.num_prefills > 0 or metadata.num_decodes > 0)
+        result = drop_ins.gdn_conv_step(rows, weight, self.conv1d.bias, conv_state, metadata,
                                         activation=self.activation, split=both)
         if both:
             mixed_qkv = mixed_qkv[:, :0]
@@ -381,4 +421,167 @@ def _install_whole_step():
             _conv_done.reset(token)
 
     layer._forward_core = _forward_core
-    return f"{GDN_MODULE}.{GDN_LAYER}._forward_core (whole-step mode)"
+    return f"{GDN_MODULE}.{GDN_LAYER}._forward_core (whole-step mode" + \
+        (", GDN stage)" if problem is None else ")")
+
+
+# ------------------------------------------------ whole-step mode with the GDN stage
+
+PREP = "fused_post_conv_prep"
+# vLLM's fused_post_conv_prep, as the stage answers it: its parameters, in order.
+PREP_PARAMETERS = ("conv_output", "a", "b", "A_log", "dt_bias", "num_k_heads",
+                   "head_k_dim", "head_v_dim", "apply_l2norm", "output_g_exp")
+# What the installed _forward_core must call for the stage to answer its chain.
+STAGE_CHAIN = ("causal_conv1d_fn", "causal_conv1d_update", "rearrange_mixed_qkv", PREP)
+
+
+def stage_problem(gdn, layer):
+    """Why the whole-step mode cannot answer the installed GDN layer's conv chain with
+    the GDN stage (None when it can), read from the installed vLLM: its
+    ``_forward_core`` (parameters mixed_qkv, b, a; calls STAGE_CHAIN), the module's
+    ``fused_post_conv_prep`` (PREP_PARAMETERS). vLLM 0.32's layer: mixed_qkv goes through the conv ops, then
+    ``rearrange_mixed_qkv`` (q, k, v of the decodes and spec tokens, which the recurrent
+    kernels normalise and gate themselves) or ``fused_post_conv_prep`` (q, k normalised,
+    v, g, beta of the prefill tokens)."""
+    core = getattr(layer, "_forward_core", None)
+    names = getattr(getattr(core, "__code__", None), "co_names", ())
+    missing = [n for n in STAGE_CHAIN if n not in names]
+    if missing:
+        return f"{GDN_LAYER}._forward_core does not call {', '.join(missing)}"
+    parameters = tuple(inspect.signature(core).parameters)
+    if parameters[1:4] != ("mixed_qkv", "b", "a"):
+        return f"{GDN_LAYER}._forward_core takes {parameters[1:]}, not (mixed_qkv, b, a, ...)"
+    prep = getattr(gdn, PREP, None)
+    if prep is None:
+        return f"{GDN_MODULE} has no {PREP}"
+    given = tuple(inspect.signature(prep).parameters)
+    if given != PREP_PARAMETERS:
+        return f"{PREP} takes {given}, the stage answers {PREP_PARAMETERS}"
+    return None
+
+
+def _install_stage_answers(gdn, layer):
+    """The layer's ``rearrange_mixed_qkv`` and the module's ``fused_post_conv_prep``
+    answer from the step's stage run when handed one of its row markers
+    (``_StageStep``), and call vLLM's own otherwise."""
+    rearrange = layer.rearrange_mixed_qkv
+    prep = getattr(gdn, PREP)
+
+    @functools.wraps(rearrange)
+    def rearrange_mixed_qkv(self, mixed_qkv):
+        step = _conv_done.get()
+        if isinstance(step, _StageStep) and step.owns(mixed_qkv):
+            return step.rearranged(mixed_qkv)
+        return rearrange(self, mixed_qkv)
+
+    @functools.wraps(prep)
+    def fused_post_conv_prep(*args, **kwargs):
+        step = _conv_done.get()
+        call = inspect.signature(prep).bind(*args, **kwargs)
+        call.apply_defaults()
+        if isinstance(step, _StageStep) and step.owns(call.arguments["conv_output"]):
+            return step.prepared(**call.arguments)
+        return prep(*args, **kwargs)
+
+    layer.rearrange_mixed_qkv = rearrange_mixed_qkv
+    setattr(gdn, PREP, fused_post_conv_prep)
+
+
+def _run_stage(layer, rows, a, b, weight, conv_state, metadata):
+    """The stage of the layer's step (a ``_StageStep``), or None where the stage cannot
+    take these tensors as they are (mixed_qkv not in the conv cache's dtype, a or b not
+    in its dtype or without contiguous heads): the conv-only whole step then."""
+    n = rows.shape[0]
+    a, b = a[:n], b[:n]
+    if not (rows.dtype == conv_state.dtype == a.dtype == b.dtype and a.stride(-1) == 1
+            and b.stride(-1) == 1):
+        return None
+    # vLLM's layer normalises q and k of the prefill tokens only (fused_post_conv_prep),
+    # which follow the non-spec part's decodes when there is no spec part.
+    l2norm = False
+    if metadata.num_prefills > 0:
+        peeled = metadata.spec_sequence_masks is None and metadata.num_decodes > 0
+        l2norm = {"non_spec": int(metadata.num_decode_tokens) if peeled else 0}
+    heads = dict(num_k_heads=layer.num_k_heads // layer.tp_size,
+                 head_k_dim=layer.head_k_dim, head_v_dim=layer.head_v_dim)
+    result = drop_ins.gdn_conv_stage_step(
+        rows, weight, layer.conv1d.bias, conv_state, a, b, layer.A_log, layer.dt_bias,
+        metadata, use_l2norm=l2norm, activation=layer.activation, **heads)
+    return _StageStep(rows, result, l2norm, heads)
+
+
+class _StageStep:
+    """One layer's stage run in whole-step mode, and the row markers that stand for its
+    parts' conv outputs in the layer: zero-width views of mixed_qkv's storage, the
+    non-spec part's rows first, then the spec part's (so a marker's storage offset says
+    its part and first row, and the layer's row slices of a marker stay markers). A
+    zero-width tensor that reaches anything but the answers fails there; each part's
+    rows must be answered exactly once (``check_answered``)."""
+
+    def __init__(self, rows, result, l2norm, heads):
+        self.result, self.heads = result, heads
+        self.parts = {"non_spec": result.non_spec, "spec": result.spec}
+        self.counts = {p: 0 if o is None else o.q.shape[0] for p, o in self.parts.items()}
+        self.first_normalised = {p: (l2norm.get(p, self.counts[p]) if l2norm else
+                                     self.counts[p]) for p in self.parts}
+        self.answered = dict.fromkeys(self.parts, 0)
+        self.stride, self.base = rows.stride(0), rows.storage_offset()
+        self.storage = rows.untyped_storage().data_ptr()
+        ns = self.counts["non_spec"]
+        self.markers = {"non_spec": rows.as_strided((ns, 0), (self.stride, 1), self.base),
+                        "spec": rows.as_strided((self.counts["spec"], 0), (self.stride, 1),
+                                                self.base + ns * self.stride)}
+
+    def owns(self, t):
+        return isinstance(t, torch.Tensor) and t.dim() == 2 and t.shape[1] == 0 and \
+            t.stride(0) == self.stride and t.untyped_storage().data_ptr() == self.storage
+
+    def _rows(self, t, what):
+        """(part, first row, rows) of a marker (or a row slice of one)."""
+        at = (t.storage_offset() - self.base) // self.stride
+        ns = self.counts["non_spec"]
+        part, first = ("non_spec", at) if at < ns else ("spec", at - ns)
+        if first + t.shape[0] > self.counts[part] or self.parts[part] is None:
+            raise RuntimeError(f"jitconv whole-step mode: {what} was given rows {first}.."
+                               f"{first + t.shape[0]} of the {part} part, which has "
+                               f"{self.counts[part]}: the layer's chain is not the one "
+                               f"the GDN stage answers")
+        self.answered[part] += t.shape[0]
+        return part, first, t.shape[0]
+
+    def marker(self, spec):
+        return self.markers["spec" if spec else "non_spec"]
+
+    def rearranged(self, t):
+        """``rearrange_mixed_qkv``'s answer: q, k, v (1, rows, heads, dim), as stored by
+        the stage (not normalised)."""
+        part, first, n = self._rows(t, "rearrange_mixed_qkv")
+        if first + n > self.first_normalised[part]:
+            raise RuntimeError(f"jitconv whole-step mode: rearrange_mixed_qkv was given "
+                               f"rows {first}..{first + n} of the {part} part, whose q "
+                               f"and k the stage normalised from row "
+                               f"{self.first_normalised[part]} on")
+        out = self.parts[part]
+        return tuple(x[first:first + n].unsqueeze(0) for x in (out.q, out.k, out.v))
+
+    def prepared(self, conv_output, a, b, A_log, dt_bias, num_k_heads, head_k_dim,
+                 head_v_dim, apply_l2norm, output_g_exp):
+        """``fused_post_conv_prep``'s answer: q, k (normalised), v (rows, heads, dim), g
+        and beta (rows, heads) float32, from the stage (which computed the gates from
+        the same rows of a and b, and the layer's A_log and dt_bias)."""
+        part, first, n = self._rows(conv_output, PREP)
+        asked = dict(num_k_heads=num_k_heads, head_k_dim=head_k_dim, head_v_dim=head_v_dim)
+        normalised = first >= self.first_normalised[part]
+        if asked != self.heads or bool(apply_l2norm) != normalised or output_g_exp:
+            raise RuntimeError(
+                f"jitconv whole-step mode: {PREP} asked for {asked}, apply_l2norm="
+                f"{apply_l2norm}, output_g_exp={output_g_exp}; the stage ran {self.heads}, "
+                f"l2norm {'on' if normalised else 'off'} for these rows, g (not exp(g))")
+        out = self.parts[part]
+        return tuple(x[first:first + n] for x in out)
+
+    def check_answered(self):
+        if self.answered != self.counts:
+            raise RuntimeError(f"jitconv whole-step mode: the layer took rows "
+                               f"{self.answered} of the GDN stage's {self.counts}: its "
+                               f"chain is not the one the stage answers")

@@ -4,7 +4,7 @@ writing one JSON file:
 
     python vllm_cpu_engine.py models DIR                  tiny random models (transformers)
     python vllm_cpu_engine.py mamba2 DIR vllm|jitconv OUT offline engine, NemotronH float32
-    python vllm_cpu_engine.py gdn DIR OUT                  Qwen3-Next bf16 + MTP, GDN layers
+    python vllm_cpu_engine.py gdn DIR mtp|plain OUT        Qwen3-Next bf16 (+ MTP), GDN layers
     python vllm_cpu_engine.py ops OUT                      the installed ops, read and called
 
 ``mamba2``: chunked prefill (32 tokens a step) over 6 prompts, 24 greedy tokens each; with
@@ -12,14 +12,16 @@ writing one JSON file:
 vLLM's own padded (FULL-graph style) decode batch goes through vLLM's op and the installed
 one. ``gdn``: every GDN layer call of the engine runs twice: first the real
 ``QwenGatedDeltaNetAttention._forward_core`` of the installed vLLM in the plugin's
-whole-step mode, on a copy of the layer's input, up to the end of its conv stage (the
-recurrent kernels after it are Triton, which has no CPU driver), then vLLM's own CPU path
-from the same conv state, which the engine goes on with; conv states are compared bit for
-bit and conv outputs within bf16 tolerance.
+whole-step mode (its conv chain answered by the GDN stage), on a copy of the layer's
+input, up to its recurrent kernels (Triton, which has no CPU driver: their inputs are
+recorded), then vLLM's own CPU path from the same conv state, which the engine goes on
+with; conv states are compared bit for bit, the recurrent kernels' inputs within bf16
+tolerance.
 """
 
 import copy
 import dataclasses
+import functools
 import json
 import logging
 import os
@@ -212,111 +214,168 @@ class _StopAfterConv(Exception):
     pass
 
 
-def run_gdn(root):
+def run_gdn(root, mtp):
     from vllm import LLM
     import vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn as gdn
     import vllm.model_executor.layers.mamba.ops.cpu.gdn_attention as cpu_gdn
     result = {"replaced": plugin.install(whole_step=True)}
     stats = result["stats"] = {"layer_steps": 0, "spec_and_prefill": 0, "spec_only": 0,
-                               "no_spec": 0, "accepted_above_1": 0, "state_mismatches": 0,
-                               "max_output_error": 0.0, "outputs_compared": 0,
-                               "launches": 0}
-    vllm_core = cpu_gdn._cpu_gdn_attention_spec_aware
+                               "no_spec": 0, "decodes_and_prefill": 0,
+                               "accepted_above_1": 0, "state_mismatches": 0,
+                               "max_qkv_error": 0.0, "max_gate_error": 0.0,
+                               "rows_compared": 0, "rows_normalised": 0,
+                               "launches": 0, "stage_steps": 0}
     routes = set()
 
-    def both_sides(layer, m, mixed_qkv, b, a, core_attn_out, width, state_len):
+    def both_sides(vllm_core, layer, m, mixed_qkv, b, a, core_attn_out, *widths):
         routes.add(plugin.gdn_route(layer)[1])
         cache = layer.kv_cache[0]
         before = cache.clone()
         launches = SYCL_STATE.stats["submitted"]
-        ours = _jitconv_conv_stage(gdn, layer, mixed_qkv.clone(), b, a)
+        ours = _jitconv_stage(gdn, layer, mixed_qkv.clone(), b, a, core_attn_out)
         stats["launches"] += SYCL_STATE.stats["submitted"] - launches
         ours_state = cache.clone()
         cache.copy_(before)
         theirs = _vllm_conv_stage(vllm_core, layer, m, mixed_qkv, b, a, core_attn_out,
-                                  width, state_len)
+                                  *widths)
         spec = m.spec_sequence_masks is not None
         both = spec and (m.num_prefills > 0 or m.num_decodes > 0)
         stats["layer_steps"] += 1
+        stats["stage_steps"] += spec or m.num_prefills > 0
         stats["spec_and_prefill"] += both
         stats["spec_only"] += spec and not both
         stats["no_spec"] += not spec
+        stats["decodes_and_prefill"] += not spec and m.num_prefills > 0 and \
+            m.num_decodes > 0
         stats["accepted_above_1"] += spec and bool(
             (m.num_accepted_tokens[:m.num_spec_decodes] > 1).any())
         stats["state_mismatches"] += not torch.equal(cache.view(torch.int16),
                                                      ours_state.view(torch.int16))
-        ours, theirs = torch.cat(ours).float(), torch.cat(theirs).float()
-        stats["max_output_error"] = max(stats["max_output_error"],
-                                        float((ours - theirs).abs().max()))
-        stats["outputs_compared"] += theirs.numel()
+        _compare(stats, layer, ours, theirs)
 
-    cpu_gdn._cpu_gdn_attention_spec_aware = both_sides
-    llm = LLM(model=str(root / "gdn"), dtype="bfloat16",
-              speculative_config={"method": "qwen3_next_mtp", "num_speculative_tokens": 2},
-              **ENGINE)
+    # vLLM's CPU op takes one of these, by whether the conv cache has spec columns.
+    for name in ("_cpu_gdn_attention_spec_aware", "_cpu_gdn_attention_nonspec"):
+        setattr(cpu_gdn, name, functools.partial(both_sides, getattr(cpu_gdn, name)))
+    spec = dict(speculative_config={"method": "qwen3_next_mtp",
+                                    "num_speculative_tokens": 2}) if mtp else {}
+    llm = LLM(model=str(root / "gdn"), dtype="bfloat16", **spec, **ENGINE)
     result["tokens"] = generate(llm, 256)
     result["routes"] = sorted(routes)
     return result
 
 
-def _jitconv_conv_stage(gdn, layer, mixed_qkv, b, a):
-    """The installed vLLM's ``_forward_core`` (wrapped by the plugin's whole-step mode)
-    up to the end of its conv stage; returns the conv outputs its conv calls returned,
-    token-major, in call order (spec part first, as the layer calls them). vLLM's CPU
-    build packs bf16 conv weights on some CPUs (AVX-512 BF16, AMX) and keeps the plain
-    ones beside them: the layer gets the plain ones for this call, as on a GPU."""
-    outputs = []
-    fn, update = gdn.causal_conv1d_fn, gdn.causal_conv1d_update
+def _compare(stats, layer, ours, theirs):
+    """Our recurrent kernels' inputs against vLLM's CPU path's, row for row (both in call
+    order: spec part, then the non-spec part's decodes, then its prefill tokens): q, k,
+    v within bf16 tolerance (relative to the tensor's largest value), q and k against vLLM's rows l2-normalised (torch, float32)
+    where our side's kernel takes them normalised, g and beta (the prefill rows: the
+    chunk kernel takes them) against the formulas on the layer's a, b, A_log and dt_bias.
+    vLLM's CPU recurrent kernels normalise and gate inside, so its side has q, k, v only;
+    a and b of the prefill rows are those the layer handed fused_post_conv_prep."""
+    got = {name: torch.cat([call[name].reshape(-1, call[name].shape[-1] *
+                                               call[name].shape[-2]).float()
+                            for call in ours]) for name in ("q", "k", "v")}
+    want = {name: torch.cat([t.reshape(-1, t.shape[-1] * t.shape[-2]).float()
+                             for t in theirs[name]]) for name in ("q", "k", "v")}
+    normalised = torch.cat([torch.full((call["q"].shape[-3],), call["normalised"])
+                            for call in ours])
+    K = layer.head_k_dim
+    for name in ("q", "k"):
+        t = want[name].view(want[name].shape[0], -1, K)
+        scaled = t * torch.rsqrt((t * t).sum(-1, keepdim=True) + 1e-6)
+        want[name] = torch.where(normalised[:, None, None], scaled, t).flatten(1)
+    for name in ("q", "k", "v"):  # relative to the largest value (a tiny random model)
+        error = (got[name] - want[name]).abs().max() / want[name].abs().max()
+        stats["max_qkv_error"] = max(stats["max_qkv_error"], float(error))
+    stats["rows_compared"] += int(want["q"].shape[0])
+    stats["rows_normalised"] += int(normalised.sum())
+    gated = [call for call in ours if "g" in call]
+    if gated:
+        (call,) = gated
+        g = -layer.A_log.float().exp() * torch.nn.functional.softplus(
+            call["a_rows"] + layer.dt_bias.float(), beta=1.0, threshold=20.0)
+        error = max(float((call["g"].reshape(g.shape) - g).abs().max()),
+                    float((call["beta"].reshape(g.shape) -
+                           torch.sigmoid(call["b_rows"])).abs().max()))
+        stats["max_gate_error"] = max(stats["max_gate_error"], error)
 
-    def fn_recorded(*args, **kwargs):
-        out = fn(*args, **kwargs)
-        outputs.append(out.transpose(0, 1))
-        return out
 
-    def update_recorded(*args, **kwargs):
-        out = update(*args, **kwargs)
-        outputs.append(out)
-        return out
+def _jitconv_stage(gdn, layer, mixed_qkv, b, a, core_attn_out):
+    """The installed vLLM's ``_forward_core`` (wrapped by the plugin's whole-step mode,
+    which answers its conv calls, ``rearrange_mixed_qkv`` and ``fused_post_conv_prep``
+    from one stage launch) up to its recurrent kernels, which are Triton (no CPU driver):
+    returns the inputs each got, in call order (``q``, ``k``, ``v``; the chunk kernel's
+    also ``g``, ``beta`` and the a and b rows they were meant for; ``normalised``: whether the
+    kernel takes q and k normalised, as the chunk kernel does). vLLM's CPU build packs
+    bf16 conv weights on some CPUs (AVX-512 BF16, AMX) and keeps the plain ones beside
+    them: the layer gets the plain ones for this call, as on a GPU."""
+    calls = []
 
-    def stop(*args, **kwargs):  # the first call after the conv stage
-        raise _StopAfterConv
+    def recurrent(*, q, k, v, a, b, use_qk_l2norm_in_kernel, **kwargs):
+        assert use_qk_l2norm_in_kernel
+        calls.append(dict(q=q.clone(), k=k.clone(), v=v.clone(), normalised=False))
+        return torch.zeros(v.shape, dtype=v.dtype), None
 
-    replaced = {"causal_conv1d_fn": fn_recorded, "causal_conv1d_update": update_recorded,
-                "fused_post_conv_prep": stop, "fused_sigmoid_gating_delta_rule_update": stop}
+    def packed_decode(*, mixed_qkv, use_qk_l2norm_in_kernel, **kwargs):
+        # vLLM's packed decode path (decode-only steps) takes the conv output itself
+        assert use_qk_l2norm_in_kernel
+        q, k, v = layer.rearrange_mixed_qkv(mixed_qkv)
+        calls.append(dict(q=q.clone(), k=k.clone(), v=v.clone(), normalised=False))
+
+    def chunk(*, q, k, v, g, beta, use_qk_l2norm_in_kernel, **kwargs):
+        assert not use_qk_l2norm_in_kernel
+        (a_rows, b_rows), = given_to_prep
+        calls.append(dict(q=q.clone(), k=k.clone(), v=v.clone(), g=g.clone(),
+                          beta=beta.clone(), a_rows=a_rows.float(), b_rows=b_rows.float(),
+                          normalised=True))
+        raise _StopAfterConv  # the last call of the layer's chain
+
+    prep = gdn.fused_post_conv_prep
+    given_to_prep = []
+
+    def prep_recorded(**kwargs):  # the a and b rows the layer hands the prefill tokens
+        given_to_prep.append((kwargs["a"], kwargs["b"]))
+        return prep(**kwargs)
+
+    replaced = {"fused_sigmoid_gating_delta_rule_update": recurrent,
+                "fused_recurrent_gated_delta_rule_packed_decode": packed_decode,
+                "fused_post_conv_prep": prep_recorded}
     saved = {name: getattr(gdn, name) for name in replaced}  # fails if vLLM renamed one
     weight = layer.conv1d.weight
     plain = getattr(layer.conv1d, "_cpu_unpacked_conv_weight", None)
     try:
         for name, value in replaced.items():
             setattr(gdn, name, value)
-        layer.rearrange_mixed_qkv = lambda t: (None,) * 3 if t is None else (t, t, t)
+        object.__setattr__(layer, "chunk_gated_delta_rule", chunk)
         if plain is not None:
             layer.conv1d.weight = torch.nn.Parameter(plain.unsqueeze(1), requires_grad=False)
-        layer._forward_core(mixed_qkv=mixed_qkv, b=b, a=a, core_attn_out=None)
-        raise AssertionError("_forward_core returned before the end of its conv stage")
+        layer._forward_core(mixed_qkv=mixed_qkv, b=b, a=a,
+                            core_attn_out=torch.empty_like(core_attn_out))
     except _StopAfterConv:
         pass
     finally:
         for name, value in saved.items():
             setattr(gdn, name, value)
-        del layer.rearrange_mixed_qkv
+        del layer.__dict__["chunk_gated_delta_rule"]
         layer.conv1d.weight = weight
-    return outputs
+    return calls
 
 
-def _vllm_conv_stage(core, layer, m, mixed_qkv, b, a, core_attn_out, width, state_len):
-    """vLLM's own CPU GDN path for the layer (the engine goes on with it); returns the
-    conv outputs it hands to ``rearrange_mixed_qkv``, in call order (spec part first,
-    then the rest in token order)."""
-    outputs = []
+def _vllm_conv_stage(core, layer, m, mixed_qkv, b, a, core_attn_out, *widths):
+    """vLLM's own CPU GDN path for the layer (the engine goes on with it); returns the q,
+    k, v its ``rearrange_mixed_qkv`` hands its recurrent kernels, in call order (spec
+    part first, then the rest in token order)."""
+    outputs = {"q": [], "k": [], "v": []}
     rearrange = type(layer).rearrange_mixed_qkv
 
     def recorded(t):
-        outputs.append(t.clone())
-        return rearrange(layer, t)
+        q, k, v = rearrange(layer, t)
+        for name, x in zip("qkv", (q, k, v)):
+            outputs[name].append(x.clone())
+        return q, k, v
     layer.rearrange_mixed_qkv = recorded
     try:
-        core(layer, m, mixed_qkv, b, a, core_attn_out, width, state_len)
+        core(layer, m, mixed_qkv, b, a, core_attn_out, *widths)
     finally:
         del layer.rearrange_mixed_qkv
     return outputs
@@ -411,7 +470,7 @@ def main(argv):
     elif job == "mamba2":
         result, out = run_mamba2(Path(argv[1]), argv[2]), Path(argv[3])
     elif job == "gdn":
-        result, out = run_gdn(Path(argv[1])), Path(argv[2])
+        result, out = run_gdn(Path(argv[1]), mtp=argv[2] == "mtp"), Path(argv[3])
     elif job == "ops":
         result, out = run_ops(), Path(argv[1])
     else:

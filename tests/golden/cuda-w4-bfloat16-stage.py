@@ -5,7 +5,7 @@ def jitconv_conv_w4_bfloat16_c4_l8_fastexp_r64_g2_vt_gdn(x, x_offset, x_row_stri
            state, state_offset, state_stride_line, state_stride_c, state_stride_col,
            tables, rows, blocks, links, has_bias, silu, out2, out2_offset, out2_row_stride,
            split, spec_slot0, win, win_offset, win_stride_row, win_stride_step,
-           win_stride_c, win_stride_col, dim, num_blocks, ga, ga_offset, ga_row_stride, gb, gb_offset, gb_row_stride, alog, alog_offset, dtb, dtb_offset, gates, gates_offset, gates2_offset, part_rows, part2_rows, qk, head_k, vdim, head_v, l2norm, exp_g):
+           win_stride_c, win_stride_col, dim, num_blocks, ga, ga_offset, ga_row_stride, gb, gb_offset, gb_row_stride, alog, alog_offset, dtb, dtb_offset, gates, gates_offset, gates2_offset, part_rows, part2_rows, qk, head_k, vdim, head_v, l2norm_from, l2norm2_from, exp_g):
     # rows, blocks: offsets of the per-call tables inside `tables` (jitconv.kernels.abi.TABLES);
     # a block's record holds BLOCK_FIELDS, its sequence's fields included.
     g = cuda.blockIdx.y * cuda.blockDim.x + cuda.threadIdx.x  # channel group
@@ -48,12 +48,12 @@ def jitconv_conv_w4_bfloat16_c4_l8_fastexp_r64_g2_vt_gdn(x, x_offset, x_row_stri
     sb = out_offset
     tp = part_rows
     go = gates_offset
-    lbit = 1
+    lfrom = l2norm_from
     if flags & FLAG_SPEC:
         sb = out2_offset
         tp = part2_rows
         go = gates2_offset
-        lbit = 2
+        lfrom = l2norm2_from
     ors = qk
     if c < qk:
         oc_0 = sb + c
@@ -338,7 +338,7 @@ def jitconv_conv_w4_bfloat16_c4_l8_fastexp_r64_g2_vt_gdn(x, x_offset, x_row_stri
                 acc_1 = fdiv(acc_1, ONE + exp(-acc_1))
                 acc_2 = fdiv(acc_2, ONE + exp(-acc_2))
                 acc_3 = fdiv(acc_3, ONE + exp(-acc_3))
-            if l2norm & lbit and c < qk2:
+            if c < qk2 and ob >= lfrom:
                 ss = lane_sum(acc_0 * acc_0 + acc_1 * acc_1 + acc_2 * acc_2 + acc_3 * acc_3)
                 ss = fdiv(ONE, sqrt(ss + L2NORM_EPS))
                 acc_0 = acc_0 * ss
@@ -373,7 +373,7 @@ def jitconv_conv_w4_bfloat16_c4_l8_fastexp_r64_g2_vt_gdn(x, x_offset, x_row_stri
                     acc_1 = fdiv(acc_1, ONE + exp(-acc_1))
                     acc_2 = fdiv(acc_2, ONE + exp(-acc_2))
                     acc_3 = fdiv(acc_3, ONE + exp(-acc_3))
-                if l2norm & lbit and c < qk2:
+                if c < qk2 and ob >= lfrom:
                     ss = lane_sum(acc_0 * acc_0 + acc_1 * acc_1 + acc_2 * acc_2 + acc_3 * acc_3)
                     ss = fdiv(ONE, sqrt(ss + L2NORM_EPS))
                     acc_0 = acc_0 * ss
@@ -408,7 +408,7 @@ def jitconv_conv_w4_bfloat16_c4_l8_fastexp_r64_g2_vt_gdn(x, x_offset, x_row_stri
                         acc_1 = fdiv(acc_1, ONE + exp(-acc_1))
                         acc_2 = fdiv(acc_2, ONE + exp(-acc_2))
                         acc_3 = fdiv(acc_3, ONE + exp(-acc_3))
-                    if l2norm & lbit and c < qk2:
+                    if c < qk2 and ob >= lfrom:
                         ss = lane_sum(acc_0 * acc_0 + acc_1 * acc_1 + acc_2 * acc_2 + acc_3 * acc_3)
                         ss = fdiv(ONE, sqrt(ss + L2NORM_EPS))
                         acc_0 = acc_0 * ss
@@ -443,7 +443,7 @@ def jitconv_conv_w4_bfloat16_c4_l8_fastexp_r64_g2_vt_gdn(x, x_offset, x_row_stri
                             acc_1 = fdiv(acc_1, ONE + exp(-acc_1))
                             acc_2 = fdiv(acc_2, ONE + exp(-acc_2))
                             acc_3 = fdiv(acc_3, ONE + exp(-acc_3))
-                        if l2norm & lbit and c < qk2:
+                        if c < qk2 and ob >= lfrom:
                             ss = lane_sum(acc_0 * acc_0 + acc_1 * acc_1 + acc_2 * acc_2 + acc_3 * acc_3)
                             ss = fdiv(ONE, sqrt(ss + L2NORM_EPS))
                             acc_0 = acc_0 * ss
@@ -532,7 +532,7 @@ def jitconv_conv_w4_bfloat16_c4_l8_fastexp_r64_g2_vt_gdn(x, x_offset, x_row_stri
                 acc_1 = fdiv(acc_1, ONE + exp(-acc_1))
                 acc_2 = fdiv(acc_2, ONE + exp(-acc_2))
                 acc_3 = fdiv(acc_3, ONE + exp(-acc_3))
-            if l2norm & lbit and c < qk2:
+            if c < qk2 and ob >= lfrom:
                 ss = lane_sum(acc_0 * acc_0 + acc_1 * acc_1 + acc_2 * acc_2 + acc_3 * acc_3)
                 ss = fdiv(ONE, sqrt(ss + L2NORM_EPS))
                 acc_0 = acc_0 * ss
@@ -562,7 +562,7 @@ def jitconv_conv_w4_bfloat16_c4_l8_fastexp_r64_g2_vt_gdn(x, x_offset, x_row_stri
                 acc_1 = fdiv(acc_1, ONE + exp(-acc_1))
                 acc_2 = fdiv(acc_2, ONE + exp(-acc_2))
                 acc_3 = fdiv(acc_3, ONE + exp(-acc_3))
-            if l2norm & lbit and c < qk2:
+            if c < qk2 and ob >= lfrom:
                 ss = lane_sum(acc_0 * acc_0 + acc_1 * acc_1 + acc_2 * acc_2 + acc_3 * acc_3)
                 ss = fdiv(ONE, sqrt(ss + L2NORM_EPS))
                 acc_0 = acc_0 * ss
@@ -592,7 +592,7 @@ def jitconv_conv_w4_bfloat16_c4_l8_fastexp_r64_g2_vt_gdn(x, x_offset, x_row_stri
                 acc_1 = fdiv(acc_1, ONE + exp(-acc_1))
                 acc_2 = fdiv(acc_2, ONE + exp(-acc_2))
                 acc_3 = fdiv(acc_3, ONE + exp(-acc_3))
-            if l2norm & lbit and c < qk2:
+            if c < qk2 and ob >= lfrom:
                 ss = lane_sum(acc_0 * acc_0 + acc_1 * acc_1 + acc_2 * acc_2 + acc_3 * acc_3)
                 ss = fdiv(ONE, sqrt(ss + L2NORM_EPS))
                 acc_0 = acc_0 * ss
@@ -622,7 +622,7 @@ def jitconv_conv_w4_bfloat16_c4_l8_fastexp_r64_g2_vt_gdn(x, x_offset, x_row_stri
                 acc_1 = fdiv(acc_1, ONE + exp(-acc_1))
                 acc_2 = fdiv(acc_2, ONE + exp(-acc_2))
                 acc_3 = fdiv(acc_3, ONE + exp(-acc_3))
-            if l2norm & lbit and c < qk2:
+            if c < qk2 and ob >= lfrom:
                 ss = lane_sum(acc_0 * acc_0 + acc_1 * acc_1 + acc_2 * acc_2 + acc_3 * acc_3)
                 ss = fdiv(ONE, sqrt(ss + L2NORM_EPS))
                 acc_0 = acc_0 * ss
@@ -652,7 +652,7 @@ def jitconv_conv_w4_bfloat16_c4_l8_fastexp_r64_g2_vt_gdn(x, x_offset, x_row_stri
                 acc_1 = fdiv(acc_1, ONE + exp(-acc_1))
                 acc_2 = fdiv(acc_2, ONE + exp(-acc_2))
                 acc_3 = fdiv(acc_3, ONE + exp(-acc_3))
-            if l2norm & lbit and c < qk2:
+            if c < qk2 and ob >= lfrom:
                 ss = lane_sum(acc_0 * acc_0 + acc_1 * acc_1 + acc_2 * acc_2 + acc_3 * acc_3)
                 ss = fdiv(ONE, sqrt(ss + L2NORM_EPS))
                 acc_0 = acc_0 * ss
@@ -682,7 +682,7 @@ def jitconv_conv_w4_bfloat16_c4_l8_fastexp_r64_g2_vt_gdn(x, x_offset, x_row_stri
                 acc_1 = fdiv(acc_1, ONE + exp(-acc_1))
                 acc_2 = fdiv(acc_2, ONE + exp(-acc_2))
                 acc_3 = fdiv(acc_3, ONE + exp(-acc_3))
-            if l2norm & lbit and c < qk2:
+            if c < qk2 and ob >= lfrom:
                 ss = lane_sum(acc_0 * acc_0 + acc_1 * acc_1 + acc_2 * acc_2 + acc_3 * acc_3)
                 ss = fdiv(ONE, sqrt(ss + L2NORM_EPS))
                 acc_0 = acc_0 * ss
@@ -712,7 +712,7 @@ def jitconv_conv_w4_bfloat16_c4_l8_fastexp_r64_g2_vt_gdn(x, x_offset, x_row_stri
                 acc_1 = fdiv(acc_1, ONE + exp(-acc_1))
                 acc_2 = fdiv(acc_2, ONE + exp(-acc_2))
                 acc_3 = fdiv(acc_3, ONE + exp(-acc_3))
-            if l2norm & lbit and c < qk2:
+            if c < qk2 and ob >= lfrom:
                 ss = lane_sum(acc_0 * acc_0 + acc_1 * acc_1 + acc_2 * acc_2 + acc_3 * acc_3)
                 ss = fdiv(ONE, sqrt(ss + L2NORM_EPS))
                 acc_0 = acc_0 * ss
@@ -742,7 +742,7 @@ def jitconv_conv_w4_bfloat16_c4_l8_fastexp_r64_g2_vt_gdn(x, x_offset, x_row_stri
                 acc_1 = fdiv(acc_1, ONE + exp(-acc_1))
                 acc_2 = fdiv(acc_2, ONE + exp(-acc_2))
                 acc_3 = fdiv(acc_3, ONE + exp(-acc_3))
-            if l2norm & lbit and c < qk2:
+            if c < qk2 and ob >= lfrom:
                 ss = lane_sum(acc_0 * acc_0 + acc_1 * acc_1 + acc_2 * acc_2 + acc_3 * acc_3)
                 ss = fdiv(ONE, sqrt(ss + L2NORM_EPS))
                 acc_0 = acc_0 * ss
@@ -802,7 +802,7 @@ def jitconv_conv_w4_bfloat16_c4_l8_fastexp_r64_g2_vt_gdn(x, x_offset, x_row_stri
                 acc_1 = fdiv(acc_1, ONE + exp(-acc_1))
                 acc_2 = fdiv(acc_2, ONE + exp(-acc_2))
                 acc_3 = fdiv(acc_3, ONE + exp(-acc_3))
-            if l2norm & lbit and c < qk2:
+            if c < qk2 and ob >= lfrom:
                 ss = lane_sum(acc_0 * acc_0 + acc_1 * acc_1 + acc_2 * acc_2 + acc_3 * acc_3)
                 ss = fdiv(ONE, sqrt(ss + L2NORM_EPS))
                 acc_0 = acc_0 * ss
@@ -832,7 +832,7 @@ def jitconv_conv_w4_bfloat16_c4_l8_fastexp_r64_g2_vt_gdn(x, x_offset, x_row_stri
                 acc_1 = fdiv(acc_1, ONE + exp(-acc_1))
                 acc_2 = fdiv(acc_2, ONE + exp(-acc_2))
                 acc_3 = fdiv(acc_3, ONE + exp(-acc_3))
-            if l2norm & lbit and c < qk2:
+            if c < qk2 and ob >= lfrom:
                 ss = lane_sum(acc_0 * acc_0 + acc_1 * acc_1 + acc_2 * acc_2 + acc_3 * acc_3)
                 ss = fdiv(ONE, sqrt(ss + L2NORM_EPS))
                 acc_0 = acc_0 * ss
@@ -862,7 +862,7 @@ def jitconv_conv_w4_bfloat16_c4_l8_fastexp_r64_g2_vt_gdn(x, x_offset, x_row_stri
                 acc_1 = fdiv(acc_1, ONE + exp(-acc_1))
                 acc_2 = fdiv(acc_2, ONE + exp(-acc_2))
                 acc_3 = fdiv(acc_3, ONE + exp(-acc_3))
-            if l2norm & lbit and c < qk2:
+            if c < qk2 and ob >= lfrom:
                 ss = lane_sum(acc_0 * acc_0 + acc_1 * acc_1 + acc_2 * acc_2 + acc_3 * acc_3)
                 ss = fdiv(ONE, sqrt(ss + L2NORM_EPS))
                 acc_0 = acc_0 * ss
@@ -892,7 +892,7 @@ def jitconv_conv_w4_bfloat16_c4_l8_fastexp_r64_g2_vt_gdn(x, x_offset, x_row_stri
                 acc_1 = fdiv(acc_1, ONE + exp(-acc_1))
                 acc_2 = fdiv(acc_2, ONE + exp(-acc_2))
                 acc_3 = fdiv(acc_3, ONE + exp(-acc_3))
-            if l2norm & lbit and c < qk2:
+            if c < qk2 and ob >= lfrom:
                 ss = lane_sum(acc_0 * acc_0 + acc_1 * acc_1 + acc_2 * acc_2 + acc_3 * acc_3)
                 ss = fdiv(ONE, sqrt(ss + L2NORM_EPS))
                 acc_0 = acc_0 * ss
@@ -931,7 +931,7 @@ def jitconv_conv_w4_bfloat16_c4_l8_fastexp_r64_g2_vt_gdn(x, x_offset, x_row_stri
                 acc_1 = fdiv(acc_1, ONE + exp(-acc_1))
                 acc_2 = fdiv(acc_2, ONE + exp(-acc_2))
                 acc_3 = fdiv(acc_3, ONE + exp(-acc_3))
-            if l2norm & lbit and c < qk2:
+            if c < qk2 and ob >= lfrom:
                 ss = lane_sum(acc_0 * acc_0 + acc_1 * acc_1 + acc_2 * acc_2 + acc_3 * acc_3)
                 ss = fdiv(ONE, sqrt(ss + L2NORM_EPS))
                 acc_0 = acc_0 * ss
@@ -1020,7 +1020,7 @@ def jitconv_conv_w4_bfloat16_c4_l8_fastexp_r64_g2_vt_gdn(x, x_offset, x_row_stri
                 acc_1 = fdiv(acc_1, ONE + exp(-acc_1))
                 acc_2 = fdiv(acc_2, ONE + exp(-acc_2))
                 acc_3 = fdiv(acc_3, ONE + exp(-acc_3))
-            if l2norm & lbit and c < qk2:
+            if c < qk2 and ob >= lfrom:
                 ss = lane_sum(acc_0 * acc_0 + acc_1 * acc_1 + acc_2 * acc_2 + acc_3 * acc_3)
                 ss = fdiv(ONE, sqrt(ss + L2NORM_EPS))
                 acc_0 = acc_0 * ss
@@ -1050,7 +1050,7 @@ def jitconv_conv_w4_bfloat16_c4_l8_fastexp_r64_g2_vt_gdn(x, x_offset, x_row_stri
                 acc_1 = fdiv(acc_1, ONE + exp(-acc_1))
                 acc_2 = fdiv(acc_2, ONE + exp(-acc_2))
                 acc_3 = fdiv(acc_3, ONE + exp(-acc_3))
-            if l2norm & lbit and c < qk2:
+            if c < qk2 and ob >= lfrom:
                 ss = lane_sum(acc_0 * acc_0 + acc_1 * acc_1 + acc_2 * acc_2 + acc_3 * acc_3)
                 ss = fdiv(ONE, sqrt(ss + L2NORM_EPS))
                 acc_0 = acc_0 * ss
@@ -1080,7 +1080,7 @@ def jitconv_conv_w4_bfloat16_c4_l8_fastexp_r64_g2_vt_gdn(x, x_offset, x_row_stri
                 acc_1 = fdiv(acc_1, ONE + exp(-acc_1))
                 acc_2 = fdiv(acc_2, ONE + exp(-acc_2))
                 acc_3 = fdiv(acc_3, ONE + exp(-acc_3))
-            if l2norm & lbit and c < qk2:
+            if c < qk2 and ob >= lfrom:
                 ss = lane_sum(acc_0 * acc_0 + acc_1 * acc_1 + acc_2 * acc_2 + acc_3 * acc_3)
                 ss = fdiv(ONE, sqrt(ss + L2NORM_EPS))
                 acc_0 = acc_0 * ss
@@ -1110,7 +1110,7 @@ def jitconv_conv_w4_bfloat16_c4_l8_fastexp_r64_g2_vt_gdn(x, x_offset, x_row_stri
                 acc_1 = fdiv(acc_1, ONE + exp(-acc_1))
                 acc_2 = fdiv(acc_2, ONE + exp(-acc_2))
                 acc_3 = fdiv(acc_3, ONE + exp(-acc_3))
-            if l2norm & lbit and c < qk2:
+            if c < qk2 and ob >= lfrom:
                 ss = lane_sum(acc_0 * acc_0 + acc_1 * acc_1 + acc_2 * acc_2 + acc_3 * acc_3)
                 ss = fdiv(ONE, sqrt(ss + L2NORM_EPS))
                 acc_0 = acc_0 * ss
@@ -1140,7 +1140,7 @@ def jitconv_conv_w4_bfloat16_c4_l8_fastexp_r64_g2_vt_gdn(x, x_offset, x_row_stri
                 acc_1 = fdiv(acc_1, ONE + exp(-acc_1))
                 acc_2 = fdiv(acc_2, ONE + exp(-acc_2))
                 acc_3 = fdiv(acc_3, ONE + exp(-acc_3))
-            if l2norm & lbit and c < qk2:
+            if c < qk2 and ob >= lfrom:
                 ss = lane_sum(acc_0 * acc_0 + acc_1 * acc_1 + acc_2 * acc_2 + acc_3 * acc_3)
                 ss = fdiv(ONE, sqrt(ss + L2NORM_EPS))
                 acc_0 = acc_0 * ss
@@ -1170,7 +1170,7 @@ def jitconv_conv_w4_bfloat16_c4_l8_fastexp_r64_g2_vt_gdn(x, x_offset, x_row_stri
                 acc_1 = fdiv(acc_1, ONE + exp(-acc_1))
                 acc_2 = fdiv(acc_2, ONE + exp(-acc_2))
                 acc_3 = fdiv(acc_3, ONE + exp(-acc_3))
-            if l2norm & lbit and c < qk2:
+            if c < qk2 and ob >= lfrom:
                 ss = lane_sum(acc_0 * acc_0 + acc_1 * acc_1 + acc_2 * acc_2 + acc_3 * acc_3)
                 ss = fdiv(ONE, sqrt(ss + L2NORM_EPS))
                 acc_0 = acc_0 * ss
@@ -1200,7 +1200,7 @@ def jitconv_conv_w4_bfloat16_c4_l8_fastexp_r64_g2_vt_gdn(x, x_offset, x_row_stri
                 acc_1 = fdiv(acc_1, ONE + exp(-acc_1))
                 acc_2 = fdiv(acc_2, ONE + exp(-acc_2))
                 acc_3 = fdiv(acc_3, ONE + exp(-acc_3))
-            if l2norm & lbit and c < qk2:
+            if c < qk2 and ob >= lfrom:
                 ss = lane_sum(acc_0 * acc_0 + acc_1 * acc_1 + acc_2 * acc_2 + acc_3 * acc_3)
                 ss = fdiv(ONE, sqrt(ss + L2NORM_EPS))
                 acc_0 = acc_0 * ss
@@ -1230,7 +1230,7 @@ def jitconv_conv_w4_bfloat16_c4_l8_fastexp_r64_g2_vt_gdn(x, x_offset, x_row_stri
                 acc_1 = fdiv(acc_1, ONE + exp(-acc_1))
                 acc_2 = fdiv(acc_2, ONE + exp(-acc_2))
                 acc_3 = fdiv(acc_3, ONE + exp(-acc_3))
-            if l2norm & lbit and c < qk2:
+            if c < qk2 and ob >= lfrom:
                 ss = lane_sum(acc_0 * acc_0 + acc_1 * acc_1 + acc_2 * acc_2 + acc_3 * acc_3)
                 ss = fdiv(ONE, sqrt(ss + L2NORM_EPS))
                 acc_0 = acc_0 * ss
@@ -1290,7 +1290,7 @@ def jitconv_conv_w4_bfloat16_c4_l8_fastexp_r64_g2_vt_gdn(x, x_offset, x_row_stri
                 acc_1 = fdiv(acc_1, ONE + exp(-acc_1))
                 acc_2 = fdiv(acc_2, ONE + exp(-acc_2))
                 acc_3 = fdiv(acc_3, ONE + exp(-acc_3))
-            if l2norm & lbit and c < qk2:
+            if c < qk2 and ob >= lfrom:
                 ss = lane_sum(acc_0 * acc_0 + acc_1 * acc_1 + acc_2 * acc_2 + acc_3 * acc_3)
                 ss = fdiv(ONE, sqrt(ss + L2NORM_EPS))
                 acc_0 = acc_0 * ss
@@ -1320,7 +1320,7 @@ def jitconv_conv_w4_bfloat16_c4_l8_fastexp_r64_g2_vt_gdn(x, x_offset, x_row_stri
                 acc_1 = fdiv(acc_1, ONE + exp(-acc_1))
                 acc_2 = fdiv(acc_2, ONE + exp(-acc_2))
                 acc_3 = fdiv(acc_3, ONE + exp(-acc_3))
-            if l2norm & lbit and c < qk2:
+            if c < qk2 and ob >= lfrom:
                 ss = lane_sum(acc_0 * acc_0 + acc_1 * acc_1 + acc_2 * acc_2 + acc_3 * acc_3)
                 ss = fdiv(ONE, sqrt(ss + L2NORM_EPS))
                 acc_0 = acc_0 * ss
@@ -1350,7 +1350,7 @@ def jitconv_conv_w4_bfloat16_c4_l8_fastexp_r64_g2_vt_gdn(x, x_offset, x_row_stri
                 acc_1 = fdiv(acc_1, ONE + exp(-acc_1))
                 acc_2 = fdiv(acc_2, ONE + exp(-acc_2))
                 acc_3 = fdiv(acc_3, ONE + exp(-acc_3))
-            if l2norm & lbit and c < qk2:
+            if c < qk2 and ob >= lfrom:
                 ss = lane_sum(acc_0 * acc_0 + acc_1 * acc_1 + acc_2 * acc_2 + acc_3 * acc_3)
                 ss = fdiv(ONE, sqrt(ss + L2NORM_EPS))
                 acc_0 = acc_0 * ss
@@ -1380,7 +1380,7 @@ def jitconv_conv_w4_bfloat16_c4_l8_fastexp_r64_g2_vt_gdn(x, x_offset, x_row_stri
                 acc_1 = fdiv(acc_1, ONE + exp(-acc_1))
                 acc_2 = fdiv(acc_2, ONE + exp(-acc_2))
                 acc_3 = fdiv(acc_3, ONE + exp(-acc_3))
-            if l2norm & lbit and c < qk2:
+            if c < qk2 and ob >= lfrom:
                 ss = lane_sum(acc_0 * acc_0 + acc_1 * acc_1 + acc_2 * acc_2 + acc_3 * acc_3)
                 ss = fdiv(ONE, sqrt(ss + L2NORM_EPS))
                 acc_0 = acc_0 * ss
@@ -1419,7 +1419,7 @@ def jitconv_conv_w4_bfloat16_c4_l8_fastexp_r64_g2_vt_gdn(x, x_offset, x_row_stri
                 acc_1 = fdiv(acc_1, ONE + exp(-acc_1))
                 acc_2 = fdiv(acc_2, ONE + exp(-acc_2))
                 acc_3 = fdiv(acc_3, ONE + exp(-acc_3))
-            if l2norm & lbit and c < qk2:
+            if c < qk2 and ob >= lfrom:
                 ss = lane_sum(acc_0 * acc_0 + acc_1 * acc_1 + acc_2 * acc_2 + acc_3 * acc_3)
                 ss = fdiv(ONE, sqrt(ss + L2NORM_EPS))
                 acc_0 = acc_0 * ss

@@ -5,7 +5,7 @@ def jitconv_conv_w4_bfloat16_fast_wide_gdn(item, x, x_offset, x_row_stride, out,
            state, state_offset, state_stride_line, state_stride_c, state_stride_col,
            tables, rows, blocks, links, has_bias, silu, out2, out2_offset, out2_row_stride,
            split, spec_slot0, win, win_offset, win_stride_row, win_stride_step,
-           win_stride_c, win_stride_col, ga, ga_offset, ga_row_stride, gb, gb_offset, gb_row_stride, alog, alog_offset, dtb, dtb_offset, gates, gates_offset, gates2_offset, part_rows, part2_rows, qk, head_k, vdim, head_v, l2norm, exp_g):
+           win_stride_c, win_stride_col, ga, ga_offset, ga_row_stride, gb, gb_offset, gb_row_stride, alog, alog_offset, dtb, dtb_offset, gates, gates_offset, gates2_offset, part_rows, part2_rows, qk, head_k, vdim, head_v, l2norm_from, l2norm2_from, exp_g):
     # rows, blocks: offsets of the per-call tables inside `tables` (jitconv.kernels.abi.TABLES);
     # a block's record holds BLOCK_FIELDS, its sequence's fields included.
     c = item.get_global_id(0) * 4  # first channel: the fastest index
@@ -44,12 +44,12 @@ def jitconv_conv_w4_bfloat16_fast_wide_gdn(item, x, x_offset, x_row_stride, out,
     sb = out_offset
     tp = part_rows
     go = gates_offset
-    lbit = 1
+    lfrom = l2norm_from
     if flags & FLAG_SPEC:
         sb = out2_offset
         tp = part2_rows
         go = gates2_offset
-        lbit = 2
+        lfrom = l2norm2_from
     ors = qk
     if c < qk:
         oc_0 = sb + c
@@ -329,7 +329,7 @@ def jitconv_conv_w4_bfloat16_fast_wide_gdn(item, x, x_offset, x_row_stride, out,
                 acc_2 = fdiv(acc_2, ONE + exp(-acc_2))
                 acc_3 = fdiv(acc_3, ONE + exp(-acc_3))
             store_row4(o, U(oc_0 + (r if ob < 0 else ob + i) * ors), store(acc_0), store(acc_1), store(acc_2), store(acc_3))
-    if l2norm & lbit and c < qk2:
+    if c < qk2 and ob >= lfrom:  # the same for the whole work-group
         group_barrier(item.get_group(), MemoryScope.WORK_GROUP)
         hc = c - c % head_k  # the head's first channel
         ho = oc_0 - (c - hc)  # its offset in the part's rows

@@ -609,7 +609,7 @@ def _stage_arguments(stage, sim):
     nhv = stage.vdim // stage.head_v_dim
     return (a, 0, stage.a.stride(0), b, 0, stage.b.stride(0), alog, 0, dtb, 0,
             gates, 0, 2 * rows_ns * nhv, rows_ns, rows_sp, stage.qk, stage.head_k_dim,
-            stage.vdim, stage.head_v_dim, stage.l2norm, int(stage.exp_g))
+            stage.vdim, stage.head_v_dim, *stage.l2norm, int(stage.exp_g))
 
 
 def _arguments(tables, offsets, plan, x, weight, bias, conv_state, target, silu, dim, sim,

@@ -512,7 +512,7 @@ def submit_stage(queue, width, dtype_name, views, tables, num_blocks, dim, stage
     values += array_args(views["dtb"], views["dtb"].offset)
     values += array_args(gates, gates.offset, gates.offset + 2 * rows_ns * nhv)
     values += [rows_ns, rows_sp, stage.qk, stage.head_k_dim, stage.vdim, stage.head_v_dim,
-               stage.l2norm, int(stage.exp_g)]
+               *stage.l2norm, int(stage.exp_g)]
     lanes = stage.head_k_dim // channels
     grid = (int(num_blocks), -(-(int(dim) // channels) // lanes) * lanes)
     submit_packed(kernel, queue, values, grid, wait, after, local=(1, lanes),
