@@ -214,19 +214,20 @@ def device_checks(queue):
           f"{device_check.verdict_dir()}"
           + ("" if device_check.ENABLED else "; the automatic check is OFF "
              "(JITCONV_DEVICE_CHECK=0)"))
-    kernels = [spec + (None,) for spec in kernel_cache.specializations()]
-    kernels += kernel_cache.fused_specializations()
-    for width, dtype, wide, fast, types in kernels:
+    kernels = [spec + (None, False) for spec in kernel_cache.specializations()]
+    kernels += [spec + (False,) for spec in kernel_cache.fused_specializations()]
+    kernels += [spec + (None, True) for spec in kernel_cache.stage_specializations()]
+    for width, dtype, wide, fast, types, stage in kernels:
         t0 = time.perf_counter()
         try:
-            launching.check_kernel(width, dtype, queue, wide, fast, types)
+            launching.check_kernel(width, dtype, queue, wide, fast, types, stage)
             verdict = "passed"
         except device_check.DeviceCheckError as exc:
             failed += 1
             verdict = "FAILED: " + str(exc).splitlines()[0].split("known-answer step: ")[-1]
         except launching.KernelUnavailableError:
             verdict = "no kernel (not shipped, and numba-dpex is not installed)"
-        kind = f"fused, {_types_name(types)} " if types else ""
+        kind = f"fused, {_types_name(types)} " if types else "GDN stage " if stage else ""
         print(f"  width {width} {dtype:9s} {_math_name(fast)} {'wide' if wide else '    '} "
               f"{kind}{verdict} "
               f"({(time.perf_counter() - t0) * 1e3:.0f} ms)", flush=True)

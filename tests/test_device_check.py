@@ -230,6 +230,49 @@ def test_a_device_plans_fused_kernel_is_checked(sycl_device, fresh_checks, monke
     assert torch.equal(bits(layer["conv_state"]), state_before)
 
 
+def _stage_call(seed=0):
+    """A GDN stage run on a small mixed step (one q / k head and two v heads of 32)
+    through the public op; returns its conv_state."""
+    gen = torch.Generator().manual_seed(seed)
+    step = mixed_step(gen, dim=128, width=4, dtype=torch.bfloat16, ns_lengths=[5, 1],
+                      sp_lengths=[3], rows="shuffled", ns_pads=0, spec_columns=2)
+    T = step["x"].shape[0]
+    ab = torch.randn((T, 4), generator=gen).to(torch.bfloat16)
+    jitconv.gdn_conv_stage(step.pop("x"), step.pop("weight"), step.pop("bias"),
+                           step["conv_state"], ab[:, :2], ab[:, 2:], torch.randn(2),
+                           torch.randn(2), num_k_heads=1, head_k_dim=32, head_v_dim=32,
+                           **{k: v for k, v in step.items() if k != "conv_state"})
+    return step["conv_state"]
+
+
+def test_the_stage_kernel_is_checked(sycl_device, fresh_checks, monkeypatch):
+    """A GDN stage kernel passes its own known-answer check (the stage's reference, the
+    nd-range launch with its barrier) before its first launch, once; a planted wrong
+    answer refuses the device before anything of the run is launched."""
+    before = SYCL_STATE.check_stats["checked"]
+    _stage_call()
+    _stage_call(seed=1)
+    records = [json.loads(p.read_text())["kernel"] for p in fresh_checks.glob("*.json")]
+    assert [r.get("stage") for r in records] == [True], records  # no conv kernel built
+    assert SYCL_STATE.check_stats["checked"] == before + 1
+    monkeypatch.setattr(SYCL_STATE, "kernels", {})
+    monkeypatch.setattr(SYCL_STATE, "checks_passed", set())
+    monkeypatch.setattr(device_check, "verdict_dir", lambda: fresh_checks / "other")
+    right = device_check.reference.gdn_conv_stage_reference
+
+    def wrong(*args, **kwargs):  # every spec k 0.5 off
+        parts, state = right(*args, **kwargs)
+        parts["spec"]["k"] = parts["spec"]["k"] + 0.5
+        return parts, state
+    monkeypatch.setattr(device_check.reference, "gdn_conv_stage_reference", wrong)
+    submitted = SYCL_STATE.stats["submitted"]
+    with pytest.raises(device_check.DeviceCheckError, match=r"\(the GDN stage\).*spec k "
+                       r"outputs wrong") as error:
+        _stage_call(seed=2)
+    assert "non_spec" not in str(error.value).split("known-answer step:")[-1]
+    assert SYCL_STATE.stats["submitted"] == submitted  # nothing of the run launched
+
+
 def test_verdict_key_follows_device_driver_runtime_and_kernel():
     identity = {"filter": "opencl:cpu:0", "name": "CPU", "vendor": "Intel(R) Corporation",
                 "driver": "2024.18.7.0.11_160000", "backend": "opencl", "type": "cpu",
@@ -290,9 +333,12 @@ def test_check_command_prints_every_verdict(sycl_device, tmp_path):
     verdicts = [line for line in done.stdout.splitlines() if line.startswith("  width ")
                 and "ms)" in line]
     cache = jitconv.backends.sycl.launching.kernel_cache
-    assert len(verdicts) == len(cache.specializations()) + len(cache.fused_specializations())
+    assert len(verdicts) == len(cache.specializations()) + len(
+        cache.fused_specializations()) + len(cache.stage_specializations())
     assert sum(" fused, metadata " in line for line in verdicts) == \
         len(cache.fused_specializations())
+    assert sum(" GDN stage " in line for line in verdicts) == \
+        len(cache.stage_specializations())
     assert all(" passed " in line for line in verdicts), verdicts
     assert done.stdout.strip().endswith("check: OK")
     assert len(list((tmp_path / "checks").glob("*.json"))) == len(verdicts)

@@ -15,7 +15,9 @@ sequence covers, rows shuffled, conv_state in vLLM's (lines, state_len, dim) sto
 two launches, silu with bias and no activation without bias, and compares with the float64
 reference (``jitconv.reference``): outputs within the dtype's tolerance, the whole
 conv_state bit-exact. Inputs come from a fixed seed, so the answer is known; out is
-poisoned first.
+poisoned first. A GDN stage kernel runs the same step through the stage
+(``run_stage_known_answer``: its own nd-range launch and barrier, l2norm from a part's
+second sequence on, gates past softplus's threshold) against the stage's reference.
 
 The verdict: a pass is kept in this process and on disk next to the kernel cache
 (``<cache dir>/checks/``), keyed by the device's name and driver, the SYCL runtime's
@@ -46,6 +48,7 @@ from jitconv.backends.sycl.state import STATE
 from jitconv import reference
 from jitconv.kernels.batch import Part, build_batch
 from jitconv.kernels import planner
+from jitconv.backends import StageTensors
 from jitconv.kernels.abi import TABLES
 
 ENABLED = os.environ.get("JITCONV_DEVICE_CHECK", "1") != "0"
@@ -315,6 +318,111 @@ def run_known_answer(queue, width, dtype_name, launch, record_types=None):
     return "; ".join(problems)
 
 
+# The stage's known answer: one q / k head and two v heads of 32 over the step's 128
+# channels, the non-spec part normalised from its second sequence on, the spec part
+# wholly; some a + dt_bias past softplus's threshold.
+STAGE_HEADS = dict(num_k_heads=1, head_k_dim=32, head_v_dim=32)
+STAGE_L2NORM = {"non_spec": 21, "spec": 0}  # 21: the first non-spec sequence's length
+STAGE_GATE_TOLERANCE = (2e-5, 2e-6)  # float32 gates from float32 math (rtol, atol)
+
+
+def run_stage_known_answer(queue, width, dtype_name, launch):
+    """Run the known-answer step through a GDN stage kernel, ``launch(views, tables_view,
+    offsets, num_blocks, dim, stage, has_bias, silu, spec_slot0)`` (one waited launch),
+    and return '' or what was wrong: each part's q, k, v within the dtype's tolerance of
+    ``reference.gdn_conv_stage_reference``, g and beta within float32's, the conv_state
+    bit-exact; outputs poisoned first."""
+    tensors, parts, kwargs = known_answer_step(width, dtype_name)
+    x = tensors["x"]
+    T, dim = x.shape
+    H, K, V = (STAGE_HEADS[k] for k in ("num_k_heads", "head_k_dim", "head_v_dim"))
+    HV = (dim - 2 * H * K) // V
+    gen = torch.Generator().manual_seed(_SEED + 100 + width)
+    ab = (torch.randn((T, 2 * HV), generator=gen) * 3).to(x.dtype)
+    ab[::5, 0] = 30.0  # a + dt_bias past softplus's threshold
+    gates = dict(a=ab[:, :HV], b=ab[:, HV:],
+                 A_log=torch.randn(HV, generator=gen), dt_bias=torch.randn(HV, generator=gen))
+    batch = build_batch(parts, T)
+    host_tables = batch.tables()
+    import dpctl.memory as dpm
+    sizes = [len(t) for t in host_tables]
+    table = dpm.MemoryUSMDevice(4 * sum(sizes), queue=queue)
+    table.copy_from_host(np.concatenate(host_tables).astype(np.int32).view(np.uint8))
+    offsets = dict(zip(TABLES, np.cumsum([0] + sizes[:-1]).tolist()))
+    tables_view = bridge.DeviceView(memory=table, offset=0, shape=(sum(sizes),),
+                                    strides=(1,), itemsize=4, owner=table)
+    rows = {p.spec: int(p.query_start_loc[-1]) for p in parts}
+    ns_rows, sp_rows = rows[False], rows[True]
+    l2norm = tuple(STAGE_L2NORM.get(p, 2 ** 62) for p in ("non_spec", "spec"))
+    stage = StageTensors(a=gates["a"], b=gates["b"], A_log=gates["A_log"],
+                         dt_bias=gates["dt_bias"], buffer=None, gates=None,
+                         part_rows=(ns_rows, sp_rows), head_k_dim=K, qk=H * K, vdim=HV * V,
+                         head_v_dim=V, l2norm=l2norm, exp_g=False)
+    problems = []
+    for activation, with_bias in (("silu", True), (None, False)):
+        views = {name: _upload(tensors[name], queue) for name in ("x", "weight", "bias",
+                                                                 "conv_state")}
+        poison = {"out": torch.full((ns_rows, dim), float("nan"), dtype=x.dtype),
+                  "out2": torch.full((sp_rows, dim), float("nan"), dtype=x.dtype),
+                  "gates": torch.full((2 * (ns_rows + sp_rows) * HV,), float("nan"))}
+        views.update({name: _upload(t, queue) for name, t in poison.items()})
+        views.update(ga=_upload_rows(ab, 0, HV, queue), gb=_upload_rows(ab, HV, HV, queue),
+                     alog=_upload(gates["A_log"], queue), dtb=_upload(gates["dt_bias"], queue))
+        launch(views, tables_view, offsets, batch.num_blocks, dim, stage, with_bias,
+               activation is not None, ns_rows)
+        got = {name: _download(views[name], t) for name, t in poison.items()}
+        state = _download(views["conv_state"], tensors["conv_state"])
+        want, want_state = reference.gdn_conv_stage_reference(
+            x, tensors["weight"], tensors["bias"] if with_bias else None,
+            tensors["conv_state"], **gates, **STAGE_HEADS, activation=activation,
+            use_l2norm=STAGE_L2NORM, **kwargs)
+        problem = _compare_stage(dtype_name, got, state, want, want_state, H * K, HV)
+        if problem:
+            problems.append(f"{activation or 'no activation'}: {problem}")
+    return "; ".join(problems)
+
+
+def _upload_rows(t, first, count, queue):
+    """A DeviceView of columns first..first + count of host matrix ``t``: a and b as
+    views of one projection output, as the layer has them."""
+    whole = _upload(t, queue)
+    return bridge.DeviceView(memory=whole.memory, offset=first, shape=(t.shape[0], count),
+                             strides=t.stride(), itemsize=t.element_size(), owner=whole.owner)
+
+
+def _compare_stage(dtype_name, got, state, want, want_state, qk, HV):
+    """'' when a stage run's outputs (``got``: out, out2, gates as stored) and state match
+    the known answer, else what differs."""
+    problems, gate_at = [], 0
+    for part, buffer in (("non_spec", got["out"]), ("spec", got["out2"])):
+        n, ref = buffer.shape[0], want[part]
+        flat = buffer.reshape(-1)
+        fields = {"q": flat[:n * qk], "k": flat[n * qk:2 * n * qk], "v": flat[2 * n * qk:]}
+        for name, values in fields.items():
+            problems.append(_compare_values(f"{part} {name}", values.to(torch.float64),
+                                            ref[name].reshape(-1),
+                                            reference.TOLERANCE[dtype_name]))
+        for name in ("g", "beta"):
+            values = got["gates"][gate_at:gate_at + n * HV].to(torch.float64)
+            gate_at += n * HV
+            problems.append(_compare_values(f"{part} {name}", values, ref[name].reshape(-1),
+                                            STAGE_GATE_TOLERANCE))
+    want_state = torch.from_numpy(want_state).to(state.dtype)
+    if not torch.equal(_bits(state.contiguous()), _bits(want_state.contiguous())):
+        wrong = int((_bits(state.contiguous()) != _bits(want_state.contiguous())).sum())
+        problems.append(f"{wrong} of {want_state.numel()} conv_state values differ")
+    return "; ".join(p for p in problems if p)
+
+
+def _compare_values(what, got, want, tolerance):
+    rtol, atol = tolerance
+    got = got.numpy()
+    bad = ~(np.abs(got - want) <= atol + rtol * np.abs(want))  # NaN counts as bad
+    if not bad.any():
+        return ""
+    return f"{int(bad.sum())} of {bad.size} {what} outputs wrong"
+
+
 # ------------------------------------------------------------------ the gate
 
 def refusal(device_filter):
@@ -328,7 +436,7 @@ def refused_any():
 
 
 def verify(queue, width, dtype_name, wide, spirv, launch, force=False, fast=None,
-           record_types=None, chains=False):
+           record_types=None, chains=False, stage=False):
     """Make sure the kernel whose SPIR-V is ``spirv``, built for ``queue``'s device, passed
     the known-answer check there: from this process, the stored verdicts or a run now
     (always a run with ``force``). Raises DeviceCheckError (and refuses the device) when
@@ -352,10 +460,14 @@ def verify(queue, width, dtype_name, wide, spirv, launch, force=False, fast=None
             return "stored"
     kernel = {"width": width, "dtype": dtype_name, "wide": bool(wide),
               "cache_key": kernel_cache.key(width, dtype_name, wide, fast, record_types,
-                                            chains)}
+                                            chains, stage)}
     if record_types is not None:
         kernel["record_types"] = list(record_types)
-    problem = run_known_answer(queue, width, dtype_name, launch, record_types)
+    if stage:
+        kernel["stage"] = True
+        problem = run_stage_known_answer(queue, width, dtype_name, launch)
+    else:
+        problem = run_known_answer(queue, width, dtype_name, launch, record_types)
     STATE.check_stats["checked"] += 1
     if problem:
         error = DeviceCheckError(_message(identity, kernel, problem))
@@ -373,7 +485,8 @@ def _message(identity, kernel, problem):
         f"driver {identity['driver']}; {runtime or 'runtime version unknown'}): the "
         f"kernel width={kernel['width']} dtype={kernel['dtype']}"
         f"{' (wide)' if kernel['wide'] else ''}"
-        f"{' (fused, for device plans)' if 'record_types' in kernel else ''} "
+        f"{' (fused, for device plans)' if 'record_types' in kernel else ''}"
+        f"{' (the GDN stage)' if kernel.get('stage') else ''} "
         f"[{kernel['cache_key']}] computed a wrong "
         f"answer on the known-answer step: {problem}.",
         "jitconv launches nothing more on this device in this process; no result of it "

@@ -211,13 +211,12 @@ def get_conv_kernel(width, dtype_name, queue, wide=False, fast=None, record_type
                 kernel, spirv = _build(width, dtype_name, queue, wide, fast, record_types,
                                        chains, stage)
                 # Before its first launch: a kernel that fails is never kept or launched.
-                # (The stage kernel's check is the conv kernel's of the same device, which
-                # the stage's launch builds first: ``submit_stage``.)
-                if not stage:
-                    device_check.verify(
-                        queue, width, dtype_name, wide, spirv,
-                        _known_answer_launch(kernel, queue, dtype_name, wide, record_types),
-                        fast=fast, record_types=record_types, chains=chains)
+                launch = (_known_answer_stage_launch(kernel, queue, dtype_name, wide) if stage
+                          else _known_answer_launch(kernel, queue, dtype_name, wide,
+                                                    record_types))
+                device_check.verify(queue, width, dtype_name, wide, spirv, launch,
+                                    fast=fast, record_types=record_types, chains=chains,
+                                    stage=stage)
                 STATE.kernels[key] = kernel
     return kernel
 
@@ -239,14 +238,29 @@ def fused_kernel(width, dtype_name, queue, wide, fast, record_types):
         return None
 
 
-def check_kernel(width, dtype_name, queue, wide=False, fast=None, record_types=None):
+def check_kernel(width, dtype_name, queue, wide=False, fast=None, record_types=None,
+                 stage=False):
     """Build one specialization for ``queue`` and run its device check now, whatever the
     stored verdicts say (``python -m jitconv check``). Raises DeviceCheckError on a wrong
     answer (the device is then refused in this process)."""
-    kernel, spirv = _build(width, dtype_name, queue, wide, fast, record_types)
-    device_check.verify(queue, width, dtype_name, wide, spirv,
-                        _known_answer_launch(kernel, queue, dtype_name, wide, record_types),
-                        force=True, fast=fast, record_types=record_types)
+    kernel, spirv = _build(width, dtype_name, queue, wide, fast, record_types, stage=stage)
+    launch = (_known_answer_stage_launch(kernel, queue, dtype_name, wide) if stage else
+              _known_answer_launch(kernel, queue, dtype_name, wide, record_types))
+    device_check.verify(queue, width, dtype_name, wide, spirv, launch, force=True,
+                        fast=fast, record_types=record_types, stage=stage)
+
+
+def _known_answer_stage_launch(kernel, queue, dtype_name, wide):
+    """How the device check launches a stage kernel: once, on its own arrays (views as
+    ``submit_stage``'s), waited for, and not counted as a submit of the caller's."""
+    def launch(views, tables_view, offsets, num_blocks, dim, stage, has_bias, silu,
+               spec_slot0):
+        values, grid, local = _stage_values(dtype_name, wide, views,
+                                            table_args(tables_view, offsets), num_blocks,
+                                            dim, stage, has_bias, silu, spec_slot0)
+        _submit(kernel, queue, values, grid, wait=True, local=local,
+                pointers=_POINTERS + STAGE_POINTERS)
+    return launch
 
 
 def _known_answer_launch(kernel, queue, dtype_name, wide, record_types=None):
@@ -493,15 +507,28 @@ def submit_stage(queue, width, dtype_name, views, tables, num_blocks, dim, stage
     split outputs, and "ga", "gb", "alog", "dtb", "gates"): one work-group per head and
     token block, head_k_dim / C work-items (C: the wide kernel's channels where it fits
     and divides both head dims, else 1), the channel range rounded up to whole
-    work-groups (the kernel's guard). The conv kernel of the same specialization is
-    built first: its device check (``device_check.verify``) vouches for the device's
-    compiler before the stage kernel runs there."""
-    group = WIDE_CHANNELS.get(dtype_name, 1)
-    wide = wide_fits(views, dim, dtype_name) and stage.head_k_dim % group == 0 and \
-        stage.head_v_dim % group == 0
-    channels = group if wide else 1
-    get_conv_kernel(width, dtype_name, queue, wide, fast, chains=chains)
+    work-groups (the kernel's guard). The kernel passes its own device check before its
+    first launch on a device (``device_check.run_stage_known_answer``)."""
+    wide = stage_wide(views, dim, dtype_name, stage)
     kernel = get_conv_kernel(width, dtype_name, queue, wide, fast, chains=chains, stage=True)
+    values, grid, local = _stage_values(dtype_name, wide, views, tables, num_blocks, dim,
+                                        stage, has_bias, silu, spec_slot0)
+    submit_packed(kernel, queue, values, grid, wait, after, local=local,
+                  pointers=_POINTERS + STAGE_POINTERS)
+
+
+def stage_wide(views, dim, dtype_name, stage):
+    """Whether a stage launch takes the wide kernel: it fits (``wide_fits``) and its
+    channel count divides both head dims."""
+    group = WIDE_CHANNELS.get(dtype_name, 1)
+    return wide_fits(views, dim, dtype_name) and stage.head_k_dim % group == 0 and \
+        stage.head_v_dim % group == 0
+
+
+def _stage_values(dtype_name, wide, views, tables, num_blocks, dim, stage, has_bias, silu,
+                  spec_slot0):
+    """A stage launch's (packed parameters, grid, work-group shape) (``submit_stage``)."""
+    channels = WIDE_CHANNELS[dtype_name] if wide else 1
     values = _pack(views, tables, has_bias, silu, SPLIT_PARTS, spec_slot0)
     ga, gb, gates = views["ga"], views["gb"], views["gates"]
     rows_ns, rows_sp = stage.part_rows
@@ -515,8 +542,7 @@ def submit_stage(queue, width, dtype_name, views, tables, num_blocks, dim, stage
                *stage.l2norm, int(stage.exp_g)]
     lanes = stage.head_k_dim // channels
     grid = (int(num_blocks), -(-(int(dim) // channels) // lanes) * lanes)
-    submit_packed(kernel, queue, values, grid, wait, after, local=(1, lanes),
-                  pointers=_POINTERS + STAGE_POINTERS)
+    return values, grid, (1, lanes)
 
 
 def submit_planner(kernel, queue, values, pointers, slots, depend, wait=False):
