@@ -536,17 +536,10 @@ def gdn_conv_step(mixed_qkv, weight, bias, conv_state, attn_metadata, activation
     The plan (validated metadata and kernel tables) is built by the first layer of a
     step and kept on the metadata object; the step's other layers reuse it.
     """
-    null_block_id = conventions.check_skipped_id(null_block_id, "null_block_id")
     original_dtype = mixed_qkv.dtype
     mixed_qkv, weight, bias = _to_state_dtype(conv_state, mixed_qkv, weight, bias)
-    lines, _dim, state_len = (int(s) for s in conv_state.shape)
-    geometry = (int(mixed_qkv.shape[0]), lines, state_len, int(weight.shape[-1]),
-                null_block_id)
-
-    def metadata():
-        return conventions.gdn_step_metadata(attn_metadata, geometry[0], lines,
-                                             null_block_id, non_spec_num_accepted_tokens)
-    plan = _step_plan(attn_metadata, geometry, non_spec_num_accepted_tokens, metadata)
+    plan = _layer_plan(mixed_qkv, weight, conv_state, attn_metadata, null_block_id,
+                       non_spec_num_accepted_tokens)
     if split:
         parts = plan.run(mixed_qkv, weight, bias, conv_state,
                          activation=activation_name(activation), split=True)
@@ -574,10 +567,23 @@ def gdn_conv_stage_step(mixed_qkv, weight, bias, conv_state, a, b, A_log, dt_bia
     Returns ``jitconv.StageResult(spec, non_spec)``: each part's q, k, v, g and beta, its
     rows in the part's token order (None for a part without tokens).
     """
-    null_block_id = conventions.check_skipped_id(null_block_id, "null_block_id")
     if mixed_qkv.dtype != conv_state.dtype:
         raise TypeError(f"mixed_qkv: the GDN stage computes in x's dtype, so x must have "
                         f"conv_state's ({conv_state.dtype}), got {mixed_qkv.dtype}")
+    plan = _layer_plan(mixed_qkv, weight, conv_state, attn_metadata, null_block_id,
+                       non_spec_num_accepted_tokens)
+    weight, bias = _to_state_dtype(conv_state, weight, bias)
+    return plan.run_stage(mixed_qkv, weight, bias, conv_state, a, b, A_log, dt_bias,
+                          num_k_heads=num_k_heads, head_k_dim=head_k_dim,
+                          head_v_dim=head_v_dim, use_l2norm=use_l2norm, exp_g=exp_g,
+                          activation=activation_name(activation))
+
+
+def _layer_plan(mixed_qkv, weight, conv_state, attn_metadata, null_block_id,
+                non_spec_num_accepted_tokens):
+    """The step's plan for a layer of this geometry (``_step_plan``: built by the first
+    layer that asks, read from vLLM's metadata as its layer reads it)."""
+    null_block_id = conventions.check_skipped_id(null_block_id, "null_block_id")
     lines, _dim, state_len = (int(s) for s in conv_state.shape)
     geometry = (int(mixed_qkv.shape[0]), lines, state_len, int(weight.shape[-1]),
                 null_block_id)
@@ -585,12 +591,7 @@ def gdn_conv_stage_step(mixed_qkv, weight, bias, conv_state, a, b, A_log, dt_bia
     def metadata():
         return conventions.gdn_step_metadata(attn_metadata, geometry[0], lines,
                                              null_block_id, non_spec_num_accepted_tokens)
-    plan = _step_plan(attn_metadata, geometry, non_spec_num_accepted_tokens, metadata)
-    weight, bias = _to_state_dtype(conv_state, weight, bias)
-    return plan.run_stage(mixed_qkv, weight, bias, conv_state, a, b, A_log, dt_bias,
-                          num_k_heads=num_k_heads, head_k_dim=head_k_dim,
-                          head_v_dim=head_v_dim, use_l2norm=use_l2norm, exp_g=exp_g,
-                          activation=activation_name(activation))
+    return _step_plan(attn_metadata, geometry, non_spec_num_accepted_tokens, metadata)
 
 
 def conv_state_view(conv_cache, dim_first):

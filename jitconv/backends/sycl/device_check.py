@@ -213,6 +213,19 @@ def _known_answer_record(kwargs, num_tokens, num_lines, state_len, width, record
     return views, strides, scalars
 
 
+def _upload_tables(batch, queue):
+    """The known-answer step's kernel tables (``batch.tables()``) in USM device memory of
+    ``queue``: (a DeviceView of them, each of ``abi.TABLES``' offset in it)."""
+    import dpctl.memory as dpm  # (the SYCL backend's optional dependency)
+    host_tables = batch.tables()
+    sizes = [len(t) for t in host_tables]
+    tables = dpm.MemoryUSMDevice(4 * sum(sizes), queue=queue)
+    tables.copy_from_host(np.concatenate(host_tables).astype(np.int32).view(np.uint8))
+    offsets = dict(zip(TABLES, np.cumsum([0] + sizes[:-1]).tolist()))
+    return bridge.DeviceView(memory=tables, offset=0, shape=(sum(sizes),), strides=(1,),
+                             itemsize=4, owner=tables), offsets
+
+
 def expected(tensors, kwargs, activation, with_bias):
     """The known answer: (out, new conv_state) in float64 (``jitconv.reference``)."""
     return reference.causal_conv1d_reference(
@@ -281,14 +294,7 @@ def run_known_answer(queue, width, dtype_name, launch, record_types=None):
     tensors, parts, kwargs = known_answer_step(width, dtype_name, consecutive=fused)
     x = tensors["x"]
     batch = build_batch(parts, x.shape[0])
-    host_tables = batch.tables()
-    import dpctl.memory as dpm
-    sizes = [len(a) for a in host_tables]
-    tables = dpm.MemoryUSMDevice(4 * sum(sizes), queue=queue)
-    tables.copy_from_host(np.concatenate(host_tables).astype(np.int32).view(np.uint8))
-    offsets = dict(zip(TABLES, np.cumsum([0] + sizes[:-1]).tolist()))
-    tables_view = bridge.DeviceView(memory=tables, offset=0, shape=(sum(sizes),),
-                                    strides=(1,), itemsize=4, owner=tables)
+    tables_view, offsets = _upload_tables(batch, queue)
     problems = []
     for activation, with_bias in (("silu", True), (None, False)):
         views = {name: _upload(tensors[name], queue) for name in ("x", "weight", "bias",
@@ -343,14 +349,7 @@ def run_stage_known_answer(queue, width, dtype_name, launch):
     gates = dict(a=ab[:, :HV], b=ab[:, HV:],
                  A_log=torch.randn(HV, generator=gen), dt_bias=torch.randn(HV, generator=gen))
     batch = build_batch(parts, T)
-    host_tables = batch.tables()
-    import dpctl.memory as dpm
-    sizes = [len(t) for t in host_tables]
-    table = dpm.MemoryUSMDevice(4 * sum(sizes), queue=queue)
-    table.copy_from_host(np.concatenate(host_tables).astype(np.int32).view(np.uint8))
-    offsets = dict(zip(TABLES, np.cumsum([0] + sizes[:-1]).tolist()))
-    tables_view = bridge.DeviceView(memory=table, offset=0, shape=(sum(sizes),),
-                                    strides=(1,), itemsize=4, owner=table)
+    tables_view, offsets = _upload_tables(batch, queue)
     rows = {p.spec: int(p.query_start_loc[-1]) for p in parts}
     ns_rows, sp_rows = rows[False], rows[True]
     l2norm = tuple(STAGE_L2NORM.get(p, 2 ** 62) for p in ("non_spec", "spec"))
