@@ -15,6 +15,8 @@ import torch
 
 import jitconv
 from jitconv import reference
+from jitconv.backends.cuda.backend import CudaBackend
+from jitconv.backends.sycl.backend import SyclBackend
 from jitconv.reference import causal_conv1d_reference
 # One place for steps and their metadata, shared with the demo and the benchmark.
 from jitconv.testing.steps import (DATA_KEYS, cumulative, fn_arguments, mixed_step,  # noqa: F401
@@ -447,3 +449,13 @@ def check_rules_case(case, windows, dtype, out=None):
             f"windows differ at {(got != expected).nonzero()[:3].tolist()}"
         assert not torch.equal(got, before_win)  # something was written
     return result
+
+
+def poison_new_outputs(monkeypatch):
+    """Every new output a backend allocates for a run (``empty_output``: the GDN stage's
+    one buffer, new split outputs) starts as NaN, so a row or gate a kernel does not
+    write fails the comparison."""
+    for backend in (CudaBackend, SyclBackend):
+        def poisoned(self, *args, empty_output=backend.empty_output):
+            return empty_output(self, *args).fill_(POISON)
+        monkeypatch.setattr(backend, "empty_output", poisoned)

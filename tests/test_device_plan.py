@@ -20,11 +20,12 @@ from jitconv.backends.cuda import launching as cuda_launching
 from jitconv.backends.cuda import source as cuda_source
 from jitconv.backends.sycl import launching as sycl_launching
 from jitconv.kernels import planner, tuning
-from jitconv.reference import causal_conv1d_reference
+from jitconv.reference import causal_conv1d_reference, gdn_conv_stage_reference
 from jitconv.backends.sycl.state import STATE as SYCL_STATE
 from jitconv.backends.cuda.state import STATE as CUDA_STATE
 
 from helpers import (DTYPES, POISON, assert_outputs_close, assert_state_exact, bits,
+                     poison_new_outputs,
                      cumulative, lengths_of, make_state, random_parents, randn)
 
 SIM = cuda_devices.simulating()
@@ -136,9 +137,18 @@ def reference_of(md, data, activation="silu", spec_first=False, windows=None):
     """The float64 reference of a device plan's step: each part's tokens consecutive
     rows, non-spec then spec (``spec_first``: spec then non-spec), the rest of x zeros;
     with ``windows`` (the intermediate windows), their new values third."""
-    args = {k: v.cpu() for k, v in md.items()}
+    args = reference_metadata(md, spec_first)
     if windows is not None:
         args["intermediate_windows"] = windows.cpu()
+    return causal_conv1d_reference(*(t.cpu() if t is not None else None for t in data),
+                                   activation=activation, **args)
+
+
+def reference_metadata(md, spec_first=False):
+    """A device plan's metadata as the reference's keywords: the token maps of its
+    layout (each part's tokens consecutive rows, non-spec then spec or ``spec_first``)
+    and a decode step's query_start_loc spelled out."""
+    args = {k: v.cpu() for k, v in md.items()}
     if "non_spec_state_indices" in args and "non_spec_query_start_loc" not in args:
         args["non_spec_query_start_loc"] = torch.arange(len(args["non_spec_state_indices"]) + 1)
     n_ns = int(args["non_spec_query_start_loc"][-1]) if "non_spec_query_start_loc" in args \
@@ -149,8 +159,7 @@ def reference_of(md, data, activation="silu", spec_first=False, windows=None):
         args["non_spec_token_indx"] = torch.arange(ns_first, ns_first + n_ns)
     if "spec_query_start_loc" in args:
         args["spec_token_indx"] = torch.arange(sp_first, sp_first + n_sp)
-    return causal_conv1d_reference(*(t.cpu() if t is not None else None for t in data),
-                                   activation=activation, **args)
+    return args
 
 
 def layer(gen, dtype, num_tokens, num_lines, state_len, width, device, layout="SD", dim=DIM):
@@ -975,6 +984,127 @@ def test_update_max_query_len_on_the_host(device):
     assert torch.equal(bits(state), before)
     jitconv.causal_conv1d_update(x, w, b, state, [1, 2], query_start_loc=[0, 2, 5],
                                  num_accepted_tokens=[1, 1], max_query_len=3)
+
+
+# The GDN stage on device plans: one q / k head and two v heads of 32 (128 channels),
+# which every backend takes.
+STAGE_HEADS = dict(num_k_heads=1, head_k_dim=32, head_v_dim=32)
+STAGE_DIM = 128
+
+
+def stage_layer(gen, dtype, num_tokens, num_lines, state_len, device):
+    """A GDN layer's tensors for the stage: (x, weight, bias, conv_state), then a and b
+    (views of one projection output), A_log and dt_bias."""
+    data = layer(gen, dtype, num_tokens, num_lines, state_len, 4, device, dim=STAGE_DIM)
+    ab = put(randn(gen, (num_tokens, 4), dtype) * 3, device)
+    return data + (ab[:, :2], ab[:, 2:], put(randn(gen, (2,), torch.float32), device),
+                   put(randn(gen, (2,), torch.float32), device))
+
+
+def check_stage(result, layer_tensors, md, dtype, want):
+    """A device plan's stage result against the reference ``want`` (its part's tokens
+    in their rows), the rows after them: zero q, k and v, and gates from their a and b."""
+    part = "spec" if "spec_query_start_loc" in md else "non_spec"
+    assert getattr(result, "non_spec" if part == "spec" else "spec") is None
+    out = getattr(result, part)
+    parts, want_state = want
+    n = len(parts[part]["q"])
+    T = layer_tensors[0].shape[0]
+    for field in ("q", "k", "v"):
+        got = getattr(out, field)
+        assert got.shape[0] == T and got.dtype == dtype
+        assert_outputs_close(got[:n], parts[part][field], dtype)
+        assert not got[n:].cpu().float().any(), f"{field}: rows after the tokens"
+    a, b, A_log, dt_bias = (t.cpu().double() for t in layer_tensors[4:])
+    g = -A_log.exp() * torch.nn.functional.softplus(a + dt_bias, beta=1.0, threshold=20.0)
+    for field, tail in (("g", g), ("beta", torch.sigmoid(b))):
+        got = getattr(out, field).cpu().double()
+        torch.testing.assert_close(got[:n], torch.from_numpy(parts[part][field]),
+                                   rtol=2e-5, atol=2e-6)
+        torch.testing.assert_close(got[n:], tail[n:], rtol=2e-5, atol=2e-6)
+    assert_state_exact(layer_tensors[3], want_state)
+
+
+@pytest.mark.parametrize("kind", ["decode", "spec", "prefill"])
+def test_gdn_stage_follows_rewritten_metadata(device, kind, monkeypatch):
+    """The GDN stage on a device plan of one part (decode, spec verify or prefill): its
+    tokens' q, k, v, g and beta against the stage's reference, the rows of x after them
+    zeros (their count is on the device), every cache line bit-exact; the metadata
+    rewritten in place between runs, outputs poisoned first."""
+    poison_new_outputs(monkeypatch)
+    dtype = torch.bfloat16
+    num_tokens, num_lines, nseq = 40, 20, 5
+    max_len = {"decode": 1, "spec": 5, "prefill": 12}[kind]
+    state_len = 3 + max_len if kind == "spec" else 6
+    gen = torch.Generator().manual_seed(31 + len(kind))
+    md = random_metadata(gen, kind, nseq, num_tokens, num_lines, state_len, 4, max_len)
+    live = {k: put(v, device) for k, v in md.items()}
+    plan = jitconv.device_plan(num_tokens, num_lines, state_len, 4, max_query_len=max_len,
+                               **live)
+    tensors = stage_layer(gen, dtype, num_tokens, num_lines, state_len, device)
+    for step in range(3):
+        if step:
+            new = random_metadata(gen, kind, nseq, num_tokens, num_lines, state_len, 4,
+                                  max_len, pads=step - 1)
+            for k, v in new.items():
+                live[k].copy_(v)
+        want = gdn_conv_stage_reference(*(t.cpu() for t in tensors), **STAGE_HEADS,
+                                        **reference_metadata(live))
+        result = plan.run_stage(*tensors, **STAGE_HEADS)
+        check_stage(result, tensors, live, dtype, want)
+        plan.check_errors()
+
+
+def test_gdn_stage_device_plan_refusals(device):
+    """What a device plan cannot give the stage is refused by name before any launch,
+    conv_state untouched: a mixed step (each part's token count is on the device) and
+    l2norm from a given row (where sequences begin is on the device too)."""
+    gen = torch.Generator().manual_seed(3)
+    for kind, options, name in (("mixed", {}, "plan"),
+                                ("spec", dict(use_l2norm={"spec": 0}), "use_l2norm")):
+        md = random_metadata(gen, kind, 3, 24, 12, 9, 4, 5)
+        plan = jitconv.device_plan(24, 12, 9, 4, max_query_len=5,
+                                   **{k: put(v, device) for k, v in md.items()})
+        tensors = stage_layer(gen, torch.float32, 24, 12, 9, device)
+        before = bits(tensors[3])
+        with pytest.raises(ValueError, match=f"^{name}: "):
+            plan.run_stage(*tensors, **STAGE_HEADS, **options)
+        assert torch.equal(bits(tensors[3]), before)
+
+
+@GPU_ONLY
+def test_gdn_stage_graph_replays_follow_rewritten_metadata(cuda_device):
+    """A CUDA graph that captured the GDN stage of a device plan (two layers) replays it
+    with the metadata the tensors hold at replay time: the captured runs' outputs
+    against the reference each time."""
+    device = cuda_device
+    for kind, max_len in (("decode", 1), ("spec", 4)):
+        gen = torch.Generator().manual_seed(40 + len(kind))
+        num_tokens, num_lines, state_len = 48, 24, 8
+        md = random_metadata(gen, kind, 6, num_tokens, num_lines, state_len, 4, max_len)
+        live = {k: v.to(device) for k, v in md.items()}
+        plan = jitconv.device_plan(num_tokens, num_lines, state_len, 4,
+                                   max_query_len=max_len, **live)
+        layers = [stage_layer(gen, torch.bfloat16, num_tokens, num_lines, state_len, device)
+                  for _ in range(2)]
+        for tensors in layers:  # warm-up: compiles, prepares
+            plan.run_stage(*tensors[:3], tensors[3].clone(), *tensors[4:], **STAGE_HEADS)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            results = [plan.run_stage(*tensors, **STAGE_HEADS) for tensors in layers]
+        for _ in range(3):
+            new = random_metadata(gen, kind, 6, num_tokens, num_lines, state_len, 4,
+                                  max_len)
+            for k, v in new.items():
+                live[k].copy_(v)
+            wants = [gdn_conv_stage_reference(*(t.cpu() for t in tensors), **STAGE_HEADS,
+                                              **reference_metadata(live))
+                     for tensors in layers]
+            graph.replay()
+            torch.cuda.synchronize()
+            for result, tensors, want in zip(results, layers, wants):
+                check_stage(result, tensors, live, torch.bfloat16, want)
+        plan.check_errors()
 
 
 @GPU_ONLY

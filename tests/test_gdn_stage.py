@@ -15,13 +15,11 @@ import torch
 
 import jitconv
 from jitconv.backends.cuda import devices as cuda_devices
-from jitconv.backends.cuda.backend import CudaBackend
-from jitconv.backends.sycl.backend import SyclBackend
 from jitconv.reference import gdn_conv_stage_reference
 from jitconv.testing.steps import DATA_KEYS, mixed_step
 
-from helpers import (DTYPES, POISON, assert_outputs_close, assert_state_exact,
-                     bits, randn)
+from helpers import (DTYPES, assert_outputs_close, assert_state_exact, bits,
+                     poison_new_outputs, randn)
 
 SIM = cuda_devices.simulating()
 GPU = bool(cuda_devices.devices()) and not SIM
@@ -43,10 +41,7 @@ def device(sycl_device):
 def poisoned_outputs(monkeypatch):
     """The stage's one output (q, k, v and the gates of both parts) starts as NaN, so a
     row or gate it does not write fails the comparison."""
-    for backend in (CudaBackend, SyclBackend):
-        def poisoned(self, *args, empty_output=backend.empty_output):
-            return empty_output(self, *args).fill_(POISON)
-        monkeypatch.setattr(backend, "empty_output", poisoned)
+    poison_new_outputs(monkeypatch)
 
 
 def stage_case(seed, dtype, *, ns_lengths=(1, 2, 9, 3), sp_lengths=(1, 4, 2), pads=1,

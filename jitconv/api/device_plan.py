@@ -71,6 +71,7 @@ class DevicePlan(StepPlan):
     graph, and replays follow the metadata tensors' values at replay time."""
 
     on_device = True
+    sequence_starts = None  # (the GDN stage's) where each sequence begins: on the device
 
     def __init__(self, *, geometry, arrays, names, counts, max_len, null_line, skip_empty,
                  device, backend, spec_first=False, error_words=None, rules=None):
@@ -133,6 +134,14 @@ class DevicePlan(StepPlan):
             has_chains=bool(self.rules),
             window_rows=(None if any(k.endswith("windows") for k in self.rules)
                          else np.zeros(0, np.int64)))
+
+    def _stage_rows(self):
+        """A GDN stage run's outputs (``StepPlan.run_stage``): the plan's one part takes
+        every row of x, its tokens in their rows and zeros in the rows after them (the
+        host does not read the token count)."""
+        rows = {"non_spec": 0, "spec": 0}
+        rows["spec" if self.num_sp else "non_spec"] = self.geometry.num_tokens
+        return rows
 
     def table_layout(self):
         """(words of the table its planners write, offsets of ``abi.TABLES`` in it): the
@@ -226,6 +235,7 @@ def device_plan(num_tokens: int, num_cache_lines: int, state_len: int, width: in
     -------
     DevicePlan
         ``run(x, weight, bias, conv_state, out=None, activation="silu", math=None)``;
+        ``run_stage(...)`` (the GDN stage, ``StepPlan.run_stage``) on a step of one part;
         ``check_errors()``.
     """
     meta = StepMetadata.of({n: v for n, v in locals().items() if n in metadata.ALL_NAMES})

@@ -241,18 +241,27 @@ class StepPlan:
         (``jitconv.gdn_conv_stage`` documents the arguments): the conv and state update
         as ``run``'s, then per token of each part q, k (l2-normalised where
         ``use_l2norm`` says), v, g (exp(g) with ``exp_g``) and beta. Every argument
-        is checked before anything is launched. ``checked``: as ``run_checked``'s."""
+        is checked before anything is launched. ``checked``: as ``run_checked``'s. A
+        device plan takes a step of one part, whose outputs have a row per row of x
+        (docs/SEMANTICS.md, "The GDN conv stage")."""
         backend = registry.for_call(x)
         if self.on_device:
-            raise ValueError("x: the GDN stage writes each part's rows, whose counts "
-                             "device plans do not read on the host: use a plan built "
-                             "from host metadata (jitconv.plan)")
+            if backend is not self.backend:
+                raise ValueError(f"x: runs on the {backend.name} backend, but this plan's "
+                                 f"metadata tensors are on {self.device}; put the layer's "
+                                 f"tensors where the metadata are")
+            if self.num_ns and self.num_sp:
+                raise ValueError("plan: the GDN stage on a device plan takes a step of one "
+                                 "part (non-spec or spec sequences): a mixed step's part "
+                                 "token counts are on the device, where the host does not "
+                                 "read them; plan a mixed step from host metadata "
+                                 "(jitconv.plan)")
         if self.takes_windows:
             raise ValueError("spec_window_rows/non_spec_window_rows: the GDN stage does "
                              "not write intermediate windows; plan the step without them")
         heads = (num_k_heads, head_k_dim, head_v_dim)
-        l2norm = validation.l2norm_parts(use_l2norm, self.sequence_starts,
-                                         dict(zip(("spec", "non_spec"), self.part_tokens)))
+        rows = self._stage_rows()
+        l2norm = validation.l2norm_parts(use_l2norm, self.sequence_starts, rows)
         stage_args = (a, b, A_log, dt_bias, heads, l2norm, exp_g)
         buffer, key = backend.remembered_stage(self, (x, weight, bias, conv_state, None),
                                                stage_args, activation, math)
@@ -281,14 +290,17 @@ class StepPlan:
         validation.check_writable(x_given, weight, bias, conv_state, None)
         extents = validation.check_aliasing(x_given, weight, bias, conv_state, None,
                                             self.lines)
-        spec_rows, ns_rows = self.part_tokens
+        ns_rows, spec_rows = rows["non_spec"], rows["spec"]
         dim = validation.shape_of(x_given)[1]
-        sizes = _stage_sizes(self.part_tokens, dim, hv, x_given.element_size())
+        sizes = _stage_sizes(ns_rows + spec_rows, dim, hv, x_given.element_size())
         buffer = backend.empty_output(x_given, (sizes["total"],), dtype)
         if dim and self.num_blocks:
             x = registry.channels_contiguous(x_given)
-            parts = [buffer[first:first + rows * dim].view(rows, dim) if rows else None
-                     for rows, first in ((ns_rows, 0), (spec_rows, ns_rows * dim))]
+            parts = [buffer[first:first + n * dim].view(n, dim) if n else None
+                     for n, first in ((ns_rows, 0), (spec_rows, ns_rows * dim))]
+            # A device plan's one part starts at slot 0 (its planner's tail blocks, the
+            # rows after the tokens, are that part's too: ``planner.slot_record``).
+            spec_slot0 = 0 if self.on_device else self.spec_slot0
             stage = StageTensors(
                 a=a, b=b, A_log=backend.as_floats(A_log), dt_bias=backend.as_floats(dt_bias),
                 buffer=buffer, gates=buffer[sizes["gates"]:].view(torch.float32),
@@ -299,16 +311,22 @@ class StepPlan:
                 x=x, weight=weight, bias=bias, conv_state=conv_state, out=None,
                 target=parts[0], silu=silu, math=math, dtype=dtype, extents=extents,
                 zero_copy=x is x_given, key=key, split=SPLIT_PARTS, out2=parts[1],
-                spec_slot0=self.spec_slot0, stage=stage))
+                spec_slot0=spec_slot0, stage=stage))
         return self._stage_views(buffer, heads, hv)
+
+    def _stage_rows(self):
+        """Rows of each part's stage output ("non_spec", "spec"): its tokens."""
+        spec, non_spec = self.part_tokens
+        return {"non_spec": non_spec, "spec": spec}
 
     def _stage_views(self, buffer, heads, hv):
         """A stage run's ``StageResult``: views of its one output (``_stage_sizes``)."""
         num_k_heads, head_k_dim, head_v_dim = heads
-        spec_rows, ns_rows = self.part_tokens
+        rows = self._stage_rows()
+        ns_rows, spec_rows = rows["non_spec"], rows["spec"]
         qk = num_k_heads * head_k_dim
         dim = 2 * qk + hv * head_v_dim
-        sizes = _stage_sizes(self.part_tokens, dim, hv, buffer.element_size())
+        sizes = _stage_sizes(ns_rows + spec_rows, dim, hv, buffer.element_size())
         gates = buffer[sizes["gates"]:].view(torch.float32)
         outputs = []
         for rows, first, g0 in ((ns_rows, 0, 0),
@@ -397,15 +415,14 @@ class StepPlan:
         return _finish(out, target)
 
 
-def _stage_sizes(part_tokens, dim, hv, itemsize):
-    """Where a stage run's one output (elements of x's dtype) holds what: the non-spec
-    part's q | k | v from 0, the spec part's after it, then (from "gates", 16-byte
-    aligned) the float32 gates: the non-spec part's g and beta, then the spec part's;
-    "total" elements in all."""
-    spec_rows, ns_rows = part_tokens
+def _stage_sizes(rows, dim, hv, itemsize):
+    """Where a stage run's one output (elements of x's dtype) of ``rows`` rows in all
+    holds what: the non-spec part's q | k | v from 0, the spec part's after it, then
+    (from "gates", 16-byte aligned) the float32 gates: the non-spec part's g and beta,
+    then the spec part's; "total" elements in all."""
     per16 = 16 // itemsize
-    gates = -(-(ns_rows + spec_rows) * dim // per16) * per16
-    return dict(gates=gates, total=gates + 2 * (ns_rows + spec_rows) * hv * 4 // itemsize)
+    gates = -(-rows * dim // per16) * per16
+    return dict(gates=gates, total=gates + 2 * rows * hv * 4 // itemsize)
 
 
 def split_request(split, out_spec, out_non_spec):

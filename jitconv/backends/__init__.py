@@ -58,7 +58,8 @@ class StageTensors:
     #                    views of it (a remembered run allocates it anew and patches
     #                    their addresses: ``cuda.driver.Prepared``)
     gates: object      # float32: the non-spec part's g and beta, then the spec part's
-    part_rows: tuple   # (non-spec, spec) tokens
+    part_rows: tuple   # (non-spec, spec) rows of each part's buffer (its tokens; a
+    #                    device plan's one part: every row of x)
     head_k_dim: int
     qk: int            # num_k_heads * head_k_dim
     vdim: int          # num_v_heads * head_v_dim

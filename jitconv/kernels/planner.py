@@ -14,7 +14,9 @@ in place before each replay.
 Slots. Sequences are numbered in the order of their rows: non-spec first (i < P), then
 spec (P <= i < P + Q), or with ``spec_first`` spec then non-spec (vLLM's layout of a mixed
 step); their tokens are consecutive rows of x in that order, and the rows after the last
-token are the "tail", zeros in the output (a device plan has no token maps). Sequence i,
+token are the "tail", zeros in the output (a device plan has no token maps); the
+tail's blocks are non-spec blocks, spec blocks in a plan of spec sequences alone (so
+split outputs, the GDN stage's, give those rows to that part). Sequence i,
 starting at token slot T(i), owns slots ``i + T(i) // B`` onward, one per block of B
 (``batch.DEFAULT_BLOCK_TOKENS``) tokens and at least one: no sequence's slots meet the
 next one's, so a work-item finds its sequence by binary search over T, with no prefix
@@ -206,6 +208,8 @@ def slot_record(s, ns_qsl, ns_qsl_offset, ns_qsl_stride, ns_lines, ns_lines_offs
         else:
             tok = 0
         seq_len = n
+        if num_ns == 0:  # spec sequences alone: split outputs give the tail to that part
+            flags = flags | FLAG_SPEC
     elif i >= 0:
         t0, length, line, off, flags, ok = _sequence(i, s == i, ns_qsl, ns_qsl_offset,
             ns_qsl_stride, ns_lines, ns_lines_offset, ns_lines_stride, ns_init,

@@ -257,8 +257,9 @@ def launch(plan, x, weight, bias, conv_state, target, silu, dtype, math=None, ke
     grid, block = launch_shape(dim // channels, plan.num_blocks, threads)
     stream = None if sim else driver.current_stream(x.device.index)
 
-    # a plan with rules: the rule planner amends the planner's table (no fused kernel)
-    fused = plan.on_device and tune.fused_planner and not plan.rules
+    # a plan with rules: the rule planner amends the planner's table (no fused kernel);
+    # the stage's kernel reads the planner's table too
+    fused = plan.on_device and tune.fused_planner and not plan.rules and stage is None
 
     def kernels_and_args():
         """[(kernel, args, grid, block)]: the planner's launch (device plans, unless the

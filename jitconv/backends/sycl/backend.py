@@ -115,8 +115,8 @@ class SyclBackend:
         fast = fast_silu(launch.dtype, launch.math)
         fused = record = None
         # one submit where a fused kernel can be had (not with rules: the rule planner
-        # amends the planner's table)
-        if plan.on_device and not plan.rules:
+        # amends the planner's table; not for the stage, whose kernel reads that table)
+        if plan.on_device and not plan.rules and launch.stage is None:
             fused = launching.fused_kernel(plan.geometry.width, launch.dtype, queue,
                                            launching.wide_fits(views, dim, launch.dtype),
                                            fast, plan.element_types)
