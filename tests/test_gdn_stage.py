@@ -15,11 +15,12 @@ import torch
 
 import jitconv
 from jitconv.backends.cuda import devices as cuda_devices
+from jitconv.backends.sycl.backend import SyclBackend
 from jitconv.reference import gdn_conv_stage_reference
 from jitconv.testing.steps import DATA_KEYS, mixed_step
 
 from helpers import (DTYPES, assert_outputs_close, assert_state_exact, bits,
-                     poison_new_outputs, randn)
+                     poison_new_outputs, randn, usm_copy)
 
 SIM = cuda_devices.simulating()
 GPU = bool(cuda_devices.devices()) and not SIM
@@ -227,14 +228,22 @@ def test_stage_head_layouts(device, poisoned_outputs, heads):
 
 def test_remembered_stage_runs(device, monkeypatch):
     """A layer's second run with the same tensors is a remembered launch (no checks, no
-    kernel choice: ``launching.launch`` is not called) into a new output, and it is as
-    right as the first: the second run continues from the state the first left."""
+    kernel choice: the backend's launch is not called) into a new output, and it is as
+    right as the first: the second run continues from the state the first left. On a
+    SYCL device the tensors are USM memory (zero-copy: only such launches are kept)."""
     if SIM:
         pytest.skip("the simulator has no remembered launches (its tensors are the host's)")
-    if not GPU:
-        pytest.skip("stage runs are remembered on CUDA GPUs only")
-    from jitconv.backends.cuda import launching
     data, meta, gates = stage_case(18, torch.bfloat16)
+    if GPU:
+        from jitconv.backends.cuda import launching
+        backend, name = launching, "launch"
+    else:
+        backend, name = SyclBackend, "launch"
+        data = {k: usm_copy(v) for k, v in data.items()}
+        HV = gates["a"].shape[1]
+        ab = usm_copy(torch.cat([gates["b"], gates["a"]], dim=1))
+        gates = dict(a=ab[:, HV:], b=ab[:, :HV], A_log=usm_copy(gates["A_log"]),
+                     dt_bias=usm_copy(gates["dt_bias"]))
     plan = jitconv.plan(data["x"].shape[0], data["conv_state"].shape[0],
                         data["conv_state"].shape[2], 4, **meta)
     H, K, _HV, V = HEADS
@@ -253,7 +262,7 @@ def test_remembered_stage_runs(device, monkeypatch):
                                            **GATE_TOLERANCE)
         assert_state_exact(data["conv_state"], ref_state)
         if run == 0:
-            monkeypatch.setattr(launching, "launch", None)  # a second launch would fail
+            monkeypatch.setattr(backend, name, None)  # a second launch would fail
     assert results[0].spec.q.data_ptr() != results[1].spec.q.data_ptr()  # a new output
 
 

@@ -1,9 +1,9 @@
 """The GDN stage on a SYCL device beside the conv alone and beside the conv followed by
 the stage's post-conv work in torch (what a caller without the stage runs): wall time per
 call, the sides taking turns, median of --reps. Every tensor is USM memory
-(``jitconv.empty``: zero-copy on opencl:cpu) and each step's plan is built once: the
-conv's runs are remembered launches, the stage's are not (SYCL remembers no stage run),
-so its figure includes its checks at every call. The stage's outputs are checked against
+(``jitconv.empty``: zero-copy on opencl:cpu) and each step's plan is built once: from
+the second call on, the conv's and (since the commit after a05bf4a) the stage's runs are
+remembered launches. The stage's outputs are checked against
 the conv + torch side first. Results: docs/performance.md, "How fast is the GDN stage on
 opencl:cpu?".
 

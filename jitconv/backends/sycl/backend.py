@@ -125,14 +125,16 @@ class SyclBackend:
             after, wait = None, wait or copies  # copied metadata lives until the wait
         else:
             table_args, after = tables.for_run(plan, queue, views.get("win"))
-        if launch.stage is not None:  # (never remembered: a new output every run)
-            launching.submit_stage(
+        if launch.stage is not None:
+            kernel, values, grid, local = launching.submit_stage(
                 queue, plan.geometry.width, launch.dtype, views, table_args,
                 plan.num_blocks, dim, launch.stage, has_bias=bias is not None,
                 silu=launch.silu, fast=fast, wait=wait, after=after,
                 spec_slot0=launch.spec_slot0, chains=plan.has_chains)
             for wb in write_backs:
                 wb()
+            self._remember_stage(plan, launch, views, kernel, queue, values, grid, local,
+                                 wait)
             return
         kernel, values, grid = launching.submit_conv(
             queue, plan.geometry.width, launch.dtype, views, table_args, plan.num_blocks,
@@ -147,6 +149,27 @@ class SyclBackend:
             run_cache.remember(launch.key, (x, weight, bias, conv_state, out), views,
                                launch.extents, plan, kernel, queue, values, grid[1], wait,
                                launch.dtype)
+
+    @staticmethod
+    def _remember_stage(plan, launch, views, kernel, queue, values, grid, local, wait):
+        """Keep a zero-copy stage launch for the next run with the same tensors (each
+        run a new output: ``run_cache._StageEntry``)."""
+        stage = launch.stage
+        tensors = (launch.x, launch.weight, launch.bias, launch.conv_state, stage.a,
+                   stage.b, stage.A_log, stage.dt_bias)
+        if launch.key is None or not launch.zero_copy or \
+                any(bridge.is_copy(v) for v in views.values()):
+            return
+        buffer = stage.buffer
+        gates_at = (stage.gates.data_ptr() - buffer.data_ptr()) // buffer.element_size()
+        # 16 bytes: a wide kernel's C-element words and the float32 gates stay aligned
+        align = 16
+        run_cache.remember_stage(
+            launch.key, tensors, views, launch.extents, plan, kernel, queue, values, grid,
+            local, wait, dict(x_like=launch.dtype, total=buffer.shape[0],
+                              itemsize=buffer.element_size(), dim=int(views["x"].shape[1]),
+                              part_rows=stage.part_rows, gates_at=gates_at,
+                              gate_count=stage.gates.shape[0], align=align))
 
     def normalize(self, t, name):
         """A non-torch array (dpctl, dpnp, a USM-interface or kDLOneAPI DLPack producer)
@@ -164,7 +187,20 @@ class SyclBackend:
         return bridge.empty_like_output(x, shape, dtype)
 
     def remembered_stage(self, plan, args, stage_args, activation, math):
-        return None, None  # stage runs are not remembered on SYCL devices (yet)
+        if not launching.can_resubmit():
+            return None, None
+        x, weight, bias, conv_state, _ = args
+        key = run_cache.stage_key(x, weight, bias, conv_state, activation, math,
+                                  self._queue(plan, x), stage_args,
+                                  plan.element_types if plan.on_device else None)
+        if key is None:
+            return None, None
+        entry = run_cache.find(key, plan)
+        if entry is not None:  # these tensors passed the checks of this geometry
+            buffer = entry.run(plan, x)
+            if buffer is not None:
+                return buffer, key
+        return None, key
 
     def stage_refusal(self, head_k_dim, head_v_dim):
         # one work-group per head: at most 256 work-items (every SYCL GPU's limit is

@@ -467,6 +467,29 @@ def with_record(values, tables, record):
     return with_tables(values[:CONV_PARAMS], tables) + list(record)
 
 
+# Where each argument of STAGE_ARGS starts among a stage kernel's packed parameters.
+_STAGE_START = dict(zip((a[0] for a in STAGE_ARGS), itertools.accumulate(
+    [CONV_PARAMS] + [5 if a[1] else 1 for a in STAGE_ARGS])))
+
+
+def set_stage_output(values, address, itemsize, dim, part_rows, gates_at, gate_count):
+    """Replace the output parameters in a stage kernel's packed ``values`` (with
+    addresses) by those of a new stage output at ``address`` (``plan._stage_sizes``'
+    layout: each part's rows of ``dim`` elements, the non-spec part's first, the float32
+    gates from element ``gates_at``, ``gate_count`` of them). A part without rows keeps
+    its stand-in (never written)."""
+    ns_rows, sp_rows = part_rows
+    for name, rows, first in (("out", ns_rows, 0), ("out2", sp_rows, ns_rows * dim)):
+        if rows:
+            start = _START[name]
+            values[start:start + 7] = _array_params(rows * dim, itemsize,
+                                                    address + first * itemsize, 0, dim)
+    start = _STAGE_START["gates"]
+    spec_gates = values[start + 6] - values[start + 5]  # the spec part's, from the first
+    values[start:start + 7] = _array_params(gate_count, 4, address + gates_at * itemsize, 0,
+                                            spec_gates)
+
+
 def set_out(values, address, shape):
     """Replace out's parameters in packed ``values`` (with addresses) by those of a new
     contiguous 2-D array of ``shape`` at ``address`` (same dtype)."""
@@ -500,6 +523,9 @@ STAGE_POINTERS = tuple(p for _name, ndim, _e, _l in STAGE_ARGS
                        for p in ([i == _ARRAY_POINTER for i in range(5)] if ndim else (False,)))
 
 
+STAGE_KERNEL_POINTERS = _POINTERS + STAGE_POINTERS  # a stage kernel's, in all
+
+
 def submit_stage(queue, width, dtype_name, views, tables, num_blocks, dim, stage, *,
                  has_bias, silu, fast=None, wait=True, after=None, spec_slot0=0,
                  chains=False):
@@ -508,13 +534,15 @@ def submit_stage(queue, width, dtype_name, views, tables, num_blocks, dim, stage
     token block, head_k_dim / C work-items (C: the wide kernel's channels where it fits
     and divides both head dims, else 1), the channel range rounded up to whole
     work-groups (the kernel's guard). The kernel passes its own device check before its
-    first launch on a device (``device_check.run_stage_known_answer``)."""
+    first launch on a device (``device_check.run_stage_known_answer``). Returns (kernel,
+    values, grid, local): what ``run_cache`` needs to submit the same launch again."""
     wide = stage_wide(views, dim, dtype_name, stage)
     kernel = get_conv_kernel(width, dtype_name, queue, wide, fast, chains=chains, stage=True)
     values, grid, local = _stage_values(dtype_name, wide, views, tables, num_blocks, dim,
                                         stage, has_bias, silu, spec_slot0)
     submit_packed(kernel, queue, values, grid, wait, after, local=local,
                   pointers=_POINTERS + STAGE_POINTERS)
+    return kernel, values, grid, local
 
 
 def stage_wide(views, dim, dtype_name, stage):

@@ -19,6 +19,10 @@ Only launches that needed no copies are remembered, and only when the written te
 aliasing checks pass for every plan, whichever cache lines it writes. Entries hold no
 tensor, only addresses, the kernel and the queue; the table is bounded and shared by
 all threads (dict operations are atomic; entries are never changed after creation).
+
+The GDN stage's runs are kept the same way (``stage_key``, ``_StageEntry``), with a,
+b, A_log and dt_bias in the key: each run writes a new output buffer of the kept
+layout, whose address replaces the outputs' parameters (``launching.set_stage_output``).
 """
 
 import weakref
@@ -28,7 +32,7 @@ import torch
 
 from jitconv.backends.sycl import bridge, launching, planner, tables
 from jitconv.backends.sycl.state import STATE
-from jitconv.kernels.abi import ACTIVATIONS, MATHS
+from jitconv.kernels.abi import ACTIVATIONS, MATHS, SPLIT_PARTS
 from jitconv.memory import arrays
 
 LIMIT = 512  # entries: several models' layers; the table starts over when it is full
@@ -159,4 +163,89 @@ class _Entry:
             tables.mark_unwaited(plan)
         launching.submit_packed(self.kernel, self.queue, values,
                                 (plan.num_blocks, self.groups), wait, after)
+        return target
+
+
+# ------------------------------------------------------------------ the GDN stage's runs
+
+def stage_key(x, weight, bias, conv_state, activation, math, queue, stage_args,
+              metadata=None):
+    """``key`` of a GDN stage run: the conv's tensors', then a, b, A_log and dt_bias's
+    and the head dims and flags (``stage_args``: (a, b, A_log, dt_bias, heads, l2norm,
+    exp_g)). None: not a run to remember (as ``key``'s, or A_log or dt_bias not float32
+    and contiguous: the launch reads a converted copy then)."""
+    conv = key(x, weight, bias, conv_state, None, activation, math, queue, SPLIT_PARTS,
+               metadata)
+    a, b, A_log, dt_bias, heads, l2norm, exp_g = stage_args
+    if conv is None or not all(isinstance(t, torch.Tensor) and t.dtype == torch.float32
+                               and t.is_contiguous() for t in (A_log, dt_bias)):
+        return None
+    parts = tuple(_tensor_key(t) for t in (a, b, A_log, dt_bias))
+    if False in parts or not all(isinstance(t, torch.Tensor) for t in (a, b)):
+        return None
+    return conv + (parts, heads, l2norm, exp_g)
+
+
+def remember_stage(key, tensors, views, extents, plan, kernel, queue, values, grid, local,
+                   wait, layout):
+    """Keep a checked zero-copy stage launch under ``key``: ``tensors`` (x, weight,
+    bias, conv_state, a, b, A_log, dt_bias), ``layout``: its output's (``_StageEntry``'s
+    fields of that name)."""
+    if _shares_memory(tensors[:4] + (None,), extents):
+        return
+    guards = []
+    for t, name in zip(tensors, _NAMES[:4] + ("ga", "gb", "alog", "dtb")):
+        if t is None or t.device.type != "cpu":
+            continue
+        try:
+            guards.append(weakref.ref(views[name].memory))
+        except TypeError:  # no way to tell later whether it is the same memory
+            return
+    if len(STATE.runs) >= LIMIT:
+        STATE.runs.clear()
+    STATE.runs[key] = _StageEntry(geometry=plan.fit, kernel=kernel, queue=queue,
+                                  values=launching.addresses(
+                                      values, launching.STAGE_KERNEL_POINTERS),
+                                  grid=grid, local=local, guards=tuple(guards), wait=wait,
+                                  **layout)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _StageEntry:
+    """A checked zero-copy GDN stage launch, kept for the next run with the same
+    tensors; each run writes a new output of the same layout."""
+    geometry: tuple  # the plan's ``fit``
+    kernel: object
+    queue: object
+    values: list  # packed parameters, addresses where pointers go
+    grid: tuple
+    local: tuple
+    guards: tuple
+    wait: bool
+    x_like: object  # (shape, dtype name) of the output's elements: x's dtype
+    total: int  # elements of the output (``plan._stage_sizes``)
+    itemsize: int
+    dim: int
+    part_rows: tuple
+    gates_at: int
+    gate_count: int
+    align: int  # bytes the output's address must be a multiple of
+
+    def run(self, plan, x):
+        """Submit the remembered launch with ``plan``'s tables into a new output: returns
+        it, or None, having submitted nothing, when it is not aligned as the kernel
+        needs."""
+        target = bridge.empty_like_output(x, (self.total,), self.x_like)
+        address = bridge.address_of(target)
+        if address % self.align:
+            return None
+        table_args, after = tables.for_run(plan, self.queue)
+        values = launching.with_tables(self.values, table_args)
+        launching.set_stage_output(values, address, self.itemsize, self.dim,
+                                   self.part_rows, self.gates_at, self.gate_count)
+        if not self.wait:
+            tables.mark_unwaited(plan)
+        launching.submit_packed(self.kernel, self.queue, values, self.grid, self.wait,
+                                after, local=self.local,
+                                pointers=launching.STAGE_KERNEL_POINTERS)
         return target
