@@ -66,11 +66,17 @@ class SyclBackend:
         key = run_cache.key(x, weight, bias, conv_state, out, activation, math,
                             self._queue(plan, x), split,
                             plan.element_types if plan.on_device else None)
+        return self._kept(plan, key, lambda entry: entry.run(plan, x, out))
+
+    @staticmethod
+    def _kept(plan, key, run):
+        """(``run(entry)``'s output, key) for the launch kept under ``key``, or (None,
+        key) when none is kept or it cannot run (key None: never to be kept)."""
         if key is None:
             return None, None
         entry = run_cache.find(key, plan)
         if entry is not None:  # these tensors passed the checks of this geometry
-            result = entry.run(plan, x, out)
+            result = run(entry)
             if result is not None:
                 return result, key
         return None, key
@@ -193,14 +199,7 @@ class SyclBackend:
         key = run_cache.stage_key(x, weight, bias, conv_state, activation, math,
                                   self._queue(plan, x), stage_args,
                                   plan.element_types if plan.on_device else None)
-        if key is None:
-            return None, None
-        entry = run_cache.find(key, plan)
-        if entry is not None:  # these tensors passed the checks of this geometry
-            buffer = entry.run(plan, x)
-            if buffer is not None:
-                return buffer, key
-        return None, key
+        return self._kept(plan, key, lambda entry: entry.run(plan, x))
 
     def stage_refusal(self, head_k_dim, head_v_dim):
         # one work-group per head: at most 256 work-items (every SYCL GPU's limit is
