@@ -39,4 +39,5 @@ def test_cuda_kernels_in_the_simulator():
     reasons = re.findall(r"SKIPPED \[(\d+)\] [^:]+:\d+: (.*)", done.stdout)
     reasons = [(n, why) for n, why in reasons if not why.startswith("SYCL device plans")]
     assert all("simulator has no" in why for _, why in reasons), tail
-    assert sum(int(n) for n, _ in reasons) <= 35, tail  # 30 device-plan, 1 stream, 4 stage
+    # 32 device-plan (2 of them the stage's graph replays), 1 stream, 4 stage
+    assert sum(int(n) for n, _ in reasons) <= 37, tail
