@@ -36,7 +36,11 @@ Figures per side, microseconds per layer:
   taking turns step by step;
 - for the stage on prefill-heavy steps, its bytes (x, a, b read; q, k, v, g, beta
   written; state lines read and written) over its device time, beside a same-bytes
-  device-to-device copy's rate.
+  device-to-device copy's rate;
+- on the steps of one part (decode-only, spec-only), CUDA-graph replay: the chain's 36
+  layers captured in one graph, and the stage's on a device plan of the step's metadata
+  (``jitconv.device_plan``) in another, each replay timed by CUDA events, median of
+  ``--reps``, per layer.
 Before timing, each side's outputs are checked: the stage's against the float64
 reference (``jitconv.reference.gdn_conv_stage_reference``) and the chain's q / k / v
 (normalised where vLLM leaves it to the recurrent kernel) against the stage's.
@@ -299,6 +303,62 @@ def eager(sides, steps):
     return [(statistics.median(w), statistics.median(h)) for w, h in zip(walls, hosts)]
 
 
+# Steps of one part: the stage runs on a device plan there, so both sides are captured
+# in a CUDA graph (as vLLM's FULL graphs capture uniform decode and spec-verify steps).
+GRAPH_MAX_QUERY_LEN = {"decode 64": 1, "spec 64 x (1+3)": 4}
+
+
+def graph_replay_us(calls, reps):
+    """Per layer: one CUDA graph that captured ``calls`` (a step's layers), replayed
+    ``reps`` times, each timed by CUDA events; the median / len(calls)."""
+    for call in calls:  # warm-up: compiles, prepares, remembers
+        call()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for call in calls:
+            call()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(reps + 3):
+        start.record()
+        graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / len(calls))
+    return statistics.median(times[3:])
+
+
+def graph_sides(step, workload, vt, prep, reps):
+    """{"vllm chain": us, "jitconv stage, device plan": us} of graph replay per layer,
+    for a step of one part (``GRAPH_MAX_QUERY_LEN``); the stage's replayed outputs of the
+    first layer checked against the reference first (they follow the metadata)."""
+    plan = jitconv.device_plan(step.T, step.num_lines, step.state_len, WIDTH,
+                               max_query_len=GRAPH_MAX_QUERY_LEN[workload], **step.meta)
+
+    def stage(layer):
+        return plan.run_stage(layer["x"], layer["weight"], layer["bias"], layer["state"],
+                              layer["a"], layer["b"], layer["A_log"], layer["dt_bias"],
+                              **step.heads())
+    layer = {k: t.clone() for k, t in step.layers[0].items()}
+    host = {k: t.cpu() for k, t in layer.items()}
+    ref, ref_state = gdn_conv_stage_reference(
+        host["x"], host["weight"], host["bias"], host["state"], host["a"], host["b"],
+        host["A_log"], host["dt_bias"], **step.heads(), **step.host_meta)
+    got = stage(layer)
+    plan.check_errors()
+    part = "spec" if "spec_query_start_loc" in step.meta else "non_spec"
+    rtol, atol = TOLERANCE["bfloat16"]
+    np.testing.assert_allclose(getattr(got, part).v.double().cpu().numpy(), ref[part]["v"],
+                               rtol, atol, err_msg="device-plan stage v")
+    assert torch.equal(layer["state"].cpu(), torch.from_numpy(ref_state).to(
+        layer["state"].dtype)), "device-plan stage state"
+    return {"vllm chain": graph_replay_us([lambda L=L: vllm_chain(step, L, vt, prep)
+                                           for L in step.layers], reps),
+            "jitconv stage, device plan": graph_replay_us(
+                [lambda L=L: stage(L) for L in step.layers], reps)}
+
+
 def stage_bytes(step):
     """What the stage must move: x, a, b read; q, k, v (x's size) and g, beta written;
     each sequence's state window read and its new state written."""
@@ -344,6 +404,10 @@ def run(vllm_file, prep_file, out_dir=None, dims=(8192, 2048), reps=40, steps=30
                     "jitconv stage, kept plan": lambda: kept_call(layer),
                     "jitconv conv only": lambda: conv_call(layer)}
                 timed = eager([side_fns[s] for s in SIDES], steps)
+                if workload in GRAPH_MAX_QUERY_LEN:
+                    graphs = graph_sides(step, workload, vt, prep, reps)
+                    rows.append(dict(workload=workload, dim=dim, graph_replay_us=graphs))
+                    print(json.dumps(rows[-1]), flush=True)
                 for side, (wall, host) in zip(SIDES, timed):
                     kernel, names = device_time_us(kernels[side], flush, reps)
                     row = dict(workload=workload, dim=dim, side=side, kernel_us=kernel,
@@ -370,6 +434,8 @@ def run(vllm_file, prep_file, out_dir=None, dims=(8192, 2048), reps=40, steps=30
 
 
 def table(rows):
+    graphs = [r for r in rows if "graph_replay_us" in r]
+    rows = [r for r in rows if "graph_replay_us" not in r]
     print(f"\n{'workload':<34}{'side':<26}{'kernel':>9}{'eager wall':>12}{'host':>8}"
           f"  ratios to the chain (kernel / eager wall)")
     for r in rows:
@@ -381,6 +447,14 @@ def table(rows):
         print(f"{label:<34}{r['side']:<26}{r['kernel_us']:9.2f}{r['eager_wall_us']:12.2f}"
               f"{r['eager_host_us']:8.2f}  {r['kernel_us'] / base['kernel_us']:.2f} / "
               f"{r['eager_wall_us'] / base['eager_wall_us']:.2f}{extra}")
+    if graphs:
+        print(f"\n{'CUDA-graph replay, per layer':<34}{'vllm chain':>12}"
+              f"{'stage (device plan)':>21}  ratio")
+        for r in graphs:
+            g = r["graph_replay_us"]
+            print(f"{r['workload'] + ' dim ' + str(r['dim']):<34}{g['vllm chain']:12.2f}"
+                  f"{g['jitconv stage, device plan']:21.2f}  "
+                  f"{g['jitconv stage, device plan'] / g['vllm chain']:.2f}")
 
 
 def main(argv=None):
