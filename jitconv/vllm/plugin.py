@@ -466,6 +466,7 @@ def _install_stage_answers(gdn, layer):
     (``_StageStep``), and call vLLM's own otherwise."""
     rearrange = layer.rearrange_mixed_qkv
     prep = getattr(gdn, PREP)
+    prep_signature = inspect.signature(prep)  # read once: the answer runs every layer
 
     @functools.wraps(rearrange)
     def rearrange_mixed_qkv(self, mixed_qkv):
@@ -477,7 +478,7 @@ def _install_stage_answers(gdn, layer):
     @functools.wraps(prep)
     def fused_post_conv_prep(*args, **kwargs):
         step = _conv_done.get()
-        call = inspect.signature(prep).bind(*args, **kwargs)
+        call = prep_signature.bind(*args, **kwargs)
         call.apply_defaults()
         if isinstance(step, _StageStep) and step.owns(call.arguments["conv_output"]):
             return step.prepared(**call.arguments)
@@ -519,7 +520,7 @@ class _StageStep:
     rows must be answered exactly once (``check_answered``)."""
 
     def __init__(self, rows, result, l2norm, heads):
-        self.result, self.heads = result, heads
+        self.heads = heads
         self.parts = {"non_spec": result.non_spec, "spec": result.spec}
         self.counts = {p: 0 if o is None else o.q.shape[0] for p, o in self.parts.items()}
         self.first_normalised = {p: (l2norm.get(p, self.counts[p]) if l2norm else

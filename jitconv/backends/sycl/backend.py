@@ -160,22 +160,21 @@ class SyclBackend:
     def _remember_stage(plan, launch, views, kernel, queue, values, grid, local, wait):
         """Keep a zero-copy stage launch for the next run with the same tensors (each
         run a new output: ``run_cache._StageEntry``)."""
-        stage = launch.stage
-        tensors = (launch.x, launch.weight, launch.bias, launch.conv_state, stage.a,
-                   stage.b, stage.A_log, stage.dt_bias)
         if launch.key is None or not launch.zero_copy or \
                 any(bridge.is_copy(v) for v in views.values()):
             return
-        buffer = stage.buffer
+        stage, buffer = launch.stage, launch.stage.buffer
+        tensors = (launch.x, launch.weight, launch.bias, launch.conv_state, stage.a,
+                   stage.b, stage.A_log, stage.dt_bias)
         gates_at = (stage.gates.data_ptr() - buffer.data_ptr()) // buffer.element_size()
-        # 16 bytes: a wide kernel's C-element words and the float32 gates stay aligned
-        align = 16
         run_cache.remember_stage(
             launch.key, tensors, views, launch.extents, plan, kernel, queue, values, grid,
             local, wait, dict(x_like=launch.dtype, total=buffer.shape[0],
                               itemsize=buffer.element_size(), dim=int(views["x"].shape[1]),
                               part_rows=stage.part_rows, gates_at=gates_at,
-                              gate_count=stage.gates.shape[0], align=align))
+                              gate_count=stage.gates.shape[0],
+                              # a wide kernel's C-element words, the float32 gates
+                              align=16))
 
     def normalize(self, t, name):
         """A non-torch array (dpctl, dpnp, a USM-interface or kDLOneAPI DLPack producer)

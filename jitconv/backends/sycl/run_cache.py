@@ -222,7 +222,7 @@ class _StageEntry:
     local: tuple
     guards: tuple
     wait: bool
-    x_like: object  # (shape, dtype name) of the output's elements: x's dtype
+    x_like: str  # the output's dtype name: x's
     total: int  # elements of the output (``plan._stage_sizes``)
     itemsize: int
     dim: int
