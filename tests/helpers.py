@@ -9,11 +9,13 @@ import itertools
 import os
 import subprocess
 import sys
+import types
 
 import numpy as np
 import torch
 
 import jitconv
+import jitconv.vllm
 from jitconv import reference
 from jitconv.backends.cuda.backend import CudaBackend
 from jitconv.backends.sycl.backend import SyclBackend
@@ -459,3 +461,182 @@ def poison_new_outputs(monkeypatch):
         def poisoned(self, *args, empty_output=backend.empty_output):
             return empty_output(self, *args).fill_(POISON)
         monkeypatch.setattr(backend, "empty_output", poisoned)
+
+
+# ------------------------------------------------- vLLM's GDN step metadata (stand-in)
+# vLLM's GDNAttentionMetadata as its builder lays it out, written here from its
+# conventions (tests/test_vllm.py; tests/test_device_plan.py on a GPU).
+
+DIM = 136
+EXTRA_LINES = 3        # cache lines no sequence uses (line 0, the null block, besides)
+NULL = jitconv.vllm.NULL_BLOCK_ID
+REF_PAD = -1           # the reference's pad_slot_id
+NUM_SPEC = 3           # draft tokens per spec sequence (vLLM: num_speculative_tokens)
+
+
+def ints(values, dtype=torch.int32):
+    return torch.tensor(np.asarray(values), dtype=dtype)
+
+
+def conv_params(gen, width, dtype):
+    return randn(gen, (DIM, width), dtype), randn(gen, (DIM,), dtype)
+
+
+def vllm_state(gen, real_lines, width, dtype, layout="SD", extra_columns=NUM_SPEC):
+    """conv_state as vLLM allocates it: line 0 (the null block) + real lines + unused
+    ones; state_len = width - 1 + num_spec. "SD" (vLLM's default) stores (lines,
+    state_len, dim) and passes the transposed view; "DS" is dim-first storage."""
+    return make_state(gen, 1 + real_lines + EXTRA_LINES, DIM, width - 1 + extra_columns,
+                      dtype, layout)
+
+
+def random_lines(rng, n, num_lines):
+    """n distinct real cache lines (never 0: that is the null block)."""
+    return 1 + rng.permutation(num_lines - 1)[:n]
+
+
+def reference_lines(lines, qsl):
+    """What vLLM skips (null block, zero-length sequences) as the reference's pads."""
+    lines, qsl = np.asarray(lines).copy(), np.asarray(qsl)
+    lines[(lines == NULL) | (np.diff(qsl)[:len(lines)] == 0)] = REF_PAD
+    return lines
+
+
+def random_accepted(rng, n):
+    """num_accepted_tokens in 1..num_spec+1 (the window a-1 stays inside state_len)."""
+    return rng.integers(1, NUM_SPEC + 2, size=n)
+
+
+class Request(types.SimpleNamespace):
+    """One request of an engine step: ``length`` tokens, spec or not, its block-table row
+    (spec: 1 + num_spec lines, column 0 the conv's), accepted tokens of the previous
+    step, and whether it has computed tokens before (has_initial_state)."""
+
+
+STALE = 2  # stale entries after the batch in build_gdn_metadata's persistent buffers
+
+
+def build_gdn_metadata(requests, *, full_graph_pad=0, meta_dtype=torch.int32):
+    """GDNAttentionMetadata as vLLM 0.33's builder lays it out (our own code, from its
+    conventions), for requests in vLLM's order. Returns (metadata, rows of x, per-part
+    reference arguments). full_graph_pad: padded requests a FULL graph adds to a
+    spec-only or decode-only step (null block lines, zero tokens, accepted 1)."""
+    spec_mask = np.array([r.spec for r in requests])
+    lengths = np.array([r.length for r in requests])
+    num_tokens = int(lengths.sum())
+    spec = [r for r in requests if r.spec]
+    non_spec = [r for r in requests if not r.spec]
+    ns_lengths = [r.length for r in non_spec]
+    num_decodes = sum(1 for n in ns_lengths if n == 1) if not spec else 0
+    num_prefills = len([n for n in ns_lengths if n > 0]) - num_decodes
+    if spec and non_spec:  # vLLM counts non-spec decodes as prefills beside spec ones
+        num_prefills = len([n for n in ns_lengths if n > 0])
+    m = types.SimpleNamespace(
+        num_prefills=num_prefills, num_decodes=num_decodes, num_spec_decodes=len(spec),
+        num_actual_tokens=num_tokens, has_initial_state=None,
+        spec_query_start_loc=None, non_spec_query_start_loc=None,
+        spec_state_indices_tensor=None, non_spec_state_indices_tensor=None,
+        spec_sequence_masks=None, spec_token_indx=None, non_spec_token_indx=None,
+        num_accepted_tokens=None)
+    ref = {}
+    spec_rows = np.nonzero(np.repeat(spec_mask, lengths))[0]
+    ns_rows = np.nonzero(~np.repeat(spec_mask, lengths))[0]
+    if spec:
+        m.spec_sequence_masks = torch.tensor(spec_mask)
+        table = np.array([r.lines for r in spec])
+        accepted = np.array([r.accepted for r in spec])
+        qsl = cumulative([r.length for r in spec]).numpy()
+        ref.update(spec_query_start_loc=qsl, spec_token_indx=spec_rows,
+                   spec_state_indices=reference_lines(table[:, 0], qsl),
+                   num_accepted_tokens=accepted)
+        if not non_spec:  # spec-only: aranges, and FULL-graph padding of the tail
+            pad = full_graph_pad
+            table = np.concatenate([table, np.full((pad, table.shape[1]), NULL)])
+            qsl = np.concatenate([qsl, np.repeat(qsl[-1:], pad)])
+            accepted = np.concatenate([accepted, np.ones(pad, np.int64)])
+            m.spec_token_indx = torch.arange(len(spec) * (1 + NUM_SPEC),
+                                             dtype=torch.int32)[:num_tokens]
+            m.non_spec_token_indx = torch.empty(0, dtype=torch.int32)
+            m.num_actual_tokens = num_tokens + pad * (1 + NUM_SPEC)
+        else:  # mixed: token maps from a stable argsort of the spec mask (int64)
+            order = torch.argsort(torch.tensor(np.repeat(spec_mask, lengths)), stable=True)
+            m.non_spec_token_indx = order[:len(ns_rows)].to(meta_dtype)
+            m.spec_token_indx = order[len(ns_rows):].to(meta_dtype)
+        # Persistent buffers are longer than the batch: stale rows (real lines) after
+        # num_spec_decodes must be cut, never run.
+        table = np.concatenate([table, table[:1].repeat(STALE, 0)])
+        qsl = np.concatenate([qsl, qsl[-1] + np.arange(1, STALE + 1)])
+        accepted = np.concatenate([accepted, np.ones(STALE, np.int64)])
+        m.spec_state_indices_tensor = ints(table, meta_dtype)
+        m.spec_query_start_loc = ints(qsl, meta_dtype)
+        m.num_accepted_tokens = ints(accepted, meta_dtype)
+    if non_spec:
+        lines = np.array([r.lines[0] for r in non_spec])
+        qsl = cumulative(ns_lengths).numpy()
+        initial = np.array([r.initial for r in non_spec])
+        ref.update(non_spec_query_start_loc=qsl, non_spec_token_indx=ns_rows,
+                   non_spec_state_indices=reference_lines(lines, qsl),
+                   has_initial_state=initial if num_prefills else None)
+        if num_prefills:
+            m.has_initial_state = torch.tensor(initial)
+        elif full_graph_pad:  # decode-only FULL graph: null lines, qsl tail repeated
+            lines = np.concatenate([lines, np.full(full_graph_pad, NULL)])
+            qsl = np.concatenate([qsl, np.repeat(qsl[-1:], full_graph_pad)])
+            m.num_actual_tokens = num_tokens + full_graph_pad
+        if not num_prefills:  # stale lines past num_actual_tokens: cut, never run
+            lines = np.concatenate([lines, lines[:STALE]])
+        m.non_spec_state_indices_tensor = ints(lines, meta_dtype)
+        m.non_spec_query_start_loc = ints(qsl, meta_dtype)
+    return m, ref
+
+
+def requests_for(rng, num_lines, *, prefill=(), decodes=0, spec=(), null_ns=0,
+                 null_spec=0, zero_length=0):
+    """Requests in vLLM's order (decodes first, then prefills, then spec); ``spec`` lists
+    verify lengths (1 + drafted tokens, ragged allowed). null_ns / null_spec requests get
+    the null block; zero_length non-spec requests (trailing padding) have real lines."""
+    n_ns = decodes + len(prefill) + zero_length
+    lines = random_lines(rng, n_ns + len(spec) * (1 + NUM_SPEC), num_lines)
+    ns_lines, sp_lines = lines[:n_ns], lines[n_ns:].reshape(len(spec), 1 + NUM_SPEC)
+    ns_lines[rng.choice(decodes + len(prefill), null_ns, replace=False)] = NULL
+    sp_lines[rng.choice(len(spec), null_spec, replace=False)] = NULL
+    ns = [Request(length=1, spec=False, initial=True) for _ in range(decodes)]
+    ns += [Request(length=n, spec=False, initial=i % 2 == 1) for i, n in enumerate(prefill)]
+    ns += [Request(length=0, spec=False, initial=False) for _ in range(zero_length)]
+    for r, line in zip(ns, ns_lines):
+        r.lines = [int(line)]
+    sp = [Request(length=n, spec=True, lines=[int(v) for v in row], accepted=int(a))
+          for n, row, a in zip(spec, sp_lines, random_accepted(rng, len(spec)))]
+    # vLLM's reorder puts decodes (and spec decodes) before prefills; spec rows are
+    # interleaved here on purpose so that both maps are non-trivial.
+    if ns and sp:
+        merged = []
+        for i in range(max(len(ns), len(sp))):
+            merged += sp[i:i + 1] + ns[i:i + 1]
+        return merged
+    return ns + sp
+
+
+def gdn_case(gen, rng, *, dtype=torch.float32, state_dtype=None, width=4, layout="SD",
+             full_graph_pad=0, meta_dtype=torch.int32, **sizes):
+    state_dtype = state_dtype or dtype
+    real = 40
+    state = vllm_state(gen, real, width, state_dtype, layout)
+    requests = requests_for(rng, state.shape[0], **sizes)
+    meta, ref = build_gdn_metadata(requests, full_graph_pad=full_graph_pad,
+                                   meta_dtype=meta_dtype)
+    weight, bias = conv_params(gen, width, state_dtype)
+    extra_rows = 3  # mixed_qkv is often longer than num_actual_tokens
+    x = strided_rows(gen, meta.num_actual_tokens + extra_rows, DIM, dtype)
+    return types.SimpleNamespace(x=x, weight=weight, bias=bias, state=state, meta=meta,
+                                 ref=ref)
+
+
+
+
+GDN_STEPS = {  # gdn_case's steps of each kind (tests/test_vllm.py's gdn_conv_step tests)
+    "mixed": dict(prefill=[37, 2, 9], decodes=3, spec=[4, 2, 4, 3], null_ns=2, null_spec=1,
+                  zero_length=1, meta_dtype=torch.int64),
+    "spec": dict(full_graph_pad=3, spec=[4, 4, 2, 4], null_spec=1),
+    "decode": dict(full_graph_pad=4, decodes=6, null_ns=2),
+    "prefill": dict(prefill=[5, 20, 1], decodes=2, null_ns=1, zero_length=2)}

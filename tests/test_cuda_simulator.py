@@ -39,5 +39,6 @@ def test_cuda_kernels_in_the_simulator():
     reasons = re.findall(r"SKIPPED \[(\d+)\] [^:]+:\d+: (.*)", done.stdout)
     reasons = [(n, why) for n, why in reasons if not why.startswith("SYCL device plans")]
     assert all("simulator has no" in why for _, why in reasons), tail
-    # 32 device-plan (2 of them the stage's graph replays), 1 stream, 4 stage
-    assert sum(int(n) for n, _ in reasons) <= 37, tail
+    # 36 device-plan (2 of them the stage's graph replays, 4 rebound runs), 1 stream, 5
+    # stage
+    assert sum(int(n) for n, _ in reasons) <= 42, tail

@@ -9,6 +9,7 @@ and on an NVIDIA GPU. The CUDA-graph tests and the remembered-launch tests need 
 """
 
 import os
+import types
 
 import pytest
 import torch
@@ -24,8 +25,8 @@ from jitconv.reference import causal_conv1d_reference, gdn_conv_stage_reference
 from jitconv.backends.sycl.state import STATE as SYCL_STATE
 from jitconv.backends.cuda.state import STATE as CUDA_STATE
 
-from helpers import (DTYPES, POISON, assert_outputs_close, assert_state_exact, bits,
-                     poison_new_outputs,
+from helpers import (DTYPES, GDN_STEPS, POISON, assert_outputs_close, assert_state_exact,
+                     bits, gdn_case, poison_new_outputs,
                      cumulative, lengths_of, make_state, random_parents, randn)
 
 SIM = cuda_devices.simulating()
@@ -393,19 +394,32 @@ def test_vllm_conventions(device):
 
 
 
-def test_split_outputs_refused(device):
-    """Split outputs need each part's token count on the host: a device plan refuses
-    them by name, before anything runs."""
+def test_split_outputs_of_device_plans(device):
+    """Split outputs need each part's token count on the host: a device plan of both
+    parts without token maps refuses them by name, before anything runs; a plan of one
+    part gives that part every row of x (its tokens, then zeros: the count is on the
+    device)."""
     gen = torch.Generator().manual_seed(4)
-    md = dict(non_spec_query_start_loc=put(torch.tensor([0, 3, 5], dtype=torch.int32), device),
-              non_spec_state_indices=put(torch.tensor([1, 2], dtype=torch.int32), device))
-    plan = jitconv.device_plan(5, 4, 3, 4, **md)
-    x, w, b, state = layer(gen, torch.float32, 5, 4, 3, 4, device)
-    before = state.clone()
+    ns = dict(non_spec_query_start_loc=torch.tensor([0, 3, 5], dtype=torch.int32),
+              non_spec_state_indices=torch.tensor([1, 2], dtype=torch.int32))
+    sp = dict(spec_query_start_loc=torch.tensor([0, 1], dtype=torch.int32),
+              spec_state_indices=torch.tensor([3], dtype=torch.int32),
+              num_accepted_tokens=torch.tensor([1], dtype=torch.int32))
+    x, w, b, state = layer(gen, torch.float32, 7, 4, 3, 4, device)
+    plan = jitconv.device_plan(7, 4, 3, 4, **{k: put(v, device) for k, v in
+                                              dict(ns, **sp).items()})
+    before = bits(state)
     for split in (dict(out_non_spec=torch.empty_like(x)), dict(split=True)):
-        with pytest.raises(ValueError, match="split: split outputs need"):
+        with pytest.raises(ValueError, match="^split: split outputs need"):
             plan.run(x, w, b, state, **split)
-    assert torch.equal(state, before)
+    assert torch.equal(bits(state), before)
+    plan = jitconv.device_plan(7, 4, 3, 4, **{k: put(v, device) for k, v in ns.items()})
+    want_out, want_state = reference_of(ns, (x, w, b, state))
+    parts = plan.run(x, w, b, state, split=True)
+    assert parts.spec is None and parts.non_spec.shape == x.shape
+    assert_outputs_close(parts.non_spec, want_out, torch.float32)  # rows 5, 6: zeros
+    assert_state_exact(state, want_state)
+
 
 BAD = {  # name: (the argument spoiled, how, the error word it sets)
     "line out of range": ("spec_state_indices", lambda t: t.__setitem__(1, 99),
@@ -815,6 +829,39 @@ def test_one_shot_ops_keep_metadata_on_the_device(one_shot_on_device, call):
     jitconv.check_errors()  # nothing bad was met
 
 
+def test_one_shot_mixed_op_takes_token_maps_on_the_device(one_shot_on_device, monkeypatch):
+    """causal_conv1d_mixed with token maps on the device: split outputs (each part's
+    map length) from a kept device plan; outputs in x's rows where the maps name every
+    row; where they do not, the host path (which this test's fixture forbids to read)."""
+    poison_new_outputs(monkeypatch)
+    device = one_shot_on_device
+    gen = torch.Generator().manual_seed(67)
+    width, num_tokens, num_lines, state_len = 4, 48, 20, 8
+    md = mapped_metadata(gen, random_metadata(gen, "mixed", 4, num_tokens - 8, num_lines,
+                                              state_len, width, 5), num_tokens)
+    live = {k: put(v, device) for k, v in md.items()}
+    data = layer(gen, torch.float32, num_tokens, num_lines, state_len, width, device)
+    want_out, want_state = causal_conv1d_reference(*(t.cpu() for t in data),
+                                                   **mapped_reference(live))
+    parts = jitconv.causal_conv1d_mixed(*data, split=True, **live)
+    check_split(parts, live, want_out, torch.float32)
+    assert_state_exact(data[3], want_state)
+    assert len(kept_device_plans()) == 1
+    with pytest.raises(AssertionError, match="read on the host"):
+        jitconv.causal_conv1d_mixed(*data, **live)  # rows of x no map names
+    tokens = [int(md[q][-1]) for q in ("non_spec_query_start_loc", "spec_query_start_loc")]
+    rows = torch.randperm(num_tokens, generator=gen).to(torch.int32)
+    md.update(non_spec_token_indx=rows[:num_tokens - tokens[1]],
+              spec_token_indx=rows[num_tokens - tokens[1]:])
+    live = {k: put(v, device) for k, v in md.items()}
+    want_out, want_state = causal_conv1d_reference(*(t.cpu() for t in data),
+                                                   **mapped_reference(live))
+    out = jitconv.causal_conv1d_mixed(*data, **live)
+    assert_outputs_close(out, want_out, torch.float32)
+    assert_state_exact(data[3], want_state)
+    jitconv.check_errors()
+
+
 def test_one_shot_bad_values_are_recorded(one_shot_on_device):
     """A bad value in a one-shot call's device metadata: the call returns, the sequence
     is skipped (its rows zero, its line untouched) and ``jitconv.check_errors`` raises
@@ -1057,11 +1104,11 @@ def test_gdn_stage_follows_rewritten_metadata(device, kind, monkeypatch):
 
 def test_gdn_stage_device_plan_refusals(device):
     """What a device plan cannot give the stage is refused by name before any launch,
-    conv_state untouched: a mixed step (each part's token count is on the device) and
-    l2norm from a given row (where sequences begin is on the device too)."""
+    conv_state untouched: a mixed step without token maps (each part's token count is
+    on the device) and l2norm from a row past the part's rows."""
     gen = torch.Generator().manual_seed(3)
     for kind, options, name in (("mixed", {}, "plan"),
-                                ("spec", dict(use_l2norm={"spec": 0}), "use_l2norm")):
+                                ("spec", dict(use_l2norm={"spec": 25}), "use_l2norm")):
         md = random_metadata(gen, kind, 3, 24, 12, 9, 4, 5)
         plan = jitconv.device_plan(24, 12, 9, 4, max_query_len=5,
                                    **{k: put(v, device) for k, v in md.items()})
@@ -1322,6 +1369,58 @@ def test_runs_are_remembered(cuda_device, monkeypatch):
 
 
 @GPU_ONLY
+@pytest.mark.parametrize("kind", ["decode", "mixed"])
+def test_new_plans_take_the_runs_of_their_signature(cuda_device, kind, monkeypatch):
+    """An engine's step: new metadata tensors, a new device plan, every layer's tensors
+    as before. A layer's first run on the new plan takes the launches prepared on the
+    earlier plan of the same signature, rebound to the new plan's tensors
+    (launching.launch is not called), and follows the new plan's values (the reference
+    of its metadata, every cache line bit-exact); the conv with split outputs over
+    token maps and the GDN stage alike. A plan of another signature (another sequence
+    count) prepares its own."""
+    poison_new_outputs(monkeypatch)
+    device = cuda_device
+    gen = torch.Generator().manual_seed(47 + len(kind))
+    num_tokens, num_lines, state_len, nseq = 48, 24, 8, 4
+    calls = []
+    real = cuda_launching.launch
+    monkeypatch.setattr(cuda_launching, "launch",
+                        lambda *a, **k: calls.append(1) or real(*a, **k))
+    layers = [stage_layer(gen, torch.bfloat16, num_tokens, num_lines, state_len, device)
+              for _ in range(2)]
+
+    def step(seqs):
+        md = random_metadata(gen, kind, seqs, num_tokens - 8, num_lines, state_len, 4, 5)
+        md = mapped_metadata(gen, md, num_tokens)
+        live = {k: v.to(device) for k, v in md.items()}  # new tensors, new addresses
+        plan = jitconv.device_plan(num_tokens, num_lines, state_len, 4, max_query_len=5,
+                                   **live)
+        for tensors in layers:
+            want_out, want_state = causal_conv1d_reference(
+                *(t.cpu() for t in tensors[:4]), **mapped_reference(live))
+            check_split(plan.run(*tensors[:4], split=True), live, want_out, torch.bfloat16)
+            assert_state_exact(tensors[3], want_state)
+            parts, want_state = gdn_conv_stage_reference(
+                *(t.cpu() for t in tensors), **STAGE_HEADS, **mapped_reference(live))
+            result = plan.run_stage(*tensors, **STAGE_HEADS)
+            for part in ("non_spec", "spec"):
+                if getattr(result, part) is not None:
+                    n = len(parts[part]["q"])
+                    assert_outputs_close(getattr(result, part).q[:n], parts[part]["q"],
+                                         torch.bfloat16)
+            assert_state_exact(tensors[3], want_state)
+        plan.check_errors()
+        return plan
+
+    first = step(nseq)
+    assert len(calls) == 2 * len(layers)  # each layer's conv and stage prepared once
+    second = step(nseq)
+    assert second.signature == first.signature and len(calls) == 2 * len(layers)
+    step(nseq + 1)  # another signature: prepared anew
+    assert len(calls) == 4 * len(layers)
+
+
+@GPU_ONLY
 @pytest.mark.parametrize("inference", [False, True])
 def test_remembered_runs_need_the_same_tensors(cuda_device, monkeypatch, inference):
     """A run is remembered for its tensors exactly (``launching.run_key``): the same
@@ -1473,3 +1572,318 @@ def test_vllm_fn_keeps_metadata_on_the_device(cuda_device):
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(bits(captured), want[0]) and torch.equal(bits(state), want[1])
+
+
+# ------------------------------------------------------------------ token maps
+
+def mapped_metadata(gen, md, num_tokens, extra=2):
+    """``md`` with token maps (CPU tensors): each part's tokens at random distinct rows
+    of x, each map ``extra`` entries longer than its part's tokens (rows the part's
+    outputs hold as zeros)."""
+    rows = torch.randperm(num_tokens, generator=gen).to(torch.int32)
+    maps, used = {}, 0
+    for qsl, lines, name in (("non_spec_query_start_loc", "non_spec_state_indices",
+                              "non_spec_token_indx"),
+                             ("spec_query_start_loc", "spec_state_indices",
+                              "spec_token_indx")):
+        if lines not in md:
+            continue
+        tokens = int(md[qsl][-1]) if qsl in md else len(md[lines])
+        n = min(tokens + extra, num_tokens - used - (extra if not used else 0))
+        maps[name] = rows[used:used + n].clone()
+        used += n
+    return dict(md, **maps)
+
+
+def fitting_metadata(live, draw):
+    """``draw()``'s metadata, drawn until each part's tokens fit its map in ``live``."""
+    while True:
+        md = draw()
+        counts = {"non_spec_token_indx": int(md["non_spec_query_start_loc"][-1])
+                  if "non_spec_query_start_loc" in md else
+                  len(md.get("non_spec_state_indices", ())),
+                  "spec_token_indx": int(md["spec_query_start_loc"][-1])
+                  if "spec_query_start_loc" in md else 0}
+        if all(n <= len(live[k]) for k, n in counts.items() if k in live):
+            return md
+
+
+def mapped_reference(md):
+    """The reference's keywords for a device plan with token maps: each map cut to its
+    part's tokens."""
+    args = reference_metadata({k: v for k, v in md.items() if not k.endswith("token_indx")})
+    for qsl, name in (("non_spec_query_start_loc", "non_spec_token_indx"),
+                      ("spec_query_start_loc", "spec_token_indx")):
+        if name in md:
+            n = len(args[qsl]) and int(args[qsl][-1])
+            args[name] = md[name].cpu()[:n].long()
+    return args
+
+
+def check_split(parts, md, want_out, dtype):
+    """Split outputs of a mapped device plan: each part's rows, in its map's order,
+    against the reference's rows of x; the rows after its tokens zeros."""
+    args = mapped_reference(md)
+    for part, name in (("non_spec", "non_spec_token_indx"), ("spec", "spec_token_indx")):
+        got = getattr(parts, part)
+        if name not in md:
+            assert got is None
+            continue
+        rows = args[name]
+        assert got.shape[0] == len(md[name])
+        assert_outputs_close(got[:len(rows)], want_out[rows.numpy()], dtype)
+        assert not got[len(rows):].cpu().float().any(), f"{part}: rows after its tokens"
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("declared", [True, False])
+def test_token_maps_follow_rewritten_metadata(device, kind, declared, monkeypatch):
+    """Token maps on a device plan: each part's tokens at the rows its map names
+    (shuffled across x), split outputs of each part's map length, written by one run;
+    the metadata and the maps' entries rewritten in place between runs, each run against
+    the reference of the values then (outputs poisoned first, every cache line
+    bit-exact)."""
+    poison_new_outputs(monkeypatch)
+    dtype = torch.bfloat16
+    width, num_tokens, num_lines, nseq = 4, 48, 20, 5
+    max_len = (1 if kind == "decode" else 5 if kind == "spec" else 12) if declared else None
+    state_len = 3 + (max_len or 5) if kind in ("spec", "mixed") else 6
+    gen = torch.Generator().manual_seed(17 + len(kind) + declared)
+    md = mapped_metadata(gen, random_metadata(gen, kind, nseq, num_tokens - 8, num_lines,
+                                              state_len, width, max_len), num_tokens)
+    live = {k: put(v, device) for k, v in md.items()}
+    plan = jitconv.device_plan(num_tokens, num_lines, state_len, width,
+                               max_query_len=max_len, **live)
+    data = layer(gen, dtype, num_tokens, num_lines, state_len, width, device)
+    for step in range(3):
+        if step:  # new values, the same maps' lengths
+            new = fitting_metadata(live, lambda: random_metadata(
+                gen, kind, nseq, num_tokens - 8, num_lines, state_len, width, max_len,
+                pads=step - 1))
+            for k, v in new.items():
+                live[k].copy_(v)
+            rows = torch.randperm(num_tokens, generator=gen).to(torch.int32)
+            used = 0
+            for name in ("non_spec_token_indx", "spec_token_indx"):
+                if name in live:
+                    n = len(live[name])
+                    live[name].copy_(rows[used:used + n])
+                    used += n
+        want_out, want_state = causal_conv1d_reference(
+            *(t.cpu() for t in data), activation="silu", **mapped_reference(live))
+        parts = plan.run(*data, split=True)
+        check_split(parts, live, want_out, dtype)
+        assert_state_exact(data[3], want_state)
+        plan.check_errors()
+
+
+def test_token_maps_covering_x_run_into_its_rows(device):
+    """Maps that name every row of x: a run without split outputs writes each token at
+    its row of x (and is refused by name where the maps leave rows unnamed, before any
+    launch)."""
+    gen = torch.Generator().manual_seed(23)
+    width, num_tokens, num_lines, state_len = 4, 40, 20, 8
+    md = random_metadata(gen, "mixed", 4, num_tokens, num_lines, state_len, width, 5)
+    tokens = [int(md[q][-1]) for q in ("non_spec_query_start_loc", "spec_query_start_loc")]
+    rows = torch.randperm(num_tokens, generator=gen).to(torch.int32)
+    md.update(non_spec_token_indx=rows[:num_tokens - tokens[1]],
+              spec_token_indx=rows[num_tokens - tokens[1]:])
+    live = {k: put(v, device) for k, v in md.items()}
+    plan = jitconv.device_plan(num_tokens, num_lines, state_len, width, max_query_len=5,
+                               **live)
+    data = layer(gen, torch.float32, num_tokens, num_lines, state_len, width, device)
+    want_out, want_state = causal_conv1d_reference(*(t.cpu() for t in data),
+                                                   **mapped_reference(live))
+    out = full(tuple(data[0].shape), POISON, torch.float32, data[0].device)
+    assert plan.run(*data, out=out) is out
+    assert_outputs_close(out, want_out, torch.float32)
+    assert_state_exact(data[3], want_state)
+    short = dict(live, spec_token_indx=live["spec_token_indx"][:-1])
+    plan = jitconv.device_plan(num_tokens, num_lines, state_len, width, max_query_len=5,
+                               **short)
+    before = bits(data[3])
+    with pytest.raises(ValueError, match="^split: this device plan's token maps name 39"):
+        plan.run(*data)
+    assert torch.equal(bits(data[3]), before)
+
+
+def test_token_map_host_checks(device):
+    """The maps' shapes are checked on the host, each error naming its argument."""
+    md = dict(non_spec_query_start_loc=torch.tensor([0, 2, 5], dtype=torch.int32),
+              non_spec_state_indices=torch.tensor([1, 2], dtype=torch.int32),
+              spec_query_start_loc=torch.tensor([0, 2], dtype=torch.int32),
+              spec_state_indices=torch.tensor([3], dtype=torch.int32),
+              num_accepted_tokens=torch.tensor([1], dtype=torch.int32),
+              non_spec_token_indx=torch.arange(5, dtype=torch.int32),
+              spec_token_indx=torch.arange(5, 7, dtype=torch.int32))
+    cases = [
+        (dict(spec_token_indx=None), "^spec_token_indx: required with non_spec_token_indx"),
+        (dict(non_spec_token_indx=None), "^non_spec_token_indx: required with spec_token"),
+        (dict(non_spec_token_indx=torch.arange(8, dtype=torch.int32)),
+         "^non_spec_token_indx/spec_token_indx: 10 entries in all, but x has 9 rows"),
+        (dict(non_spec_token_indx=torch.zeros(5, 1, dtype=torch.int32)),
+         "^non_spec_token_indx: expected a 1-D tensor"),
+        (dict(spec_token_indx=torch.arange(5, 7, dtype=torch.float32)),
+         "^spec_token_indx: expected dtype"),
+        (dict(spec_query_start_loc=None, spec_state_indices=None, num_accepted_tokens=None),
+         "^spec_token_indx: given without spec_query_start_loc"),
+    ]
+    for change, message in cases:
+        given = {k: v for k, v in dict(md, **change).items() if v is not None}
+        with pytest.raises((ValueError, TypeError), match=message):
+            jitconv.device_plan(9, 4, 5, 4, **{k: put(v, device) for k, v in given.items()})
+    with pytest.raises(ValueError, match="^spec_rows_first: not with token maps"):
+        jitconv.device_plan(9, 4, 5, 4, spec_rows_first=True,
+                            **{k: put(v, device) for k, v in md.items()})
+    decode = dict(non_spec_state_indices=torch.tensor([1, 2, 3], dtype=torch.int32),
+                  non_spec_token_indx=torch.arange(2, dtype=torch.int32))
+    with pytest.raises(ValueError, match="^non_spec_token_indx: expected at least 3"):
+        jitconv.device_plan(9, 4, 5, 4, **{k: put(v, device) for k, v in decode.items()})
+
+
+def test_bad_token_map_entries_are_flagged(device):
+    """A map entry outside x is read as row 0 and reported (check_errors names it):
+    nothing outside x, out or conv_state is touched."""
+    gen = torch.Generator().manual_seed(29)
+    width, num_tokens, num_lines, state_len = 4, 40, 20, 8
+    md = mapped_metadata(gen, random_metadata(gen, "mixed", 4, num_tokens - 8, num_lines,
+                                              state_len, width, 5), num_tokens)
+    md["spec_token_indx"][0] = num_tokens + 3
+    live = {k: put(v, device) for k, v in md.items()}
+    plan = jitconv.device_plan(num_tokens, num_lines, state_len, width, max_query_len=5,
+                               **live)
+    data = layer(gen, torch.float32, num_tokens, num_lines, state_len, width, device)
+    parts = plan.run(*data, split=True)
+    with pytest.raises(ValueError, match="bad metadata values") as raised:
+        plan.check_errors()
+    assert planner.ERRORS[planner.E_MAP] in str(raised.value)
+    assert not torch.isnan(parts.spec.cpu()).any()
+
+
+@pytest.mark.parametrize("declared", [True, False])
+def test_gdn_stage_of_a_mixed_step_with_token_maps(device, declared, monkeypatch):
+    """The GDN stage of a mixed step on a device plan with token maps: each part's q, k,
+    v, g and beta in its map's order, l2norm from a sequence's first row of the
+    non-spec part (vLLM's prefill rows after its decodes) and on every spec row, the
+    rows after each part's tokens zero q, k, v; every cache line bit-exact; metadata
+    rewritten between runs."""
+    poison_new_outputs(monkeypatch)
+    dtype = torch.bfloat16
+    num_tokens, num_lines, nseq, state_len = 48, 20, 5, 8
+    max_len = 5 if declared else None
+    gen = torch.Generator().manual_seed(41 + declared)
+    md = mapped_metadata(gen, random_metadata(gen, "mixed", nseq, num_tokens - 8, num_lines,
+                                              state_len, 4, max_len or 5), num_tokens)
+    live = {k: put(v, device) for k, v in md.items()}
+    plan = jitconv.device_plan(num_tokens, num_lines, state_len, 4, max_query_len=max_len,
+                               **live)
+    tensors = stage_layer(gen, dtype, num_tokens, num_lines, state_len, device)
+    for step in range(2):
+        if step:
+            new = fitting_metadata(live, lambda: random_metadata(
+                gen, "mixed", nseq, num_tokens - 8, num_lines, state_len, 4, max_len or 5))
+            for k, v in new.items():
+                live[k].copy_(v)
+        qsl = live["non_spec_query_start_loc"].cpu()
+        first = int(qsl[2])  # the third non-spec sequence's first row
+        l2norm = {"non_spec": first, "spec": 0}
+        parts, want_state = gdn_conv_stage_reference(
+            *(t.cpu() for t in tensors), **STAGE_HEADS, use_l2norm=l2norm,
+            **mapped_reference(live))
+        result = plan.run_stage(*tensors, **STAGE_HEADS, use_l2norm=l2norm)
+        for part, name in (("non_spec", "non_spec_token_indx"), ("spec", "spec_token_indx")):
+            got, want = getattr(result, part), parts[part]
+            n = len(want["q"])
+            for field in ("q", "k", "v"):
+                t = getattr(got, field)
+                assert t.shape[0] == len(live[name])
+                assert_outputs_close(t[:n], want[field], dtype)
+                assert not t[n:].cpu().float().any(), f"{part} {field}: rows after"
+            for field in ("g", "beta"):
+                torch.testing.assert_close(getattr(got, field)[:n].cpu().double(),
+                                           torch.from_numpy(want[field]), rtol=2e-5,
+                                           atol=2e-6)
+        assert_state_exact(tensors[3], want_state)
+        plan.check_errors()
+
+
+def test_gdn_stage_l2norm_row_inside_a_sequence_is_flagged(device):
+    """On a device plan the host cannot see where sequences begin: a first normalised
+    row inside one makes the planner skip that sequence (zeros, state untouched) and
+    report it; the other sequences' outputs and states are the reference's."""
+    gen = torch.Generator().manual_seed(43)
+    num_tokens, num_lines, state_len = 48, 20, 8
+    md = random_metadata(gen, "prefill", 4, num_tokens - 8, num_lines, state_len, 4, 12,
+                         pads=0)
+    md["non_spec_query_start_loc"] = cumulative([3, 5, 4, 6])
+    md = mapped_metadata(gen, md, num_tokens)
+    live = {k: put(v, device) for k, v in md.items()}
+    plan = jitconv.device_plan(num_tokens, num_lines, state_len, 4, max_query_len=12, **live)
+    tensors = stage_layer(gen, torch.float32, num_tokens, num_lines, state_len, device)
+    inside = 3 + 2  # the second sequence's third row
+    skipped = dict(live, non_spec_state_indices=live["non_spec_state_indices"].clone())
+    skipped["non_spec_state_indices"][1] = -1
+    parts, want_state = gdn_conv_stage_reference(
+        *(t.cpu() for t in tensors), **STAGE_HEADS, use_l2norm={"non_spec": 8},
+        **mapped_reference(skipped))
+    result = plan.run_stage(*tensors, **STAGE_HEADS, use_l2norm={"non_spec": inside})
+    with pytest.raises(ValueError, match="bad metadata values") as raised:
+        plan.check_errors()
+    assert planner.ERRORS[planner.E_L2NORM] in str(raised.value)
+    got = result.non_spec
+    for field in ("q", "k", "v"):  # every sequence but the second as from row 8 on
+        t = getattr(got, field)[:18]
+        want = parts["non_spec"][field]
+        keep = [r for r in range(18) if not 3 <= r < 8]
+        assert_outputs_close(t[keep], want[keep], torch.float32)
+        assert not t[3:8].cpu().any()
+    assert_state_exact(tensors[3], want_state)
+
+
+@pytest.mark.parametrize("kind", list(GDN_STEPS))
+def test_whole_step_mode_keeps_gdn_metadata_on_the_device(one_shot_on_device, kind):
+    """jitconv.vllm's whole-step calls with vLLM's GDN metadata in tensors on x's device
+    read nothing back (reading values on the host fails the test): the conv (split
+    outputs where the step has both parts) and the GDN stage against the reference, two
+    steps of new metadata tensors with the same values, every cache line bit-exact."""
+    import numpy as np
+    import jitconv.vllm as jvllm
+    device = one_shot_on_device
+    seed = 61 + len(kind)
+    case = gdn_case(torch.Generator().manual_seed(seed), np.random.default_rng(seed),
+                    **GDN_STEPS[kind])
+    on = lambda t: put(t, device) if isinstance(t, torch.Tensor) else t  # noqa: E731
+    x, w, b, state = (on(t) for t in (case.x, case.weight, case.bias, case.state))
+    gen = torch.Generator().manual_seed(seed)
+    ab = on(randn(gen, (x.shape[0], 4), torch.float32) * 3)
+    A_log, dt_bias = on(randn(gen, (2,), torch.float32)), on(randn(gen, (2,), torch.float32))
+    heads = dict(num_k_heads=1, head_k_dim=32, head_v_dim=36)  # 2 * 32 + 2 * 36 = DIM
+    both = kind == "mixed"
+    for _step in range(2):
+        meta = types.SimpleNamespace(**{k: on(v) for k, v in vars(case.meta).items()})
+        before = state.cpu()
+        want_out, want_state = causal_conv1d_reference(x.cpu(), w.cpu(), b.cpu(), before,
+                                                       **case.ref)
+        got = jvllm.gdn_conv_step(x, w, b, state, meta, split=both)
+        if both:
+            for part in ("spec", "non_spec"):
+                rows = case.ref[f"{part}_token_indx"]
+                assert_outputs_close(getattr(got, part), want_out[rows], torch.float32)
+        else:
+            assert_outputs_close(got, want_out, torch.float32)
+        assert_state_exact(state, want_state)
+        before = state.cpu()
+        parts, want_state = gdn_conv_stage_reference(
+            x.cpu(), w.cpu(), b.cpu(), before, ab[:, 2:].cpu(), ab[:, :2].cpu(), A_log.cpu(),
+            dt_bias.cpu(), **heads, **case.ref)
+        result = jvllm.gdn_conv_stage_step(x, w, b, state, ab[:, 2:], ab[:, :2], A_log,
+                                           dt_bias, meta, **heads)
+        for part in ("spec", "non_spec"):
+            if part not in parts or not len(parts[part]["q"]):
+                continue
+            n = len(parts[part]["q"])
+            for field in ("q", "k", "v"):
+                assert_outputs_close(getattr(getattr(result, part), field)[:n],
+                                     parts[part][field], torch.float32)
+        assert_state_exact(state, want_state)
+        jitconv.check_errors()

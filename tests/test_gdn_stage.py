@@ -266,6 +266,37 @@ def test_remembered_stage_runs(device, monkeypatch):
     assert results[0].spec.q.data_ptr() != results[1].spec.q.data_ptr()  # a new output
 
 
+def test_a_remembered_stage_launch_serves_only_its_layout(device):
+    """SYCL keeps stage launches by the layer's tensors, for any plan of the geometry: a
+    plan whose parts hold other token counts (so other output rows) on the same tensors
+    must not take a launch kept for another layout, and is right."""
+    if SIM:
+        pytest.skip("the simulator has no remembered launches (its tensors are the host's)")
+    if GPU:
+        pytest.skip("SYCL's remembered launches (CUDA keeps them per plan)")
+    data, meta, gates = stage_case(19, torch.bfloat16)
+    _d, other, _g = stage_case(19, torch.bfloat16, ns_lengths=(1, 2, 9, 4),
+                               sp_lengths=(1, 4, 1))
+    data = {k: usm_copy(v) for k, v in data.items()}
+    HV = gates["a"].shape[1]
+    ab = usm_copy(torch.cat([gates["b"], gates["a"]], dim=1))
+    gates = dict(a=ab[:, HV:], b=ab[:, :HV], A_log=usm_copy(gates["A_log"]),
+                 dt_bias=usm_copy(gates["dt_bias"]))
+    H, K, _HV, V = HEADS
+    args = [data[k] for k in DATA_KEYS] + [gates[k] for k in ("a", "b", "A_log", "dt_bias")]
+    for metadata in (meta, other):
+        plan = jitconv.plan(data["x"].shape[0], data["conv_state"].shape[0],
+                            data["conv_state"].shape[2], 4, **metadata)
+        ref, ref_state = reference_of(data, metadata, gates)
+        result = plan.run_stage(*args, num_k_heads=H, head_k_dim=K, head_v_dim=V)
+        for part in ("spec", "non_spec"):
+            got = getattr(result, part)
+            assert got.q.shape[0] == len(ref[part]["q"])
+            for field in ("q", "k", "v"):
+                assert_outputs_close(getattr(got, field), ref[part][field], torch.bfloat16)
+        assert_state_exact(data["conv_state"], ref_state)
+
+
 def test_threads_run_the_stage_at_once(device):
     """Four threads, each its own layer (tensors and conv state) of one step, call the
     stage at once, twice each: every result and state is the reference's."""

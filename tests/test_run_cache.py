@@ -16,6 +16,7 @@ import torch
 import jitconv
 from jitconv.backends.sycl import launching
 from jitconv.backends.sycl import run_cache
+from jitconv.backends.sycl.backend import launch_kind
 from jitconv.api import validation
 from jitconv.reference import causal_conv1d_reference
 from jitconv.backends.sycl.state import STATE as SYCL_STATE
@@ -162,7 +163,7 @@ def test_an_entry_whose_memory_is_gone_is_not_used(sycl_device):
     out = jitconv.empty(tuple(data["x"].shape))
     plan.run(**data, out=out)
     key = run_cache.key(*(data[k] for k in ("x", "weight", "bias", "conv_state")), out,
-                        "silu", None, jitconv.get_queue())
+                        "silu", None, jitconv.get_queue(), metadata=launch_kind(plan))
     assert run_cache.find(key, plan) is not None
     previous = jitconv.set_pool_limit(0)  # really free, do not keep for reuse
     try:

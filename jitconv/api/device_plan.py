@@ -16,9 +16,16 @@ checks (values): every sequence, by SEMANTICS.md's rules; a bad one is skipped (
 zeros, state untouched), its error is recorded in the plan's error table and
 ``check_errors()`` raises it (plans that the one-shot ops keep record into their device's
 table instead, which ``jitconv.check_errors`` reads: ``device_errors``). Cache lines named
-twice are not detected (the runs of both sequences write that line). No token maps: each
-part's tokens are consecutive rows of x, non-spec then spec (or spec first:
-``spec_rows_first``), and the rows after them come out zero.
+twice are not detected (the runs of both sequences write that line).
+
+Rows: without token maps each part's tokens are consecutive rows of x, non-spec then spec
+(or spec first: ``spec_rows_first``), and the rows after them come out zero. With token
+maps (``non_spec_token_indx`` / ``spec_token_indx``, one per part with sequences) a
+part's tokens are the rows its map names, and its token count is its map's length (a
+shape, read on the host): so runs may split their outputs by part (``run(split=True)``,
+``run_stage`` of a mixed step), each part's rows after its last sequence's tokens coming
+out zero. A map entry outside x is read as row 0 and reported; rows named twice are not
+detected. Runs into x's rows (no split) need maps that name every row of x.
 
 State rules (parent maps, window rows, write lines; SEMANTICS.md "More state rules"):
 with them a run launches a second planning kernel after the first, one work-item per
@@ -74,7 +81,8 @@ class DevicePlan(StepPlan):
     sequence_starts = None  # (the GDN stage's) where each sequence begins: on the device
 
     def __init__(self, *, geometry, arrays, names, counts, max_len, null_line, skip_empty,
-                 device, backend, spec_first=False, error_words=None, rules=None):
+                 device, backend, spec_first=False, error_words=None, rules=None,
+                 maps=None):
         self.arrays = arrays  # planner.METADATA_ARRAYS name -> (tensor, element stride)
         # planner.RULE_ARRAYS name -> (tensor, row stride, column stride): the state
         # rules the rule planner (``planner.plan_rules``) reads; empty: none
@@ -92,6 +100,18 @@ class DevicePlan(StepPlan):
         self.max_len = max_len  # None: no bound
         self.null_line, self.skip_empty = null_line, skip_empty
         self.device = device
+        # token maps: the parts' token slots (non-spec, spec), their maps' lengths; None:
+        # no maps (each part's tokens are consecutive rows of x)
+        self.maps = maps
+        # what split outputs need (``StepPlan``'s fields): each map's length, or a plan
+        # of one part's every row of x (its tokens, then zeros); None: both parts
+        # without maps (their token counts are on the device)
+        self.part_tokens, self.spec_slot0 = None, 0
+        if maps is not None:
+            self.part_tokens, self.spec_slot0 = (maps[1], maps[0]), maps[0]
+        elif not (counts[0] and counts[1]):
+            rows = geometry.num_tokens
+            self.part_tokens = (rows, 0) if counts[1] else (0, rows)
         # None: the plan's own error words (``check_errors``); else the words of the
         # device that ``jitconv.check_errors`` reads (plans the one-shot ops keep)
         self.error_words = error_words
@@ -101,7 +121,7 @@ class DevicePlan(StepPlan):
             num_tokens=geometry.num_tokens, num_lines=geometry.num_lines,
             state_len=geometry.state_len, width=geometry.width,
             pad_line=geometry.pad_slot_id, null_line=null_line, skip_empty=skip_empty,
-            max_len=max_len, spec_first=spec_first)
+            max_len=max_len, spec_first=spec_first, maps=maps)
         self.one_slot = bool(self.planner_scalars["one_slot"])
         self.tail_first = self.planner_scalars["tail_first"]
         bound = max_len if max_len is not None else geometry.num_tokens
@@ -128,27 +148,39 @@ class DevicePlan(StepPlan):
             longest_block=min(planner.BLOCK, bound),
             longest_sequences=(ns_max, bound if self.num_sp else 0),
             uniform_decode=(self.ns_implicit and self.num_ns > 0 and not self.num_sp
-                            and "ns_accepted" not in arrays and not self.rules),
-            # a token's chain reads other tokens' rows of x
-            in_place=self.one_slot and not chains, queue=None,
+                            and "ns_accepted" not in arrays and not self.rules
+                            and maps is None),
+            # a token's chain reads other tokens' rows of x; with maps, rows no map names
+            # are not written
+            in_place=self.one_slot and not chains and maps is None, queue=None,
             has_chains=bool(self.rules),
             window_rows=(None if any(k.endswith("windows") for k in self.rules)
                          else np.zeros(0, np.int64)))
+        # Everything a run's launches depend on but the addresses of the plan's own
+        # memory (metadata arrays, table, error words): plans of one signature run the
+        # same launches with those addresses replaced (backends keep their prepared
+        # launches by it). None with state rules (their windows and tables differ).
+        self.signature = None if self.rules else (
+            "device plan", self.fit, str(device), tuple(self.planner_scalars.items()),
+            self.element_types, tuple(s for _t, s in self.kernel_arrays.values()),
+            tuple(arrays), maps, self.longest_block, self.longest_sequences,
+            self.uniform_decode, self.in_place, error_words is None)
 
     def _stage_rows(self):
-        """A GDN stage run's outputs (``StepPlan.run_stage``): the plan's one part takes
-        every row of x, its tokens in their rows and zeros in the rows after them (the
-        host does not read the token count)."""
-        rows = {"non_spec": 0, "spec": 0}
-        rows["spec" if self.num_sp else "non_spec"] = self.geometry.num_tokens
-        return rows
+        """A GDN stage run's outputs (``StepPlan.run_stage``): with token maps each
+        part's map length; without, the plan's one part takes every row of x, its tokens
+        in their rows and zeros in the rows after them (the host does not read the token
+        count)."""
+        spec, non_spec = self.part_tokens
+        return {"non_spec": non_spec, "spec": spec}
 
     def table_layout(self):
         """(words of the table its planners write, offsets of ``abi.TABLES`` in it): the
-        unused rows table, the block records, then with rules the links."""
-        blocks = planner.ROWS_WORDS + self.num_blocks * planner.NF
-        return blocks + self.links_words, (0, planner.ROWS_WORDS,
-                                           blocks if self.links_words else 0)
+        rows table (unused without token maps), the block records, then with rules the
+        links."""
+        rows = planner.rows_words(self.maps)
+        blocks = rows + self.num_blocks * planner.NF
+        return blocks + self.links_words, (0, rows, blocks if self.links_words else 0)
 
     def rule_values(self, windows_shape):
         """The rule planner's scalars (``planner.RULE_ARGS`` but arrays and tables) for a
@@ -186,6 +218,8 @@ def device_plan(num_tokens: int, num_cache_lines: int, state_len: int, width: in
                 non_spec_window_rows: Optional[Any] = None,
                 spec_write_indices: Optional[Any] = None,
                 non_spec_write_indices: Optional[Any] = None,
+                non_spec_token_indx: Optional[Any] = None,
+                spec_token_indx: Optional[Any] = None,
                 max_query_len: Optional[int] = None, pad_slot_id: int = -1,
                 null_block_id: Optional[int] = None,
                 skip_empty: bool = False, spec_rows_first: bool = False) -> DevicePlan:
@@ -217,6 +251,14 @@ def device_plan(num_tokens: int, num_cache_lines: int, state_len: int, width: in
         they need ``max_query_len`` <= 16. Checkpoints and circular lines are planned
         on the host only (``jitconv.plan``). Window rows and written lines that two
         sequences share are not detected.
+    non_spec_token_indx, spec_token_indx : tensors, (part tokens,)
+        Token maps (one per part the step has, or none): the row of x of each of the
+        part's tokens, in the part's order, as in ``jitconv.causal_conv1d_mixed``. A
+        map's length is its part's token count (read from its shape, not its values), so
+        runs may split their outputs by part and ``run_stage`` takes mixed steps; the
+        part's rows after its last sequence's tokens come out zero. An entry outside x
+        is read as row 0 and reported by ``check_errors``; rows named twice are not
+        detected. Without maps each part's tokens are consecutive rows of x.
     max_query_len : int, optional
         The most tokens any sequence holds (declared, not read): with 16 or fewer the
         planner takes one block per sequence, and short steps (decode, spec verify) run
@@ -229,13 +271,14 @@ def device_plan(num_tokens: int, num_cache_lines: int, state_len: int, width: in
         Sequences without tokens are skipped too (vLLM's kernels do so).
     spec_rows_first : bool
         The spec part's tokens are the first rows of x and the non-spec part's follow
-        (vLLM's layout of a mixed step); default: non-spec first.
+        (vLLM's layout of a mixed step); default: non-spec first. Not with token maps.
 
     Returns
     -------
     DevicePlan
-        ``run(x, weight, bias, conv_state, out=None, activation="silu", math=None)``;
-        ``run_stage(...)`` (the GDN stage, ``StepPlan.run_stage``) on a step of one part;
+        ``run(x, weight, bias, conv_state, out=None, activation="silu", math=None)``
+        (``split=True`` with token maps); ``run_stage(...)`` (the GDN stage,
+        ``StepPlan.run_stage``) on a step of one part, or of both with token maps;
         ``check_errors()``.
     """
     meta = StepMetadata.of({n: v for n, v in locals().items() if n in metadata.ALL_NAMES})
@@ -320,6 +363,7 @@ def build(geo, given, names, *, max_query_len=None, null_block_id=None, skip_emp
     if not tensors:
         raise ValueError(f"device_plan: no metadata given (pass {names['ns_lines']}, or "
                          f"{names['sp_qsl']} with its arrays)")
+    maps = _maps(given, names, take, num_ns, implicit, geo, spec_rows_first)
     if implicit and num_ns and max_query_len is None:
         max_query_len = 1 if not num_sp else None
     taken = _rules(rules or {}, names, {"ns": num_ns, "sp": num_sp}, given, max_query_len,
@@ -336,7 +380,39 @@ def build(geo, given, names, *, max_query_len=None, null_block_id=None, skip_emp
                       counts=(num_ns, num_sp, implicit), max_len=max_query_len,
                       null_line=null_block_id, skip_empty=skip_empty, device=device,
                       backend=backend, spec_first=spec_rows_first, error_words=words,
-                      rules=taken)
+                      rules=taken, maps=maps)
+
+
+def _maps(given, names, take, num_ns, implicit, geo, spec_rows_first):
+    """The token maps' lengths (non-spec, spec), checked on the host (``take`` keeps
+    each map given), or None without maps: one map per part that has its arrays, 1-D,
+    together no longer than x, and no ``spec_rows_first`` (the maps say where rows are)."""
+    parts = {"ns_map": "ns_lines", "sp_map": "sp_qsl"}
+    if all(given[k] is None for k in parts):
+        return None
+    lengths = []
+    for key, owner in parts.items():
+        if given[owner] is None:
+            if given[key] is not None:
+                raise ValueError(f"{names[key]}: given without {names[owner]}")
+            lengths.append(0)
+            continue
+        if given[key] is None:
+            other = names["sp_map" if key == "ns_map" else "ns_map"]
+            raise ValueError(f"{names[key]}: required with {other} (token maps number "
+                             f"each part's tokens: give one per part)")
+        lengths.append(int(take(key).shape[0]))
+    if spec_rows_first:
+        raise ValueError("spec_rows_first: not with token maps (the maps say which rows "
+                         "each part's tokens are)")
+    if sum(lengths) > geo.num_tokens:
+        raise ValueError(f"{names['ns_map']}/{names['sp_map']}: {sum(lengths)} entries "
+                         f"in all, but x has {geo.num_tokens} rows (each row is at most "
+                         f"one token)")
+    if implicit and lengths[0] < num_ns:
+        raise ValueError(f"{names['ns_map']}: expected at least {num_ns} entries (one per "
+                         f"decode sequence), got {lengths[0]}")
+    return tuple(lengths)
 
 
 def _rules(rules, names, counts, given, max_query_len, tensors):

@@ -26,12 +26,12 @@ RULE_NAMES = ("spec_parent_token", "non_spec_parent_token", "spec_window_rows",
               "non_spec_checkpoint_loc", "non_spec_checkpoint_pos",
               "non_spec_checkpoint_indices", "non_spec_cache_seqlens")
 ALL_NAMES = NAMES + RULE_NAMES
-# The device planner's array of each (``kernels.planner.METADATA_ARRAYS``); token maps
-# have none: a device plan takes no maps.
+# The device planner's array of each (``kernels.planner.METADATA_ARRAYS``).
 DEVICE_ARRAYS = dict(ns_qsl="non_spec_query_start_loc", ns_lines="non_spec_state_indices",
                      ns_init="has_initial_state", ns_accepted="non_spec_num_accepted_tokens",
                      sp_qsl="spec_query_start_loc", sp_lines="spec_state_indices",
-                     sp_accepted="num_accepted_tokens")
+                     sp_accepted="num_accepted_tokens", ns_map="non_spec_token_indx",
+                     sp_map="spec_token_indx")
 assert set(DEVICE_ARRAYS) == set(planner.METADATA_ARRAYS)
 # The state rules device plans take (``kernels.planner.RULE_ARRAYS``); checkpoints and
 # circular lines are planned on the host only.

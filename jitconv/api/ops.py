@@ -329,18 +329,18 @@ def causal_conv1d_update(x: Array, weight: Array, bias: Optional[Array], conv_st
     return plan.run_checked((x, weight, bias, conv_state, out), activation, checked, math)
 
 
-def _run_on_device(op, args, activation, math, pad_slot_id, metadata, build):
+def _run_on_device(op, args, activation, math, pad_slot_id, metadata, build, split=None):
     """A one-shot call whose metadata stays on the device: the device plan kept for
     ``op`` (a name, with what else fixes the plan), these tensors' shapes and the
     ``metadata`` tensors, else ``build(geometry)``'s after the host's checks (``prepare``),
-    run on ``args`` (x, weight, bias, conv_state, out)."""
+    run on ``args`` (x, weight, bias, conv_state, out); ``split`` as ``run_checked``'s."""
     x, weight, bias, conv_state, out = args
     key = (op, device_calls.shapes(x, weight, conv_state),
            validation.check_pad_slot_id(pad_slot_id)) + tuple(
                device_calls.describe(m) for m in metadata)
     plan = device_calls.kept_plan(key, lambda: build(
         prepare(*args, activation, math, pad_slot_id)[0]))
-    return plan.run(x, weight, bias, conv_state, out=out, activation=activation, math=math)
+    return plan.run_checked(args, activation, None, math, split)
 
 
 def _update_device_plan(geo, lines, query_start_loc, num_accepted_tokens, max_query_len):
@@ -482,18 +482,31 @@ def mixed(x, weight, bias, conv_state, meta, *, activation="silu", pad_slot_id=-
     ``plan.split_request``: one plan (kept by the metadata's content, or on the device
     for metadata tensors there) and one run."""
     arrays = meta.device_arrays()
-    no_maps = meta.non_spec_token_indx is None and meta.spec_token_indx is None
-    if split is None and no_maps and not meta.has_rules() and windows is None and \
+    if not meta.has_rules() and windows is None and _device_fits(x, arrays, split) and \
             device_calls.on_device(x, *arrays.values()):
         return _run_on_device("mixed", (x, weight, bias, conv_state, out), activation, math,
                               pad_slot_id, tuple(arrays.values()), lambda geo: device_calls.build(
-                                  geo, arrays, device_plan.ARGUMENT_NAMES))
+                                  geo, arrays, device_plan.ARGUMENT_NAMES), split)
     geo, checked = prepare(x, weight, bias, conv_state, out, activation, math,
                            pad_slot_id)
     plan = plan_cache.plan_for(plan_cache.key("mixed", geo, meta.all_values()),
                                lambda: plan_from(meta, geo))
     return plan.run_checked((x, weight, bias, conv_state, out), activation, checked, math,
                             split, windows)
+
+
+def _device_fits(x, arrays, split):
+    """Whether a device plan gives what the call asks for as a host plan does: without
+    token maps outputs in x's rows (split outputs need each part's token count); with
+    them split outputs (each part's rows: its map's), or x's rows where the maps name
+    every row of x (their lengths, shapes the host reads, add up to x's rows)."""
+    maps = [arrays[k] for k in ("ns_map", "sp_map") if arrays[k] is not None]
+    if not maps:
+        return split is None
+    if split is not None:
+        return True
+    lengths = [getattr(m, "shape", (None,))[0] for m in maps]
+    return None not in lengths and sum(lengths) == getattr(x, "shape", (None,))[0]
 
 
 def plan(num_tokens: int, num_cache_lines: int, state_len: int, width: int, *,

@@ -61,6 +61,12 @@ class StepPlan:
     # Whether runs read the step's metadata on the device (``DevicePlan``): only those
     # follow metadata rewritten in place, so only those may be captured in a CUDA graph.
     on_device = False
+    # A device plan's token maps: the parts' token slots (non-spec, spec); None: none
+    # (a host plan's maps are in its tables)
+    maps = None
+    # What plans whose runs may share prepared launches have in common (device plans:
+    # ``DevicePlan.signature``); None: a plan's launches are its own
+    signature = None
 
     def __init__(self, parts, geometry, *, queue=None, row_names="token_indx",
                  line_names="state_indices"):
@@ -206,11 +212,20 @@ class StepPlan:
                              f"metadata tensors are on {self.device}; put x, weight, bias "
                              f"and conv_state where the metadata are")
         mode = SPLIT_NONE if split is None else SPLIT_SLOTS if split is True else SPLIT_PARTS
+        if self.on_device and self.maps is not None and mode == SPLIT_NONE and \
+                sum(self.maps) < self.geometry.num_tokens:
+            raise ValueError(f"split: this device plan's token maps name "
+                             f"{sum(self.maps)} rows of x's {self.geometry.num_tokens}, so "
+                             f"a run into x's rows would leave the others unwritten; take "
+                             f"split outputs (split=True, or out_spec / out_non_spec)")
         if mode != SPLIT_NONE:
-            if self.on_device:
+            if self.part_tokens is None:
                 raise ValueError("split: split outputs need each part's token count on "
-                                 "the host; device plans do not read it there: use a plan "
-                                 "built from host metadata (jitconv.plan)")
+                                 "the host; a device plan of both parts without token maps "
+                                 "does not read it there: give the plan "
+                                 "non_spec_token_indx / spec_token_indx (their lengths are "
+                                 "the counts), or use a plan built from host metadata "
+                                 "(jitconv.plan)")
             validation.check_no_out(args[4])
         result = key = None
         if windows is None and not self.takes_windows:
@@ -250,12 +265,13 @@ class StepPlan:
                 raise ValueError(f"x: runs on the {backend.name} backend, but this plan's "
                                  f"metadata tensors are on {self.device}; put the layer's "
                                  f"tensors where the metadata are")
-            if self.num_ns and self.num_sp:
-                raise ValueError("plan: the GDN stage on a device plan takes a step of one "
-                                 "part (non-spec or spec sequences): a mixed step's part "
-                                 "token counts are on the device, where the host does not "
-                                 "read them; plan a mixed step from host metadata "
-                                 "(jitconv.plan)")
+            if self.part_tokens is None:
+                raise ValueError("plan: the GDN stage on a device plan without token maps "
+                                 "takes a step of one part (non-spec or spec sequences): a "
+                                 "mixed step's part token counts are on the device, where "
+                                 "the host does not read them; give the plan "
+                                 "non_spec_token_indx / spec_token_indx (their lengths are "
+                                 "the counts), or plan it from host metadata (jitconv.plan)")
         if self.takes_windows:
             raise ValueError("spec_window_rows/non_spec_window_rows: the GDN stage does "
                              "not write intermediate windows; plan the step without them")
@@ -290,7 +306,7 @@ class StepPlan:
         validation.check_writable(x_given, weight, bias, conv_state, None)
         extents = validation.check_aliasing(x_given, weight, bias, conv_state, None,
                                             self.lines)
-        ns_rows, spec_rows = rows["non_spec"], rows["spec"]
+        (ns_rows, spec_rows), spec_slot0 = self.stage_layout()
         dim = validation.shape_of(x_given)[1]
         sizes = _stage_sizes(ns_rows + spec_rows, dim, hv, x_given.element_size())
         buffer = backend.empty_output(x_given, (sizes["total"],), dtype)
@@ -298,9 +314,6 @@ class StepPlan:
             x = registry.channels_contiguous(x_given)
             parts = [buffer[first:first + n * dim].view(n, dim) if n else None
                      for n, first in ((ns_rows, 0), (spec_rows, ns_rows * dim))]
-            # A device plan's one part starts at slot 0 (its planner's tail blocks, the
-            # rows after the tokens, are that part's too: ``planner.slot_record``).
-            spec_slot0 = 0 if self.on_device else self.spec_slot0
             stage = StageTensors(
                 a=a, b=b, A_log=backend.as_floats(A_log), dt_bias=backend.as_floats(dt_bias),
                 buffer=buffer, gates=buffer[sizes["gates"]:].view(torch.float32),
@@ -313,6 +326,14 @@ class StepPlan:
                 zero_copy=x is x_given, key=key, split=SPLIT_PARTS, out2=parts[1],
                 spec_slot0=spec_slot0, stage=stage))
         return self._stage_views(buffer, heads, hv)
+
+    def stage_layout(self):
+        """((non-spec rows, spec rows), the spec part's first token slot) of a stage
+        run's outputs: what its launch's output parameters depend on."""
+        rows = self._stage_rows()
+        # (a device plan's one part starts at slot 0: its planner's tail blocks, the rows
+        # after the tokens, are that part's too, ``planner.slot_record``)
+        return (rows["non_spec"], rows["spec"]), self.spec_slot0
 
     def _stage_rows(self):
         """Rows of each part's stage output ("non_spec", "spec"): its tokens."""

@@ -694,8 +694,8 @@ def l2norm_parts(use_l2norm, sequence_starts, part_rows):
     those), or a dict {part name: first row} (rows from there on; vLLM normalises the
     prefill rows of its non-spec part, which follow its decodes). A first row must begin
     one of the part's sequences (``sequence_starts``: per part, the rows that do; None
-    for a device plan, which takes no dict) or be its row count (``part_rows``), as the
-    kernel decides per block of a sequence."""
+    for a device plan, whose planner checks it on the device) or be its row count
+    (``part_rows``), as the kernel decides per block of a sequence."""
     none = abi.STAGE_L2NORM_NONE
     if isinstance(use_l2norm, (bool, np.bool_)):
         return (0, 0) if use_l2norm else (none, none)
@@ -709,11 +709,13 @@ def l2norm_parts(use_l2norm, sequence_starts, part_rows):
         raise TypeError(f"use_l2norm: expected True, False, part names among "
                         f"{list(abi.STAGE_PARTS)} or a dict of part name to first row (an "
                         f"int >= 0), got {use_l2norm!r}")
-    if use_l2norm and sequence_starts is None:
-        raise ValueError("use_l2norm: a device plan's sequences begin at rows the host "
-                         "does not read; give True, False or part names")
     for part, row in use_l2norm.items():
-        if row < part_rows[part] and row not in sequence_starts[part]:
+        if sequence_starts is None:
+            if row > part_rows[part]:
+                raise ValueError(f"use_l2norm: the {part} part's first normalised row "
+                                 f"must be at most its row count {part_rows[part]}, got "
+                                 f"{row}")
+        elif row < part_rows[part] and row not in sequence_starts[part]:
             raise ValueError(f"use_l2norm: the {part} part's first normalised row must "
                              f"begin one of its sequences (rows "
                              f"{sequence_starts[part].tolist()[:16]}) or be its row count "

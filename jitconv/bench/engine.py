@@ -35,8 +35,6 @@ Figures per side (microseconds per layer):
 """
 
 import argparse
-import json
-import os
 import statistics
 import sys
 import time
@@ -44,7 +42,8 @@ import time
 import torch
 
 import jitconv
-from jitconv.bench.gpu import device_time_us, load_vllm_triton
+from jitconv.bench.gpu import (bench_device, device_time_us, load_vllm_triton, print_row,
+                               save_rows)
 from jitconv.kernels import tuning
 from jitconv.reference import TOLERANCE, causal_conv1d_reference
 
@@ -204,9 +203,7 @@ def graph(step, calls, outs, gen, steps, check):
 
 def run(vllm_file, out_dir=None, dims=(8192, 2048), reps=60, steps=50, sides=SIDES):
     vt = load_vllm_triton(vllm_file)
-    device = torch.device("cuda:0")
-    jitconv.set_device("cuda:0")
-    flush = torch.empty(256 * 2 ** 20 // 4, dtype=torch.float32, device=device)
+    device, flush = bench_device()
     rows = []
     with torch.inference_mode():
         for dim in dims:
@@ -231,14 +228,9 @@ def run(vllm_file, out_dir=None, dims=(8192, 2048), reps=60, steps=50, sides=SID
                             row["graph_us"], row["graph_follows_metadata"] = graph(
                                 step, calls, outs, gen, steps, check=True)
                     rows.append(row)
-                    print(json.dumps({k: (round(v, 2) if isinstance(v, float) else v)
-                                      for k, v in row.items()}), flush=True)
+                    print_row(row)
     table(rows)
-    if out_dir:
-        os.makedirs(out_dir, exist_ok=True)
-        with open(os.path.join(out_dir, "engine.json"), "w") as f:
-            json.dump(dict(device=torch.cuda.get_device_name(), torch=torch.__version__,
-                           layers=LAYERS, reps=reps, steps=steps, rows=rows), f, indent=1)
+    save_rows(out_dir, "engine.json", rows, layers=LAYERS, reps=reps, steps=steps)
     return rows
 
 

@@ -596,3 +596,27 @@ def main(argv=None):
 
 if __name__ == "__main__":
     main()
+
+
+def print_row(row):
+    """One result row as a JSON line (floats to 2 decimals), as the benchmarks print them."""
+    print(json.dumps({k: (round(v, 2) if isinstance(v, float) else v)
+                      for k, v in row.items()}), flush=True)
+
+
+def save_rows(out_dir, name, rows, **fields):
+    """``rows`` (and ``fields``) with the device and torch's version as ``name`` in
+    ``out_dir`` (nothing when it is None)."""
+    if not out_dir:
+        return
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, name), "w") as f:
+        json.dump(dict(device=torch.cuda.get_device_name(), torch=torch.__version__,
+                       **fields, rows=rows), f, indent=1)
+
+
+def bench_device():
+    """(cuda:0, made jitconv's current device; an L2 flush buffer of 256 MiB there)."""
+    device = torch.device("cuda:0")
+    jitconv.set_device("cuda:0")
+    return device, torch.empty(256 * 2 ** 20 // 4, dtype=torch.float32, device=device)

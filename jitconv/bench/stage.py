@@ -48,7 +48,6 @@ reference (``jitconv.reference.gdn_conv_stage_reference``) and the chain's q / k
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
@@ -58,7 +57,8 @@ import numpy as np
 import torch
 
 import jitconv
-from jitconv.bench.gpu import copy_bandwidth, device_time_us, load_vllm_triton
+from jitconv.bench.gpu import (bench_device, copy_bandwidth, device_time_us,
+                               load_vllm_triton, print_row, save_rows)
 from jitconv.reference import TOLERANCE, gdn_conv_stage_reference
 
 LAYERS = 36
@@ -371,9 +371,7 @@ def stage_bytes(step):
 
 def run(vllm_file, prep_file, out_dir=None, dims=(8192, 2048), reps=40, steps=30):
     vt, prep = load_vllm_triton(vllm_file), load_post_conv_prep(prep_file)
-    device = torch.device("cuda:0")
-    jitconv.set_device("cuda:0")
-    flush = torch.empty(256 * 2 ** 20 // 4, dtype=torch.float32, device=device)
+    device, flush = bench_device()
     rows = []
     with torch.inference_mode():
         for dim in dims:
@@ -422,14 +420,9 @@ def run(vllm_file, prep_file, out_dir=None, dims=(8192, 2048), reps=40, steps=30
                             # a copy of half the bytes reads and writes them all
                             row["copy_GBps"] = copy_bandwidth(device, nbytes // 2)["gbps"]
                     rows.append(row)
-                    print(json.dumps({k: (round(v, 2) if isinstance(v, float) else v)
-                                      for k, v in row.items()}), flush=True)
+                    print_row(row)
     table(rows)
-    if out_dir:
-        os.makedirs(out_dir, exist_ok=True)
-        with open(os.path.join(out_dir, "stage.json"), "w") as f:
-            json.dump(dict(device=torch.cuda.get_device_name(), torch=torch.__version__,
-                           layers=LAYERS, reps=reps, steps=steps, rows=rows), f, indent=1)
+    save_rows(out_dir, "stage.json", rows, layers=LAYERS, reps=reps, steps=steps)
     return rows
 
 
@@ -457,15 +450,21 @@ def table(rows):
                   f"{g['jitconv stage, device plan'] / g['vllm chain']:.2f}")
 
 
-def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def arguments(description, reps=40, steps=30):
+    """The command line of this benchmark and of ``bench.steps``: vLLM's two files, the
+    output directory, dims, repetitions and steps."""
+    p = argparse.ArgumentParser(description=description)
     p.add_argument("--vllm-file", required=True)
     p.add_argument("--prep-file", required=True)
     p.add_argument("--out")
     p.add_argument("--dims", default="8192,2048")
-    p.add_argument("--reps", type=int, default=40)
-    p.add_argument("--steps", type=int, default=30)
-    a = p.parse_args(argv)
+    p.add_argument("--reps", type=int, default=reps)
+    p.add_argument("--steps", type=int, default=steps)
+    return p
+
+
+def main(argv=None):
+    a = arguments(__doc__.split("\n\n")[0]).parse_args(argv)
     run(a.vllm_file, a.prep_file, a.out, tuple(int(d) for d in a.dims.split(",")), a.reps,
         a.steps)
 

@@ -50,35 +50,61 @@ ERRORS = (
     "window rows: a row < -1 or past intermediate_windows' rows, or a sequence with a "
     "window row longer than its steps",
     "write lines: a cache line out of range",
+    "token maps: a row outside x (read as row 0)",
+    "use_l2norm: a first normalised row inside a sequence (it must begin one)",
 )
-E_QSL, E_LINE, E_ACCEPTED, E_LENGTH, E_PARENT, E_WINDOW, E_WRITE = range(len(ERRORS))
+(E_QSL, E_LINE, E_ACCEPTED, E_LENGTH, E_PARENT, E_WINDOW, E_WRITE, E_MAP,
+ E_L2NORM) = range(len(ERRORS))
 NF = len(BLOCK_FIELDS)
 NL, NS = len(LINK_FIELDS), len(SEQUENCE_FIELDS)
-ROWS_WORDS = NF  # the (unused) rows table before the records: one record's worth
+L2NORM_NONE = -1  # ``l2norm_ns`` / ``l2norm_sp`` of a part with no first row to check
 
 
-def capacity(num_sequences, num_tokens, one_slot_per_sequence):
+def rows_words(maps):
+    """Words of a device plan's rows table (before its records): with token maps
+    (``maps``: the parts' slot counts) a row per token slot, padded to whole records;
+    without, one (unused) record's worth."""
+    if maps is None:
+        return NF
+    slots = sum(maps)
+    return max(NF, slots + -slots % NF)
+
+
+def tail_blocks(num_tokens, maps):
+    """The tail's blocks: ceil(num_tokens / B), or with token maps (the parts' slot
+    counts) each part's own tail, ceil(slots / B) per part."""
+    if maps is None:
+        return -(-num_tokens // BLOCK)
+    return sum(-(-n // BLOCK) for n in maps)
+
+
+def capacity(num_sequences, num_tokens, one_slot_per_sequence, maps=None):
     """Block slots of a device plan: the sequences' slots (one each, or, with longer
     sequences, ``i + T(i) // B`` onward: at most P + Q + ceil(num_tokens / B) in all),
-    then the tail's blocks (ceil(num_tokens / B))."""
-    tail = -(-num_tokens // BLOCK)
-    return num_sequences + tail if one_slot_per_sequence else num_sequences + 2 * tail
+    then the tail's blocks (``tail_blocks``)."""
+    tail = tail_blocks(num_tokens, maps)
+    if one_slot_per_sequence:
+        return num_sequences + tail
+    return num_sequences + -(-num_tokens // BLOCK) + tail
 
 
-def tail_first(num_sequences, num_tokens, one_slot_per_sequence):
-    """The first slot of the tail's blocks (the last ceil(num_tokens / B) slots)."""
-    return capacity(num_sequences, num_tokens, one_slot_per_sequence) - -(-num_tokens //
-                    BLOCK)
+def tail_first(num_sequences, num_tokens, one_slot_per_sequence, maps=None):
+    """The first slot of the tail's blocks (the last ``tail_blocks`` slots)."""
+    return capacity(num_sequences, num_tokens, one_slot_per_sequence, maps) - \
+        tail_blocks(num_tokens, maps)
 
 
 def scalars(*, num_ns, num_sp, ns_implicit, has_ns_init, has_ns_accepted, num_tokens,
             num_lines, state_len, width, pad_line, null_line, skip_empty, max_len,
-            spec_first):
+            spec_first, maps=None, l2norm=(L2NORM_NONE, L2NORM_NONE)):
     """The planner's scalar arguments (``PLAN_ARGS``) for a step of these counts and
     flags: ``null_line`` None for no second pad line, ``max_len`` None for no bound (one
-    slot per sequence when it is at most B)."""
+    slot per sequence when it is at most B); ``maps``: (non-spec, spec) token map
+    lengths, None without maps; ``l2norm``: each part's first row a GDN stage
+    normalises, checked to begin a sequence (L2NORM_NONE: none)."""
     one_slot = max_len is not None and max_len <= BLOCK
     n_seq = num_ns + num_sp
+    ns_slots, sp_slots = maps or (0, 0)
     return dict(
         num_ns=num_ns, num_sp=num_sp, ns_implicit=int(ns_implicit),
         has_ns_init=int(has_ns_init), has_ns_accepted=int(has_ns_accepted),
@@ -86,31 +112,43 @@ def scalars(*, num_ns, num_sp, ns_implicit, has_ns_init, has_ns_accepted, num_to
         pad_line=pad_line, null_line=0 if null_line is None else null_line,
         has_null=int(null_line is not None), skip_empty=int(skip_empty),
         max_len=num_tokens if max_len is None else max_len, one_slot=int(one_slot),
-        tail_first=tail_first(n_seq, num_tokens, one_slot), spec_first=int(spec_first),
-        blocks=ROWS_WORDS, capacity=capacity(n_seq, num_tokens, one_slot))
+        tail_first=tail_first(n_seq, num_tokens, one_slot, maps), spec_first=int(spec_first),
+        has_maps=int(maps is not None), ns_slots=ns_slots, sp_slots=sp_slots,
+        l2norm_ns=l2norm[0], l2norm_sp=l2norm[1], blocks=rows_words(maps),
+        capacity=capacity(n_seq, num_tokens, one_slot, maps))
 
 
 # The planner's arguments after the slot, in order (backends build their signature and
 # their launch from this list). Metadata arrays come as (array, element stride); an
 # absent one is any valid array with its "has_" word 0.
+# Token maps (``ns_map``, ``sp_map``: the row of x of each of the part's tokens, in the
+# part's order; ``has_maps``) number the token slots by part: the non-spec part's
+# ``ns_slots`` slots, then the spec part's ``sp_slots`` (the maps' lengths, so each
+# part's split outputs have a row per slot), each part's slots after its last sequence
+# being its tail; the planner writes each slot's row into the rows table.
 METADATA_ARRAYS = ("ns_qsl", "ns_lines", "ns_init", "ns_accepted", "sp_qsl", "sp_lines",
-                   "sp_accepted")
+                   "sp_accepted", "ns_map", "sp_map")
 PLAN_ARGS = tuple(f"{a}{part}" for a in METADATA_ARRAYS
                   for part in ("", "_offset", "_stride")) + (
     "num_ns", "num_sp", "ns_implicit", "has_ns_init", "has_ns_accepted",
     "num_tokens", "num_lines", "state_len", "width", "pad_line", "null_line", "has_null",
-    "skip_empty", "max_len", "one_slot", "tail_first", "spec_first",
+    "skip_empty", "max_len", "one_slot", "tail_first", "spec_first", "has_maps",
+    "ns_slots", "sp_slots", "l2norm_ns", "l2norm_sp",
     "tables", "blocks", "errors", "capacity",
 )
-# ``slot_record``'s arguments after the slot: the planner's without its table.
-RECORD_ARGS = tuple(a for a in PLAN_ARGS if a not in ("tables", "blocks", "capacity"))
+# ``slot_record``'s arguments after the slot: the planner's without its table, the rows
+# it writes and the stage's check (a conv kernel that plans its own block takes no maps).
+RECORD_ARGS = tuple(a for a in PLAN_ARGS if a not in (
+    "tables", "blocks", "capacity", "ns_map", "ns_map_offset", "ns_map_stride", "sp_map",
+    "sp_map_offset", "sp_map_stride", "l2norm_ns", "l2norm_sp"))
 
 
 def _start_token(i, ns_qsl, ns_qsl_offset, ns_qsl_stride, sp_qsl, sp_qsl_offset,
-                 sp_qsl_stride, num_ns, ns_implicit, num_sp, spec_first):
+                 sp_qsl_stride, num_ns, ns_implicit, num_sp, spec_first, has_maps, ns_slots):
     """T(i): the token slot of sequence i's first token (i may be num_ns + num_sp: the
     slot after the last token). Sequences are numbered in the order of their rows: non-spec
-    then spec, or with ``spec_first`` spec then non-spec (vLLM's layout)."""
+    then spec, or with ``spec_first`` spec then non-spec (vLLM's layout). With token maps
+    the spec part's slots start at ``ns_slots`` (never spec first)."""
     if spec_first:
         n_sp = 0
         if num_sp > 0:
@@ -121,12 +159,16 @@ def _start_token(i, ns_qsl, ns_qsl_offset, ns_qsl_stride, sp_qsl, sp_qsl_offset,
         if ns_implicit:
             return n_sp + k
         return n_sp + ns_qsl[ns_qsl_offset + k * ns_qsl_stride]
-    if i <= num_ns:
+    if i <= num_ns and (i < num_ns or not has_maps):
         if ns_implicit:
             return i
         return ns_qsl[ns_qsl_offset + i * ns_qsl_stride]
     n_ns = num_ns
-    if not ns_implicit:
+    if has_maps:
+        n_ns = ns_slots
+        if num_sp == 0:  # (no spec query_start_loc to read)
+            return n_ns
+    elif not ns_implicit:
         n_ns = ns_qsl[ns_qsl_offset + num_ns * ns_qsl_stride]
     return n_ns + sp_qsl[sp_qsl_offset + (i - num_ns) * sp_qsl_stride]
 
@@ -138,10 +180,11 @@ def slot_record(s, ns_qsl, ns_qsl_offset, ns_qsl_stride, ns_lines, ns_lines_offs
                 sp_accepted_offset, sp_accepted_stride, num_ns, num_sp, ns_implicit,
                 has_ns_init, has_ns_accepted, num_tokens, num_lines, state_len, width,
                 pad_line, null_line, has_null, skip_empty, max_len, one_slot, tail_first,
-                spec_first, errors):
+                spec_first, has_maps, ns_slots, sp_slots, errors):
     """The record of block slot ``s`` (``abi.BLOCK_FIELDS``), and for s < P + Q the check
     of sequence s: what the planner stores, and what a conv kernel that plans its own
-    block (``template``'s ``fused_plan``) computes instead of reading it."""
+    block (``template``'s ``fused_plan``) computes instead of reading it. With token maps
+    the record's rows are slots (``plan_slot`` writes the rows table and the row fields)."""
     n_seq = num_ns + num_sp
     # Which sequence (i, block k of it) this slot holds; i = -1: the tail's block k;
     # i = -2: an inert slot.
@@ -157,20 +200,21 @@ def slot_record(s, ns_qsl, ns_qsl_offset, ns_qsl_stride, ns_lines, ns_lines_offs
         lo = 0
         hi = n_seq
         first = _start_token(0, ns_qsl, ns_qsl_offset, ns_qsl_stride, sp_qsl, sp_qsl_offset,
-                             sp_qsl_stride, num_ns, ns_implicit, num_sp, spec_first)
+                             sp_qsl_stride, num_ns, ns_implicit, num_sp, spec_first,
+                             has_maps, ns_slots)
         if first // BLOCK <= s:
             while hi - lo > 1:
                 mid = (lo + hi) // 2
                 t_mid = _start_token(mid, ns_qsl, ns_qsl_offset, ns_qsl_stride, sp_qsl,
                                      sp_qsl_offset, sp_qsl_stride, num_ns, ns_implicit,
-                                     num_sp, spec_first)
+                                     num_sp, spec_first, has_maps, ns_slots)
                 if mid + t_mid // BLOCK <= s:
                     lo = mid
                 else:
                     hi = mid
             t_lo = _start_token(lo, ns_qsl, ns_qsl_offset, ns_qsl_stride, sp_qsl,
                                 sp_qsl_offset, sp_qsl_stride, num_ns, ns_implicit, num_sp,
-                                spec_first)
+                                spec_first, has_maps, ns_slots)
             i = lo
             k = s - (lo + t_lo // BLOCK)
 
@@ -187,7 +231,7 @@ def slot_record(s, ns_qsl, ns_qsl_offset, ns_qsl_stride, ns_lines, ns_lines_offs
                   sp_accepted_offset, sp_accepted_stride, num_ns, num_sp, spec_first,
                   ns_implicit, has_ns_init, has_ns_accepted, num_tokens, num_lines,
                   state_len, width, pad_line, null_line, has_null, skip_empty, max_len,
-                  errors)
+                  has_maps, ns_slots, sp_slots, errors)
 
     tok = 0
     n = 0
@@ -197,18 +241,37 @@ def slot_record(s, ns_qsl, ns_qsl_offset, ns_qsl_stride, ns_lines, ns_lines_offs
     off = 0
     flags = FLAG_BLOCK_ROWS | FLAG_SEQ_ROWS
     if i == -1:
-        t_end = _start_token(n_seq, ns_qsl, ns_qsl_offset, ns_qsl_stride, sp_qsl,
-                             sp_qsl_offset, sp_qsl_stride, num_ns, ns_implicit, num_sp,
-                             spec_first)
+        # The tail: the slots after the last sequence (with token maps, each part's
+        # slots after its last sequence: the non-spec part's tail blocks first).
+        limit = num_tokens
+        spec_tail = num_ns == 0  # spec sequences alone: split outputs give it that part
+        if has_maps:
+            ns_tail = (ns_slots + BLOCK - 1) // BLOCK
+            spec_tail = k >= ns_tail
+            if spec_tail:
+                k = k - ns_tail
+                limit = ns_slots + sp_slots
+                t_end = _start_token(n_seq, ns_qsl, ns_qsl_offset, ns_qsl_stride, sp_qsl,
+                                     sp_qsl_offset, sp_qsl_stride, num_ns, ns_implicit,
+                                     num_sp, spec_first, has_maps, ns_slots)
+            else:
+                limit = ns_slots
+                t_end = num_ns
+                if not ns_implicit:
+                    t_end = ns_qsl[ns_qsl_offset + num_ns * ns_qsl_stride]
+        else:
+            t_end = _start_token(n_seq, ns_qsl, ns_qsl_offset, ns_qsl_stride, sp_qsl,
+                                 sp_qsl_offset, sp_qsl_stride, num_ns, ns_implicit, num_sp,
+                                 spec_first, has_maps, ns_slots)
         if t_end < 0:
-            t_end = num_tokens  # bad query_start_loc (flagged): no tail
+            t_end = limit  # bad query_start_loc (flagged): no tail
         tok = t_end + k * BLOCK
-        if tok < num_tokens:
-            n = min(BLOCK, num_tokens - tok)
+        if tok < limit:
+            n = min(BLOCK, limit - tok)
         else:
             tok = 0
         seq_len = n
-        if num_ns == 0:  # spec sequences alone: split outputs give the tail to that part
+        if spec_tail:
             flags = flags | FLAG_SPEC
     elif i >= 0:
         t0, length, line, off, flags, ok = _sequence(i, s == i, ns_qsl, ns_qsl_offset,
@@ -218,7 +281,7 @@ def slot_record(s, ns_qsl, ns_qsl_offset, ns_qsl_stride, ns_lines, ns_lines_offs
             sp_lines_offset, sp_lines_stride, sp_accepted, sp_accepted_offset,
             sp_accepted_stride, num_ns, num_sp, spec_first, ns_implicit, has_ns_init,
             has_ns_accepted, num_tokens, num_lines, state_len, width, pad_line, null_line,
-            has_null, skip_empty, max_len, errors)
+            has_null, skip_empty, max_len, has_maps, ns_slots, sp_slots, errors)
         if ok:
             blocks_of_seq = 1
             if not one_slot and length > BLOCK:
@@ -243,18 +306,66 @@ def plan_slot(s, ns_qsl, ns_qsl_offset, ns_qsl_stride, ns_lines, ns_lines_offset
               ns_lines_stride, ns_init, ns_init_offset, ns_init_stride, ns_accepted,
               ns_accepted_offset, ns_accepted_stride, sp_qsl, sp_qsl_offset, sp_qsl_stride,
               sp_lines, sp_lines_offset, sp_lines_stride, sp_accepted, sp_accepted_offset,
-              sp_accepted_stride, num_ns, num_sp, ns_implicit, has_ns_init, has_ns_accepted,
-              num_tokens, num_lines, state_len, width, pad_line, null_line, has_null,
-              skip_empty, max_len, one_slot, tail_first, spec_first, tables, blocks,
-              errors):
-    """Write the record of block slot ``s`` into ``tables`` at ``blocks``."""
+              sp_accepted_stride, ns_map, ns_map_offset, ns_map_stride, sp_map,
+              sp_map_offset, sp_map_stride, num_ns, num_sp, ns_implicit, has_ns_init,
+              has_ns_accepted, num_tokens, num_lines, state_len, width, pad_line,
+              null_line, has_null, skip_empty, max_len, one_slot, tail_first, spec_first,
+              has_maps, ns_slots, sp_slots, l2norm_ns, l2norm_sp, tables, blocks, errors):
+    """Write the record of block slot ``s`` into ``tables`` at ``blocks``; with token
+    maps also its tokens' rows into the rows table (at 0), and its record's row fields
+    from them. A GDN stage's first normalised row of a part (``l2norm_ns`` /
+    ``l2norm_sp``, in the part's rows; -1: none) must begin a sequence: a sequence
+    that holds it past its first row is skipped (a pad) and reported."""
     tok, n, pos, seq_len, line, off, flags, row0 = slot_record(s, ns_qsl, ns_qsl_offset,
         ns_qsl_stride, ns_lines, ns_lines_offset, ns_lines_stride, ns_init, ns_init_offset,
         ns_init_stride, ns_accepted, ns_accepted_offset, ns_accepted_stride, sp_qsl,
         sp_qsl_offset, sp_qsl_stride, sp_lines, sp_lines_offset, sp_lines_stride,
         sp_accepted, sp_accepted_offset, sp_accepted_stride, num_ns, num_sp, ns_implicit,
         has_ns_init, has_ns_accepted, num_tokens, num_lines, state_len, width, pad_line,
-        null_line, has_null, skip_empty, max_len, one_slot, tail_first, spec_first, errors)
+        null_line, has_null, skip_empty, max_len, one_slot, tail_first, spec_first,
+        has_maps, ns_slots, sp_slots, errors)
+    if line >= 0 and s < tail_first:  # a sequence's block: the stage's l2norm row
+        spec = (flags & FLAG_SPEC) != 0
+        first = l2norm_ns
+        base = 0
+        if spec:
+            first = l2norm_sp
+            if has_maps:
+                base = ns_slots
+            elif not spec_first:
+                base = _start_token(num_ns, ns_qsl, ns_qsl_offset, ns_qsl_stride, sp_qsl,
+                                    sp_qsl_offset, sp_qsl_stride, num_ns, ns_implicit,
+                                    num_sp, spec_first, has_maps, ns_slots)
+        elif spec_first:  # the non-spec part's rows follow the spec part's
+            base = _start_token(num_sp, ns_qsl, ns_qsl_offset, ns_qsl_stride, sp_qsl,
+                                sp_qsl_offset, sp_qsl_stride, num_ns, ns_implicit, num_sp,
+                                spec_first, has_maps, ns_slots)
+        start = tok - pos - base  # the sequence's first row in its part
+        if (first > start) & (first < start + seq_len):
+            errors[E_L2NORM] = 1
+            line = -1
+    if has_maps:
+        # the block's rows, each map entry checked as it is read (one outside x reads
+        # row 0, reported); consecutive rows keep FLAG_BLOCK_ROWS, the sequence's rows
+        # are looked up (FLAG_SEQ_ROWS off)
+        consecutive = 1
+        for j in range(n):
+            t = tok + j
+            if t < ns_slots:
+                r = ns_map[ns_map_offset + t * ns_map_stride]
+            else:
+                r = sp_map[sp_map_offset + (t - ns_slots) * sp_map_stride]
+            if (r < 0) | (r >= num_tokens):
+                errors[E_MAP] = 1
+                r = 0
+            tables[t] = r
+            if j == 0:
+                row0 = r
+            elif r != row0 + j:
+                consecutive = 0
+        flags = flags & ~FLAG_SEQ_ROWS
+        if not consecutive:
+            flags = flags & ~FLAG_BLOCK_ROWS
     at = blocks + s * NF
     tables[at] = tok
     tables[at + 1] = n
@@ -272,10 +383,11 @@ def _sequence(i, report, ns_qsl, ns_qsl_offset, ns_qsl_stride, ns_lines, ns_line
               sp_lines, sp_lines_offset, sp_lines_stride, sp_accepted, sp_accepted_offset,
               sp_accepted_stride, num_ns, num_sp, spec_first, ns_implicit, has_ns_init,
               has_ns_accepted, num_tokens, num_lines, state_len, width, pad_line, null_line,
-              has_null, skip_empty, max_len, errors):
+              has_null, skip_empty, max_len, has_maps, ns_slots, sp_slots, errors):
     """Sequence i's (first token slot, length, cache line (-1: pad), window offset, flags,
     rows inside x), by SEMANTICS.md's rules; a bad value becomes a pad (and, with
-    ``report``, sets its error word). ``ok`` 0: its rows are not inside x. (An int, not
+    ``report``, sets its error word). ``ok`` 0: its rows are not inside x (with token
+    maps: its slots not inside its part's). (An int, not
     a bool: a bool in the returned tuple crashed the OpenCL CPU compiler's build of the
     SPIR-V, runtime 2024.2.)"""
     spec = i >= num_ns
@@ -291,9 +403,18 @@ def _sequence(i, report, ns_qsl, ns_qsl_offset, ns_qsl_stride, ns_lines, ns_line
     # is inside its part's arrays (their shapes are checked on the host), and an absent
     # array is a placeholder read at its first element (stride 0).
     t0 = _start_token(i, ns_qsl, ns_qsl_offset, ns_qsl_stride, sp_qsl, sp_qsl_offset,
-                      sp_qsl_stride, num_ns, ns_implicit, num_sp, spec_first)
+                      sp_qsl_stride, num_ns, ns_implicit, num_sp, spec_first, has_maps,
+                      ns_slots)
     t1 = _start_token(i + 1, ns_qsl, ns_qsl_offset, ns_qsl_stride, sp_qsl, sp_qsl_offset,
-                      sp_qsl_stride, num_ns, ns_implicit, num_sp, spec_first)
+                      sp_qsl_stride, num_ns, ns_implicit, num_sp, spec_first, 0, 0)
+    limit = num_tokens  # the slot after the part's last
+    start = 0  # the part's first slot
+    if has_maps:
+        limit = ns_slots
+        if spec:
+            start = ns_slots
+            limit = ns_slots + sp_slots
+            t1 = ns_slots + sp_qsl[sp_qsl_offset + (j + 1) * sp_qsl_stride]
     flags = FLAG_BLOCK_ROWS | FLAG_SEQ_ROWS | FLAG_INITIAL_STATE
     if spec:
         raw = sp_lines[sp_lines_offset + j * sp_lines_stride]
@@ -305,7 +426,7 @@ def _sequence(i, report, ns_qsl, ns_qsl_offset, ns_qsl_stride, ns_lines, ns_line
         if has_ns_init and ns_init[ns_init_offset + j * ns_init_stride] == 0:
             flags = FLAG_BLOCK_ROWS | FLAG_SEQ_ROWS
     length = t1 - t0
-    outside = (length < 0) | (t0 < 0) | (t1 > num_tokens)  # rows not inside x
+    outside = (length < 0) | (t0 < start) | (t1 > limit)  # rows not inside x
     pad = (raw == pad_line) | ((has_null != 0) & (raw == null_line)) | (
         (skip_empty != 0) & (length == 0))
     bad = -1  # the error of a bad value, the last test's where several fail

@@ -207,3 +207,57 @@ def gdn_step_metadata(m, num_rows, num_lines, null_block_id,
         kwargs["non_spec_num_accepted_tokens"] = first_entries(
             non_spec_num_accepted_tokens, batch, "non_spec_num_accepted_tokens")
     return StepMetadata(**kwargs)
+
+
+# The names of vLLM's GDNAttentionMetadata fields by device planner array
+# (``kernels.planner.METADATA_ARRAYS``): what a device plan's errors name.
+GDN_DEVICE_NAMES = dict(
+    ns_qsl="non_spec_query_start_loc", ns_lines="non_spec_state_indices_tensor",
+    ns_init="has_initial_state", ns_accepted="non_spec_num_accepted_tokens",
+    sp_qsl="spec_query_start_loc", sp_lines="spec_state_indices_tensor",
+    sp_accepted="num_accepted_tokens", ns_map="non_spec_token_indx",
+    sp_map="spec_token_indx")
+
+
+def gdn_step_arrays(m, non_spec_num_accepted_tokens=None):
+    """The device planner's arrays (``kernels.planner.METADATA_ARRAYS`` name -> value or
+    None) and the declared longest sequence (None: no bound) of one engine step, read
+    from GDNAttentionMetadata ``m`` as ``gdn_step_metadata`` reads it but without
+    reading any value (slices of the given tensors, cut by the metadata's host counts):
+    the spec part's first ``num_spec_decodes`` sequences (its block table whole: a
+    device plan reads column 0), the non-spec part as ``causal_conv1d_fn`` or
+    ``causal_conv1d_update`` gets it, and the token maps where the step has both parts
+    (the layer gathers each part's rows by them; a part alone takes the first rows)."""
+    arrays = dict.fromkeys(GDN_DEVICE_NAMES)
+    declared = None
+    spec = m.spec_sequence_masks is not None
+    if spec:
+        n = int(m.num_spec_decodes)
+        table = m.spec_state_indices_tensor
+        arrays.update(sp_qsl=leading_entries(m.spec_query_start_loc, n + 1,
+                                             "spec_query_start_loc"),
+                      sp_lines=leading_entries(table, n, "spec_state_indices_tensor"),
+                      sp_accepted=leading_entries(m.num_accepted_tokens, n,
+                                                  "num_accepted_tokens"))
+        if getattr(table, "ndim", 1) == 2 and table.shape[1] > 0:
+            declared = int(table.shape[1])  # what vLLM's layer declares: 1 + drafts
+    if m.num_prefills > 0:
+        qsl = m.non_spec_query_start_loc
+        batch = int(qsl.shape[0]) - 1
+        arrays.update(ns_qsl=qsl, ns_lines=leading_entries(
+            m.non_spec_state_indices_tensor, batch, "non_spec_state_indices_tensor"),
+            ns_init=m.has_initial_state)
+        declared = None
+    elif m.num_decodes > 0:
+        lines = m.non_spec_state_indices_tensor[:int(m.num_actual_tokens)]
+        batch = int(lines.shape[0])
+        arrays["ns_lines"] = lines
+        declared = 1 if not spec else declared
+    else:
+        return arrays, declared
+    if non_spec_num_accepted_tokens is not None:
+        arrays["ns_accepted"] = leading_entries(non_spec_num_accepted_tokens, batch,
+                                                "non_spec_num_accepted_tokens")
+    if spec:
+        arrays.update(ns_map=m.non_spec_token_indx, sp_map=m.spec_token_indx)
+    return arrays, declared

@@ -533,13 +533,18 @@ def gdn_conv_step(mixed_qkv, weight, bias, conv_state, attn_metadata, activation
     ``mixed_qkv.index_select(0, spec_token_indx)`` / ``(0, non_spec_token_indx)``
     followed by its conv calls, without the gathers (None for a part without tokens).
 
-    The plan (validated metadata and kernel tables) is built by the first layer of a
-    step and kept on the metadata object; the step's other layers reuse it.
+    The plan is built by the first layer of a step and kept on the metadata object; the
+    step's other layers reuse it. Where mixed_qkv is a CUDA or XPU tensor and the
+    metadata tensors are on its device, it is a ``jitconv.device_plan`` of those tensors:
+    nothing is read back and no step waits for the device; bad values are then skipped
+    and recorded (``jitconv.check_errors``), not raised, and with both parts the
+    split outputs have the token maps' lengths. Otherwise the metadata is read on the
+    host once per step (validated, errors raised before any launch).
     """
     original_dtype = mixed_qkv.dtype
     mixed_qkv, weight, bias = _to_state_dtype(conv_state, mixed_qkv, weight, bias)
     plan = _layer_plan(mixed_qkv, weight, conv_state, attn_metadata, null_block_id,
-                       non_spec_num_accepted_tokens)
+                       non_spec_num_accepted_tokens, split)
     if split:
         parts = plan.run(mixed_qkv, weight, bias, conv_state,
                          activation=activation_name(activation), split=True)
@@ -579,19 +584,53 @@ def gdn_conv_stage_step(mixed_qkv, weight, bias, conv_state, a, b, A_log, dt_bia
                           activation=activation_name(activation))
 
 
-def _layer_plan(mixed_qkv, weight, conv_state, attn_metadata, null_block_id,
-                non_spec_num_accepted_tokens):
-    """The step's plan for a layer of this geometry (``_step_plan``: built by the first
-    layer that asks, read from vLLM's metadata as its layer reads it)."""
+def gdn_device_plan(num_tokens, conv_state, width, attn_metadata,
+                    null_block_id=NULL_BLOCK_ID, non_spec_num_accepted_tokens=None):
+    """The ``jitconv.device_plan`` of one engine step, from vLLM's GDNAttentionMetadata
+    tensors as its layer reads them (``conventions.gdn_step_arrays``; nothing is read
+    back): ``num_tokens`` rows of mixed_qkv, conv_state as ``gdn_conv_step`` takes it,
+    the conv's ``width``. The null block and empty sequences are skipped; a cache line
+    out of range (-1 included) is a bad value, skipped and recorded
+    (``jitconv.check_errors``). With both parts the plan has the layer's token maps, so
+    its runs split their outputs (their rows: the maps' lengths)."""
     null_block_id = conventions.check_skipped_id(null_block_id, "null_block_id")
     lines, _dim, state_len = (int(s) for s in conv_state.shape)
-    geometry = (int(mixed_qkv.shape[0]), lines, state_len, int(weight.shape[-1]),
-                null_block_id)
+    arrays, declared = conventions.gdn_step_arrays(attn_metadata,
+                                                   non_spec_num_accepted_tokens)
+    return device_calls.build(_geometry(int(num_tokens), lines, state_len, int(width),
+                                        None), arrays, conventions.GDN_DEVICE_NAMES,
+                              max_query_len=declared, null_block_id=null_block_id,
+                              skip_empty=True)
 
-    def metadata():
-        return conventions.gdn_step_metadata(attn_metadata, geometry[0], lines,
-                                             null_block_id, non_spec_num_accepted_tokens)
-    return _step_plan(attn_metadata, geometry, non_spec_num_accepted_tokens, metadata)
+
+def _layer_plan(mixed_qkv, weight, conv_state, attn_metadata, null_block_id,
+                non_spec_num_accepted_tokens, split=True):
+    """The step's plan for a layer of this geometry (``_step_plan``: built by the first
+    layer that asks, read from vLLM's metadata as its layer reads it): a device plan
+    (``gdn_device_plan``) where mixed_qkv is a CUDA or XPU tensor and the metadata
+    tensors are on its device, unless a step of both parts is run without ``split``
+    (its outputs in mixed_qkv's rows need every row named); else a plan of the
+    metadata's values, read on the host."""
+    null_block_id = conventions.check_skipped_id(null_block_id, "null_block_id")
+    lines, _dim, state_len = (int(s) for s in conv_state.shape)
+    width = int(weight.shape[-1])
+    geometry = (int(mixed_qkv.shape[0]), lines, state_len, width, null_block_id)
+    arrays, _declared = conventions.gdn_step_arrays(attn_metadata,
+                                                    non_spec_num_accepted_tokens)
+    if device_calls.on_device(mixed_qkv, *arrays.values()) and \
+            (split or arrays["ns_map"] is None):
+        return _step_plan(attn_metadata, geometry + ("device",),
+                          non_spec_num_accepted_tokens, lambda: gdn_device_plan(
+                              geometry[0], conv_state, width, attn_metadata, null_block_id,
+                              non_spec_num_accepted_tokens))
+
+    def host():
+        return ops.plan_from(
+            conventions.gdn_step_metadata(attn_metadata, geometry[0], lines, null_block_id,
+                                          non_spec_num_accepted_tokens),
+            validation.check_geometry(geometry[0], lines, state_len, width,
+                                      conventions.CORE_PAD))
+    return _step_plan(attn_metadata, geometry, non_spec_num_accepted_tokens, host)
 
 
 def conv_state_view(conv_cache, dim_first):
@@ -602,11 +641,11 @@ def conv_state_view(conv_cache, dim_first):
     return conv_cache if dim_first else conv_cache.transpose(-1, -2)
 
 
-def _step_plan(attn_metadata, geometry, extra, metadata):
-    """The plan of this step for this geometry: built by the first layer that asks, kept
-    on the metadata object (vLLM builds a new one every step), reused by every later
-    layer, so the metadata is read back, translated and validated once per step, not
-    once per layer. Objects that take no new attributes just get a plan per call."""
+def _step_plan(attn_metadata, geometry, extra, build):
+    """The plan of this step for this geometry (``build()``'s): built by the first layer
+    that asks, kept on the metadata object (vLLM builds a new one every step), reused by
+    every later layer, so the metadata is translated and checked once per step, not once
+    per layer. Objects that take no new attributes just get a plan per call."""
     plans = getattr(attn_metadata, "_jitconv_plans", None)
     if plans is None:
         plans = {}
@@ -617,8 +656,6 @@ def _step_plan(attn_metadata, geometry, extra, metadata):
     cached = plans.get(geometry)
     if cached is not None and cached[0] is extra:
         return cached[1]
-    num_tokens, lines, state_len, width, _null_block_id = geometry
-    plan = ops.plan_from(metadata(), validation.check_geometry(
-        num_tokens, lines, state_len, width, conventions.CORE_PAD))
+    plan = build()
     plans[geometry] = (extra, plan)  # `extra`: the plan is valid for this object only
     return plan

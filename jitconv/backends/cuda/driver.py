@@ -102,6 +102,18 @@ class Prepared:
         self.patch = ((patch, 0),) if isinstance(patch, int) else patch
         self.configs = {}  # raw stream handle -> a reference to its LaunchConfig
 
+    def rebound(self, words):
+        """This launch with argument words replaced (``words``: index -> value)."""
+        copy = Prepared.__new__(Prepared)
+        copy.function, copy.grid, copy.block = self.function, self.grid, self.block
+        copy.words = type(self.words).from_buffer_copy(self.words)
+        for index, value in words.items():
+            copy.words[index] = int(value)
+        copy.size = self.size
+        copy.extra = copy._extra(copy.words)
+        copy.patch, copy.configs = self.patch, {}
+        return copy
+
     def _extra(self, words):
         return (ctypes.c_void_p * 5)(_BUFFER_POINTER, ctypes.addressof(words),
                                      _BUFFER_SIZE, ctypes.addressof(self.size), _END)

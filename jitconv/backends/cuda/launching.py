@@ -11,8 +11,13 @@ plan's int32 tables are copied to the device once per plan and device; a device 
 
 Launches: the first run of a plan on a set of tensors works out the kernel and packs its
 arguments (``driver.Prepared``) and keeps them under the run's key (``run_key``); a later
-run with the same key is the driver launch(es) alone (``run_remembered``). Runs of host
-plans refuse to be captured in a CUDA graph (``backend``).
+run with the same key is the driver launch(es) alone (``run_remembered``). A device
+plan's runs are also kept by its ``signature`` (everything its launches depend on but
+the addresses of its metadata, tables and error words): an engine builds a new plan
+from new metadata tensors at every step, and the first run of each layer's tensors on
+it takes the launches of an earlier plan of the same signature with those addresses
+replaced (``Run.rebound``), not a new preparation. Runs of host plans refuse to be
+captured in a CUDA graph (``backend``).
 
 Order: the kernels go on torch's current stream of x's device, so they are ordered with
 torch's work before and after them; ``run`` does not wait for them.
@@ -258,8 +263,10 @@ def launch(plan, x, weight, bias, conv_state, target, silu, dtype, math=None, ke
     stream = None if sim else driver.current_stream(x.device.index)
 
     # a plan with rules: the rule planner amends the planner's table (no fused kernel);
-    # the stage's kernel reads the planner's table too
-    fused = plan.on_device and tune.fused_planner and not plan.rules and stage is None
+    # the stage's kernel reads the planner's table too, and with token maps every kernel
+    # reads the rows the planner writes there
+    fused = plan.on_device and tune.fused_planner and not plan.rules and stage is None \
+        and plan.maps is None
 
     def kernels_and_args():
         """[(kernel, args, grid, block)]: the planner's launch (device plans, unless the
@@ -292,22 +299,26 @@ def launch(plan, x, weight, bias, conv_state, target, silu, dtype, math=None, ke
         names = CALL_ARGS if compact else ARG_NAMES
         if compact:  # the layout's values are in the kernel: pass the per-call ones
             args = tuple(args[i] for i in _call_at())
+        # the conv's arguments by name, for the words a rebound run replaces
+        bound = _bound_at(names + (record_args_taken(kind) if fused else ()), not fused)
         if fused:
             args += tuple(record_values[a] for a in record_args_taken(kind))
         patch_at = ((names.index("out"), 0),)
         if stage is not None:
             args += _stage_arguments(stage, sim)
             patch_at = _stage_patch(stage, names, args, sim)
-        launches = [(get_kernel(spec), args, grid, block)]
+        launches = [(get_kernel(spec), args, grid, block, bound)]
         if plan.on_device and not fused:
-            planning = [_planner_launch(plan, tables, sim)]
+            planning = [_planner_launch(plan, tables, sim,
+                                        None if stage is None else stage.l2norm)
+                        + (_bound_at(planner.PLAN_ARGS, True),)]
             if plan.rules:
-                planning.append(_rules_launch(plan, tables, offsets, sim, windows))
+                planning.append(_rules_launch(plan, tables, offsets, sim, windows) + ((),))
             launches[:0] = planning
         return launches, patch_at
 
     if sim:
-        for kernel, args, grid_, block_ in kernels_and_args()[0]:
+        for kernel, args, grid_, block_, _bound in kernels_and_args()[0]:
             kernel[grid_, block_](*args)
         return
     from numba import cuda
@@ -318,40 +329,83 @@ def launch(plan, x, weight, bias, conv_state, target, silu, dtype, math=None, ke
         # through the driver with its arguments packed once (``driver``): the
         # dispatcher's call would type the arguments again at every launch (about 65 us
         # of Python on the H200 machine).
-        prepared = []
-        for n, (kernel, args, grid_, block_) in enumerate(launches):
+        prepared, bound = [], []
+        for n, (kernel, args, grid_, block_, at) in enumerate(launches):
             (compiled,) = kernel.overloads.values()
             patch = patch_at if new_output and n == len(launches) - 1 else None
             prepared.append(driver.Prepared(
                 kernel=compiled._codelibrary.get_cufunc().handle, args=args, grid=grid_,
                 block=block_, patch=patch))
+            bound.append(at)
     if stage is not None:  # the patched words point into the stage's one output
         target = stage.buffer
     output = (tuple(target.shape), target.dtype, target.device) if new_output else None
-    run = Run(tuple(prepared), context, output)
+    run = Run(tuple(prepared), context, output, tuple(bound))
     run.launch(stream, target)
     if key is not None:
-        runs = _plan_state(plan).setdefault("runs", {})
-        if len(runs) >= MAX_RUNS:
-            runs.clear()
-        runs[key] = run
-        STATE.plans_with_runs.add(plan)
+        _keep(plan, key, run)
 
 
 MAX_RUNS = 64  # remembered launches per plan (a plan serves a step's layers)
+# remembered launches kept by device plan signature (``Run.rebound``): a step's layers
+# and runs of each (conv, stage), for a few signatures at a time
+MAX_SIGNED_RUNS = 1024
 _NO_RUNS = {}  # (never written)
+# The words of a device plan's launches that name its own memory: its metadata arrays,
+# its table and its error words (what ``Run.rebound`` replaces).
+BOUND_WORDS = frozenset(planner.METADATA_ARRAYS + ("tables", "errors"))
+
+
+def _bound_at(names, with_tables):
+    """((argument index, name), ...) of the BOUND_WORDS among a launch's arguments
+    ``names`` (the table's only ``with_tables``: a fused kernel's table argument is
+    any memory, never read)."""
+    return tuple((i, n) for i, n in enumerate(names)
+                 if n in BOUND_WORDS and (with_tables or n != "tables"))
+
+
+def _keep(plan, key, run):
+    """Keep ``run`` for the next run of ``plan`` under ``key``, and for a device plan
+    also under its signature (``Run.rebound``)."""
+    runs = _plan_state(plan).setdefault("runs", {})
+    if len(runs) >= MAX_RUNS:
+        runs.clear()
+    runs[key] = run
+    STATE.plans_with_runs.add(plan)
+    signature = plan.signature
+    if signature is not None:
+        if len(STATE.signed_runs) >= MAX_SIGNED_RUNS:
+            STATE.signed_runs.clear()
+        STATE.signed_runs[(signature, key)] = run
 
 
 class Run:
     """A run's prepared launches (``driver.Prepared``), kept for the next run with the
     same tensors (``run_key``). ``output``: (shape, dtype, device) of the new tensor each
-    run writes (out was None), or None (the caller's out)."""
+    run writes (out was None), or None (the caller's out). ``bound``: per launch, the
+    words that name the plan's own memory (``_bound_at``)."""
 
-    __slots__ = ("launches", "context", "output")
+    __slots__ = ("launches", "context", "output", "bound")
 
-    def __init__(self, launches, context, output):
-        self.launches, self.output = launches, output
+    def __init__(self, launches, context, output, bound):
+        self.launches, self.output, self.bound = launches, output, bound
         self.context = context  # the device's primary context (int handle)
+
+    def rebound(self, plan, device, stream):
+        """This run for device plan ``plan`` (of the signature of the plan it was
+        prepared for): the same launches with the words that name the plan's memory
+        replaced by ``plan``'s (its metadata arrays, its table on this stream, its error
+        words)."""
+        names = {n for at in self.bound for _i, n in at}
+        values = {n: plan.kernel_arrays[n][0].data_ptr() for n in names
+                  if n in plan.kernel_arrays}
+        if "errors" in names:
+            values["errors"] = errors_of(plan).data_ptr()
+        if "tables" in names:
+            values["tables"] = _tables(plan, device, False, stream)[0]
+        launches = tuple(p.rebound({i: values[n] for i, n in at})
+                         for p, at in zip(self.launches, self.bound))
+        return Run(launches, self.context, self.output, self.bound)
 
     def launch(self, stream, target):
         address = target.data_ptr()
@@ -428,6 +482,7 @@ def forget_runs():
         for plan in list(STATE.plans_with_runs):
             _plan_state(plan).pop("runs", None)
         STATE.plans_with_runs.clear()
+        STATE.signed_runs.clear()
 
 
 def run_remembered(plan, args, activation, math, split=SPLIT_NONE):
@@ -438,12 +493,20 @@ def run_remembered(plan, args, activation, math, split=SPLIT_NONE):
 
 def _kept_run(plan, key, out):
     """(output, key) of the run of ``plan`` kept under ``key`` (launched now, into ``out``
-    or a new output), or (None, key) when none is kept (key None: never to be kept)."""
+    or a new output), or of a device plan of the same signature rebound to ``plan``;
+    (None, key) when none is kept (key None: never to be kept)."""
     if key is None:
         return None, None
     run = _plan_state(plan).get("runs", _NO_RUNS).get(key)
     if run is None:
-        return None, key
+        signature = plan.signature
+        if signature is None:
+            return None, key
+        found = STATE.signed_runs.get((signature, key))
+        if found is None:
+            return None, key
+        run = found.rebound(plan, plan.device, key[STREAM_AT])
+        _keep(plan, key, run)
     return run(out, key[STREAM_AT]), key  # these tensors passed this geometry's checks
 
 
@@ -503,10 +566,14 @@ def _planner_values(plan, sim):
     return plan.element_types, values
 
 
-def _planner_launch(plan, tables, sim):
-    """(kernel, args, grid, block) of a device plan's planner writing ``tables``."""
+def _planner_launch(plan, tables, sim, l2norm=None):
+    """(kernel, args, grid, block) of a device plan's planner writing ``tables``, for a
+    GDN stage run whose parts are normalised from the rows ``l2norm`` (None: a conv
+    run), which the planner checks."""
     types_, values = _planner_values(plan, sim)
     values["tables"] = tables
+    if l2norm is not None:
+        values["l2norm_ns"], values["l2norm_sp"] = l2norm
     kernel, (grid, block) = _planner_kernel(types_, "planner", plan.num_blocks)
     return kernel, tuple(values[a] for a in planner.PLAN_ARGS), grid, block
 

@@ -67,7 +67,7 @@ CALL_ARGS = tuple(name for name in ARG_NAMES if name not in LAYOUT_ARGS)
 # decode-only and spec-only kernels keep only their part's code.
 PLAN_KIND_ARGS = tuple(a for a in RECORD_ARGS if a.endswith(("_offset", "_stride"))) + (
     "ns_implicit", "has_ns_init", "has_ns_accepted", "width", "pad_line", "null_line",
-    "has_null", "skip_empty", "one_slot", "spec_first")
+    "has_null", "skip_empty", "one_slot", "spec_first", "has_maps")
 # ... and the parts' sequence counts where a part is absent (0: its code folds away too)
 PART_COUNTS = ("num_ns", "num_sp")
 

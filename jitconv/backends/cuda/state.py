@@ -20,6 +20,9 @@ class CudaState:
     device_functions: dict = field(default_factory=dict)  # (what, key) -> device function
     # What runs keep.
     plans_with_runs: weakref.WeakSet = field(default_factory=weakref.WeakSet)
+    # (device plan signature, run key) -> a run prepared for a plan of that signature
+    # (``launching.Run.rebound``)
+    signed_runs: dict = field(default_factory=dict)
     error_words: dict = field(default_factory=dict)  # torch device -> one-shot calls' words
     capability: dict = field(default_factory=dict)  # device index -> compute capability
     # The driver library, loaded once (``driver``); kept by ``clear``.
@@ -38,6 +41,7 @@ class CudaState:
         with self.lock:
             for plan in list(self.plans_with_runs):
                 plan.derived.get("cuda", {}).pop("runs", None)
+            self.signed_runs.clear()
         fresh = CudaState()
         for f in fields(self):
             if f.name not in self.KEPT:

@@ -64,8 +64,7 @@ class SyclBackend:
             return None, None
         x, weight, bias, conv_state, out = args
         key = run_cache.key(x, weight, bias, conv_state, out, activation, math,
-                            self._queue(plan, x), split,
-                            plan.element_types if plan.on_device else None)
+                            self._queue(plan, x), split, launch_kind(plan))
         return self._kept(plan, key, lambda entry: entry.run(plan, x, out))
 
     @staticmethod
@@ -122,7 +121,8 @@ class SyclBackend:
         fused = record = None
         # one submit where a fused kernel can be had (not with rules: the rule planner
         # amends the planner's table; not for the stage, whose kernel reads that table)
-        if plan.on_device and not plan.rules and launch.stage is None:
+        if plan.on_device and not plan.rules and launch.stage is None and \
+                plan.maps is None:
             fused = launching.fused_kernel(plan.geometry.width, launch.dtype, queue,
                                            launching.wide_fits(views, dim, launch.dtype),
                                            fast, plan.element_types)
@@ -130,7 +130,9 @@ class SyclBackend:
             table_args, record, copies = planner.record_on(plan, queue)
             after, wait = None, wait or copies  # copied metadata lives until the wait
         else:
-            table_args, after = tables.for_run(plan, queue, views.get("win"))
+            table_args, after = tables.for_run(
+                plan, queue, views.get("win"),
+                None if launch.stage is None else launch.stage.l2norm)
         if launch.stage is not None:
             kernel, values, grid, local = launching.submit_stage(
                 queue, plan.geometry.width, launch.dtype, views, table_args,
@@ -172,7 +174,8 @@ class SyclBackend:
             local, wait, dict(x_like=launch.dtype, total=buffer.shape[0],
                               itemsize=buffer.element_size(), dim=int(views["x"].shape[1]),
                               part_rows=stage.part_rows, gates_at=gates_at,
-                              gate_count=stage.gates.shape[0],
+                              gate_count=stage.gates.shape[0], l2norm=stage.l2norm,
+                              spec_slot0=launch.spec_slot0,
                               # a wide kernel's C-element words, the float32 gates
                               align=16))
 
@@ -196,8 +199,7 @@ class SyclBackend:
             return None, None
         x, weight, bias, conv_state, _ = args
         key = run_cache.stage_key(x, weight, bias, conv_state, activation, math,
-                                  self._queue(plan, x), stage_args,
-                                  plan.element_types if plan.on_device else None)
+                                  self._queue(plan, x), stage_args, launch_kind(plan))
         return self._kept(plan, key, lambda entry: entry.run(plan, x))
 
     def stage_refusal(self, head_k_dim, head_v_dim):
@@ -224,3 +226,12 @@ class SyclBackend:
 
 
 BACKEND = SyclBackend()
+
+
+def launch_kind(plan):
+    """What of a plan a remembered launch's kernel and parameters depend on besides the
+    geometry (``run_cache``'s keys): a device plan's metadata element types and token
+    maps (whether a fused kernel plans its own blocks), and the rule pieces (the kernel
+    with the chain piece)."""
+    return (plan.element_types if plan.on_device else None, plan.maps is not None,
+            plan.has_chains)

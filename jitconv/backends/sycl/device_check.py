@@ -200,8 +200,10 @@ def _known_answer_record(kwargs, num_tokens, num_lines, state_len, width, record
                   sp_qsl=kwargs["spec_query_start_loc"],
                   sp_lines=kwargs["spec_state_indices"],
                   sp_accepted=kwargs["num_accepted_tokens"])
+    # (a fused kernel takes no token maps: the record's arrays are the others)
     views = {name: _upload(torch.as_tensor(values[name]).to(getattr(torch, element)), queue)
-             for name, element in zip(planner.METADATA_ARRAYS, record_types)}
+             for name, element in zip(planner.METADATA_ARRAYS, record_types)
+             if name in values}
     views["errors"] = _upload(torch.zeros(len(planner.ERRORS), dtype=torch.int32), queue)
     num_ns, num_sp = len(values["ns_lines"]), len(values["sp_lines"])
     scalars = planner.scalars(num_ns=num_ns, num_sp=num_sp, ns_implicit=False,

@@ -159,7 +159,9 @@ class _Tables:
         self.table_args = launching.table_args(self.views["tables"],
                                                dict(zip(TABLES, offsets)))
         self.queue = queue
-        self.launch = None  # (kernel, packed values), kept when every view is zero-copy
+        # (kernel, packed values) by the run's l2norm rows (``plan_on``), kept when every
+        # view is zero-copy
+        self.launch = {}
         self.record = None  # the fused kernel's record parameters, kept likewise
         # the rule planner's (kernel, packed values) by the windows' (rows, steps), kept
         # likewise
@@ -201,12 +203,12 @@ def _metadata(plan, queue):
     return views, strides, zero_copy
 
 
-def _packed(plan, queue, where):
+def _packed(plan, queue, where, l2norm):
     """(planner kernel, packed values, whether every metadata view is zero-copy; the
     values hold the views' memory, copies included, until they are dropped)."""
     views, strides, zero_copy = _metadata(plan, queue)
     values = launching.metadata_params(planner.PLAN_ARGS, {**views, **where.views}, strides,
-                                       plan.planner_scalars)
+                                       planner_scalars(plan, l2norm))
     return get_planner(plan.element_types, queue), values, zero_copy
 
 
@@ -231,29 +233,39 @@ def record_on(plan, queue):
 _POINTERS = launching.pointer_layout(planner.PLAN_ARGS, _ARRAYS)
 
 
-def plan_on(plan, queue, windows=None):
+def planner_scalars(plan, l2norm=None):
+    """A device plan's planner scalars for a run whose GDN stage normalises each part
+    from the rows ``l2norm`` (the stage's (non-spec, spec); None: a conv run)."""
+    if l2norm is None:
+        return plan.planner_scalars
+    return dict(plan.planner_scalars, l2norm_ns=l2norm[0], l2norm_sp=l2norm[1])
+
+
+def plan_on(plan, queue, windows=None, l2norm=None):
     """Submit ``plan``'s planner on ``queue`` (not waited for), and with state rules its
     rule planner after it, for a run with ``windows`` (the intermediate windows' view,
-    or None). Returns (the conv kernel's packed tables parameters, the last planner's
-    event to make the conv launch wait for: None on an in-order queue, which orders
-    them already)."""
+    or None) and, for a GDN stage run, its first normalised rows ``l2norm`` (which the
+    planner checks). Returns (the conv kernel's packed tables parameters, the last
+    planner's event to make the conv launch wait for: None on an in-order queue, which
+    orders them already)."""
     where = _tables_of(plan, queue)
     depend = not queue.is_in_order
     # an out-of-order queue does not order the rule planner after this one: wait
     wait = bool(plan.rules) and depend
-    if where.launch is not None:
-        kernel, values = where.launch
+    kept = where.launch.get(l2norm)
+    if kept is not None:
+        kernel, values = kept
         event = launching.submit_planner(kernel, queue, values, _POINTERS, plan.num_blocks,
                                          depend and not wait, wait=wait)
     else:
-        kernel, values, zero_copy = _packed(plan, queue, where)
+        kernel, values, zero_copy = _packed(plan, queue, where, l2norm)
         if not zero_copy:  # copies of the metadata: freed with ``values``, so wait
             launching.submit_planner(kernel, queue, values, _POINTERS, plan.num_blocks,
                                      False, wait=True)
             event = None
         else:
             if launching.can_resubmit():
-                where.launch = (kernel, launching.addresses(values, _POINTERS))
+                where.launch[l2norm] = (kernel, launching.addresses(values, _POINTERS))
             event = launching.submit_planner(kernel, queue, values, _POINTERS,
                                              plan.num_blocks, depend and not wait,
                                              wait=wait)

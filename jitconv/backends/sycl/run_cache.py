@@ -230,22 +230,27 @@ class _StageEntry:
     gates_at: int
     gate_count: int
     align: int  # bytes the output's address must be a multiple of
+    l2norm: tuple  # each part's first normalised row (a device plan's planner checks them)
+    spec_slot0: int
 
     def run(self, plan, x):
         """Submit the remembered launch with ``plan``'s tables into a new output: returns
-        it, or None, having submitted nothing, when it is not aligned as the kernel
-        needs."""
+        it, or None, having submitted nothing, when ``plan``'s stage outputs are laid out
+        otherwise (other part rows) or the output is not aligned as the kernel needs."""
+        if plan.stage_layout() != (self.part_rows, self.spec_slot0):
+            return None
         target = bridge.empty_like_output(x, (self.total,), self.x_like)
         address = bridge.address_of(target)
         if address % self.align:
             return None
-        table_args, after = tables.for_run(plan, self.queue)
+        table_args, after = tables.for_run(plan, self.queue, l2norm=self.l2norm)
         values = launching.with_tables(self.values, table_args)
         launching.set_stage_output(values, address, self.itemsize, self.dim,
                                    self.part_rows, self.gates_at, self.gate_count)
         if not self.wait:
             tables.mark_unwaited(plan)
-        launching.submit_packed(self.kernel, self.queue, values, self.grid, self.wait,
+        launching.submit_packed(self.kernel, self.queue, values,
+                                (plan.num_blocks,) + tuple(self.grid[1:]), self.wait,
                                 after, local=self.local,
                                 pointers=launching.STAGE_KERNEL_POINTERS)
         return target

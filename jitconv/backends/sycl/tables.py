@@ -43,13 +43,14 @@ def tables_on(plan, queue):
     return tables
 
 
-def for_run(plan, queue, windows=None):
+def for_run(plan, queue, windows=None, l2norm=None):
     """(the conv kernel's packed tables parameters for ``plan`` on ``queue``, an event the
     conv launch must wait for, or None): a host plan's uploaded tables; a device plan's
     table, written now by its planners (submitted here, ``sycl.planner``) for a run with
-    ``windows`` (the intermediate windows' view, or None)."""
+    ``windows`` (the intermediate windows' view, or None) and ``l2norm`` (a GDN stage
+    run's first normalised rows, ``planner.plan_on``)."""
     if plan.on_device:
-        return planner.plan_on(plan, queue, windows)
+        return planner.plan_on(plan, queue, windows, l2norm)
     return tables_on(plan, queue), None
 
 
