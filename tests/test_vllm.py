@@ -532,6 +532,25 @@ def test_gdn_stale_window_fix_is_opt_in(sycl_device, rand):
     run_gdn(case, non_spec_num_accepted_tokens=ints(random_accepted(rng, n)))
 
 
+@pytest.mark.parametrize("kind", ["decode", "spec", "prefill", "mixed"])
+@pytest.mark.parametrize("x_dtype", [torch.float32, torch.bfloat16])
+def test_gdn_step_into_mixed_qkv(sycl_device, rand, kind, x_dtype):
+    """``out=mixed_qkv`` (what the plugin's whole-step mode passes where the layer reads
+    the conv's output from mixed_qkv next): the call writes its outputs there and returns
+    it, in x's dtype also where the state's differs (a copy); split outputs refuse it."""
+    case = gdn_case(*rand, dtype=x_dtype, state_dtype=torch.float32, **GDN_STEPS[kind])
+    x = case.x
+    if kind == "mixed":
+        with pytest.raises(ValueError, match="^out: not with split=True"):
+            vllm.gdn_conv_step(x, case.weight, case.bias, case.state, case.meta, split=True,
+                               out=x)
+    ref_out, _ = causal_conv1d_reference(x.to(case.state.dtype), case.weight, case.bias,
+                                         case.state, **case.ref)
+    got = vllm.gdn_conv_step(x, case.weight, case.bias, case.state, case.meta, out=x)
+    assert got is x
+    assert_outputs_close(x, ref_out, x_dtype)
+
+
 def test_gdn_conv_state_view_follows_the_layout(sycl_device):
     cache = torch.zeros(5, 6, DIM)  # state-major storage (lines, state_len, dim)
     assert vllm.conv_state_view(cache, dim_first=False).shape == (5, DIM, 6)

@@ -21,8 +21,8 @@ Sides, each called per layer as its engine calls it:
 - "jitconv drop-ins": the same calls with jitconv.vllm's ``causal_conv1d_update`` /
   ``causal_conv1d_fn`` in place of vLLM's (what the plugin's drop-in mode installs);
 - "jitconv whole-step conv": ``jitconv.vllm.gdn_conv_step`` from the step's record, split
-  outputs where the step has both parts, else the result copied into mixed_qkv (what
-  the plugin's whole-step mode does);
+  outputs where the step has both parts, else written into mixed_qkv (what the plugin's
+  whole-step mode does);
 - "vllm chain": ``jitconv.bench.stage``'s chain (the conv calls, ``rearrange_mixed_qkv``,
   ``fused_post_conv_prep``);
 - "jitconv whole-step stage": ``jitconv.vllm.gdn_conv_stage_step`` from the step's record,
@@ -132,11 +132,9 @@ def whole_step_conv(step, layer):
     """The plugin's whole-step mode: one gdn_conv_step, split where both parts are."""
     m = step.record
     both = m.spec_sequence_masks is not None and (m.num_prefills > 0 or m.num_decodes > 0)
-    result = jitconv.vllm.gdn_conv_step(layer["x"], layer["weight"], layer["bias"],
-                                        layer["state"], m, split=both)
-    if not both:
-        layer["x"].copy_(result)
-    return result
+    return jitconv.vllm.gdn_conv_step(layer["x"], layer["weight"], layer["bias"],
+                                      layer["state"], m, split=both,
+                                      out=None if both else layer["x"])
 
 
 def l2norm_of(m):

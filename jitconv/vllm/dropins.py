@@ -510,7 +510,7 @@ _NO_LINE = -(2 ** 40)
 
 def gdn_conv_step(mixed_qkv, weight, bias, conv_state, attn_metadata, activation="silu",
                   null_block_id=NULL_BLOCK_ID, non_spec_num_accepted_tokens=None,
-                  split=False):
+                  split=False, out=None):
     """The conv of one GDN layer for a whole engine step, from vLLM 0.33's
     GDNAttentionMetadata, in ONE launch (prefill chunks, decodes and spec verify
     sequences together).
@@ -532,6 +532,8 @@ def gdn_conv_step(mixed_qkv, weight, bias, conv_state, attn_metadata, activation
     in a tensor of its own, written by the same launch: what vLLM's layer gets from
     ``mixed_qkv.index_select(0, spec_token_indx)`` / ``(0, non_spec_token_indx)``
     followed by its conv calls, without the gathers (None for a part without tokens).
+    ``out`` (not with ``split``): the (num_tokens, conv_dim) tensor to write, mixed_qkv
+    itself allowed (what vLLM's decode path reads next), returned.
 
     The plan is built by the first layer of a step and kept on the metadata object; the
     step's other layers reuse it. Where mixed_qkv is a CUDA or XPU tensor and the
@@ -541,6 +543,8 @@ def gdn_conv_step(mixed_qkv, weight, bias, conv_state, attn_metadata, activation
     split outputs have the token maps' lengths. Otherwise the metadata is read on the
     host once per step (validated, errors raised before any launch).
     """
+    if split and out is not None:
+        raise ValueError("out: not with split=True (each part's outputs are new tensors)")
     original_dtype = mixed_qkv.dtype
     mixed_qkv, weight, bias = _to_state_dtype(conv_state, mixed_qkv, weight, bias)
     plan = _layer_plan(mixed_qkv, weight, conv_state, attn_metadata, null_block_id,
@@ -549,8 +553,16 @@ def gdn_conv_step(mixed_qkv, weight, bias, conv_state, attn_metadata, activation
         parts = plan.run(mixed_qkv, weight, bias, conv_state,
                          activation=activation_name(activation), split=True)
         return SplitOutputs(*(None if t is None else t.to(original_dtype) for t in parts))
-    out = plan.run(mixed_qkv, weight, bias, conv_state, activation=activation_name(activation))
-    return out.to(original_dtype)
+    # straight into out where it has the computing dtype (x itself: every sequence in one
+    # block, else a separate buffer copied there: ``StepPlan.run``)
+    into = out if out is not None and out.dtype == mixed_qkv.dtype else None
+    result = plan.run(mixed_qkv, weight, bias, conv_state, out=into,
+                      activation=activation_name(activation))
+    if out is None:
+        return result.to(original_dtype)
+    if result is not out:
+        out.copy_(result)
+    return out
 
 
 def gdn_conv_stage_step(mixed_qkv, weight, bias, conv_state, a, b, A_log, dt_bias,

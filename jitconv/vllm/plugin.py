@@ -409,11 +409,10 @@ def _install_whole_step():
         # hand back the split outputs.
         both = spec and (metadata.num_prefills > 0 or metadata.num_decodes > 0)
         result = drop_ins.gdn_conv_step(rows, weight, self.conv1d.bias, conv_state, metadata,
-                                        activation=self.activation, split=both)
+                                        activation=self.activation, split=both,
+                                        out=None if both else rows)
         if both:
             mixed_qkv = mixed_qkv[:, :0]
-        else:
-            rows.copy_(result)
         token = _conv_done.set(result if both else True)
         try:
             return original(self, mixed_qkv, *args, **kwargs)
