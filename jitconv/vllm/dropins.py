@@ -627,22 +627,22 @@ def _layer_plan(mixed_qkv, weight, conv_state, attn_metadata, null_block_id,
     lines, _dim, state_len = (int(s) for s in conv_state.shape)
     width = int(weight.shape[-1])
     geometry = (int(mixed_qkv.shape[0]), lines, state_len, width, null_block_id)
-    arrays, _declared = conventions.gdn_step_arrays(attn_metadata,
-                                                    non_spec_num_accepted_tokens)
-    if device_calls.on_device(mixed_qkv, *arrays.values()) and \
-            (split or arrays["ns_map"] is None):
-        return _step_plan(attn_metadata, geometry + ("device",),
-                          non_spec_num_accepted_tokens, lambda: gdn_device_plan(
-                              geometry[0], conv_state, width, attn_metadata, null_block_id,
-                              non_spec_num_accepted_tokens))
 
-    def host():
+    def build():
+        arrays, _declared = conventions.gdn_step_arrays(attn_metadata,
+                                                        non_spec_num_accepted_tokens)
+        if device_calls.on_device(mixed_qkv, *arrays.values()) and \
+                (split or arrays["ns_map"] is None):
+            return gdn_device_plan(geometry[0], conv_state, width, attn_metadata,
+                                   null_block_id, non_spec_num_accepted_tokens)
         return ops.plan_from(
             conventions.gdn_step_metadata(attn_metadata, geometry[0], lines, null_block_id,
                                           non_spec_num_accepted_tokens),
             validation.check_geometry(geometry[0], lines, state_len, width,
                                       conventions.CORE_PAD))
-    return _step_plan(attn_metadata, geometry, non_spec_num_accepted_tokens, host)
+    # (keyed by ``split`` too: a step of both parts without it is planned on the host)
+    return _step_plan(attn_metadata, geometry + (bool(split),),
+                      non_spec_num_accepted_tokens, build)
 
 
 def conv_state_view(conv_cache, dim_first):
