@@ -174,6 +174,14 @@ class DevicePlan(StepPlan):
         spec, non_spec = self.part_tokens
         return {"non_spec": non_spec, "spec": spec}
 
+    def scalars_for(self, l2norm=None):
+        """The planner's scalars for a run whose GDN stage normalises each part from the
+        rows ``l2norm`` (the stage's (non-spec, spec), which the planner checks; None: a
+        conv run)."""
+        if l2norm is None:
+            return self.planner_scalars
+        return dict(self.planner_scalars, l2norm_ns=l2norm[0], l2norm_sp=l2norm[1])
+
     def table_layout(self):
         """(words of the table its planners write, offsets of ``abi.TABLES`` in it): the
         rows table (unused without token maps), the block records, then with rules the

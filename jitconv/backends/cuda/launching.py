@@ -552,17 +552,18 @@ def read_error_words(words):
     return found
 
 
-def _planner_values(plan, sim):
+def _planner_values(plan, sim, scalars=None):
     """(element types of the metadata arrays, the values of ``planner.PLAN_ARGS`` but
     the tables') of a device plan: what its planner, or a conv kernel that plans its own
-    block, takes."""
+    block, takes; ``scalars``: the planner's (None: the plan's, ``DevicePlan.scalars_for``)."""
     values = {}
     for name in planner.METADATA_ARRAYS:
         t, stride = plan.kernel_arrays[name]
         # the kernel's pointer is the first element's: no offset
         values[name], values[name + "_offset"] = _as_kernel_arg(t, sim), 0
         values[name + "_stride"] = stride if name in plan.arrays else 0
-    values.update(plan.planner_scalars, errors=_as_kernel_arg(errors_of(plan, sim), sim))
+    values.update(plan.planner_scalars if scalars is None else scalars,
+                  errors=_as_kernel_arg(errors_of(plan, sim), sim))
     return plan.element_types, values
 
 
@@ -570,10 +571,8 @@ def _planner_launch(plan, tables, sim, l2norm=None):
     """(kernel, args, grid, block) of a device plan's planner writing ``tables``, for a
     GDN stage run whose parts are normalised from the rows ``l2norm`` (None: a conv
     run), which the planner checks."""
-    types_, values = _planner_values(plan, sim)
+    types_, values = _planner_values(plan, sim, plan.scalars_for(l2norm))
     values["tables"] = tables
-    if l2norm is not None:
-        values["l2norm_ns"], values["l2norm_sp"] = l2norm
     kernel, (grid, block) = _planner_kernel(types_, "planner", plan.num_blocks)
     return kernel, tuple(values[a] for a in planner.PLAN_ARGS), grid, block
 

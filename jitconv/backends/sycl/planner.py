@@ -208,7 +208,7 @@ def _packed(plan, queue, where, l2norm):
     values hold the views' memory, copies included, until they are dropped)."""
     views, strides, zero_copy = _metadata(plan, queue)
     values = launching.metadata_params(planner.PLAN_ARGS, {**views, **where.views}, strides,
-                                       planner_scalars(plan, l2norm))
+                                       plan.scalars_for(l2norm))
     return get_planner(plan.element_types, queue), values, zero_copy
 
 
@@ -231,14 +231,6 @@ def record_on(plan, queue):
 
 # Which packed parameters of the planner are USM pointers (an array's third of five).
 _POINTERS = launching.pointer_layout(planner.PLAN_ARGS, _ARRAYS)
-
-
-def planner_scalars(plan, l2norm=None):
-    """A device plan's planner scalars for a run whose GDN stage normalises each part
-    from the rows ``l2norm`` (the stage's (non-spec, spec); None: a conv run)."""
-    if l2norm is None:
-        return plan.planner_scalars
-    return dict(plan.planner_scalars, l2norm_ns=l2norm[0], l2norm_sp=l2norm[1])
 
 
 def plan_on(plan, queue, windows=None, l2norm=None):
