@@ -10,10 +10,13 @@ only. Small head dims on the CPU devices (head_k_dim 32: one channel per CUDA th
 Qwen3-Next's on a GPU.
 """
 
+import numpy as np
 import pytest
 import torch
 
 import jitconv
+from jitconv.api import validation
+from jitconv.kernels import abi
 from jitconv.backends.cuda import devices as cuda_devices
 from jitconv.backends.sycl.backend import SyclBackend
 from jitconv.reference import gdn_conv_stage_reference
@@ -203,17 +206,42 @@ def test_head_dims_the_kernel_cannot_take(device):
     assert torch.equal(bits(data["conv_state"]), state0)
 
 
+def test_divisions_by_head_dims():
+    """The kernel's n // d as (n * m) >> s (``abi.divisor_magic``): exact for every
+    channel index n below 2 ** STAGE_CHANNEL_BITS (all n < 2 ** 16 and the last 4096
+    below the bound, every d up to 1024 and some larger ones), n * m within int64;
+    other divisors refused; and x with that many channels refused by name."""
+    bound = 2 ** abi.STAGE_CHANNEL_BITS
+    n = np.concatenate([np.arange(2 ** 16), np.arange(bound - 4096, bound)]).astype(np.int64)
+    for d in list(range(1, 1025)) + [1031, 4095, 4096, 65535, 2 ** 20 + 7, bound - 1]:
+        m, s = abi.divisor_magic(d)
+        assert m * (bound - 1) < 2 ** 63
+        np.testing.assert_array_equal((n * m) >> s, n // d, err_msg=f"d={d}")
+    for bad in (0, -3, bound, 2.0, True):
+        with pytest.raises(ValueError, match="divisor_magic"):
+            abi.divisor_magic(bad)
+    x = torch.empty((1, bound), dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="^x: the GDN stage takes fewer than"):
+        validation.check_stage(x, None, None, None, None, None, 1, 1, 1)
+
+
 def test_stage_takes_torch_tensors(device):
     data, meta, gates = stage_case(17, torch.float32)
     with pytest.raises(TypeError, match="^a: the GDN stage takes torch tensors"):
         run_stage(data, meta, dict(gates, a=gates["a"].numpy() if not GPU else [1.0]))
 
 
-@pytest.mark.parametrize("heads", [(2, 128, 4, 128), (1, 64, 3, 32)])
+# Head dims that are no powers of two (the kernel's divisions by them, ``divisor_magic``),
+# as each device takes them: a CUDA warp holds a k head, a SYCL work-group too.
+ODD_HEADS = (1, 64, 3, 48) if GPU else (1, 32, 3, 24) if SIM else (1, 40, 3, 24)
+
+
+@pytest.mark.parametrize("heads", [(2, 128, 4, 128), (1, 64, 3, 32), ODD_HEADS])
 def test_stage_head_layouts(device, poisoned_outputs, heads):
     """Qwen3-Next's head dims in bfloat16 (SYCL: the wide kernel, 4 channels per
-    work-item, 32 per work-group) and a v head dim below the k one with 3 v heads."""
-    if SIM:
+    work-item, 32 per work-group), a v head dim below the k one with 3 v heads, and head
+    dims that are no powers of two."""
+    if SIM and heads != ODD_HEADS:
         pytest.skip("the simulator has no time for dim 1024 (the GPU run has it)")
     data, meta, gates = stage_case(19, torch.bfloat16, heads=heads)
     H, K, HV, V = heads

@@ -649,6 +649,9 @@ def check_stage(x, conv_state, a, b, A_log, dt_bias, num_k_heads, head_k_dim, he
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
             raise ValueError(f"{name}: expected a positive int, got {value!r}")
     num_tokens, dim = shape_of(x)
+    if dim >= 2 ** abi.STAGE_CHANNEL_BITS:
+        raise ValueError(f"x: the GDN stage takes fewer than 2 ** {abi.STAGE_CHANNEL_BITS} "
+                         f"channels, got {dim}")
     for name, t in (("A_log", A_log), ("dt_bias", dt_bias), ("a", a), ("b", b)):
         if not hasattr(t, "shape") or not hasattr(t, "dtype"):
             raise TypeError(f"{name}: expected a tensor, got {type(t).__name__}")

@@ -159,9 +159,10 @@ CONV_ARGS = (
 # holds each part's g (rows, HV) then beta (rows, HV), the non-spec part's from
 # ``gates_offset``, the spec part's from ``gates2_offset``. a and b (rows of x, HV)
 # have unit column stride; A_log and dt_bias (HV,) are float32. ``qk`` = H * K,
-# ``head_k`` = K, ``vdim`` = HV * V, ``head_v`` = V; ``l2norm_from`` / ``l2norm2_from``:
-# the non-spec / spec part's first row whose q and k are normalised (every later row is
-# too; STAGE_L2NORM_NONE: none); ``exp_g``: 0 or 1.
+# ``head_k`` = K, ``vdim`` = HV * V, ``head_v`` = V, ``v_heads`` = HV; the channel
+# index's divisions by K and V as ``stage_divisors`` gives them; ``l2norm_from`` /
+# ``l2norm2_from``: the non-spec / spec part's first row whose q and k are normalised
+# (every later row is too; STAGE_L2NORM_NONE: none); ``exp_g``: 0 or 1.
 STAGE_ARGS = (
     ("ga", 1, "raw", "C"), ("ga_offset", 0, "int64", None), ("ga_row_stride", 0, "int64", None),
     ("gb", 1, "raw", "C"), ("gb_offset", 0, "int64", None), ("gb_row_stride", 0, "int64", None),
@@ -171,11 +172,39 @@ STAGE_ARGS = (
     ("gates2_offset", 0, "int64", None),
     ("part_rows", 0, "int64", None), ("part2_rows", 0, "int64", None),
     ("qk", 0, "int64", None), ("head_k", 0, "int64", None), ("vdim", 0, "int64", None),
-    ("head_v", 0, "int64", None),
+    ("head_v", 0, "int64", None), ("v_heads", 0, "int64", None),
+    ("head_k_magic", 0, "int64", None), ("head_k_shift", 0, "int64", None),
+    ("head_v_magic", 0, "int64", None), ("head_v_shift", 0, "int64", None),
     ("l2norm_from", 0, "int64", None), ("l2norm2_from", 0, "int64", None),
     ("exp_g", 0, "int64", None),
 )
 STAGE_PARTS = ("non_spec", "spec")  # the order of the l2norm rows above
+# The stage divides channel indices by a head dim known only at run time. An integer
+# division by a variable is a per-lane library call on a CPU's vector units (it cost the
+# opencl:cpu stage a third of its time, 2026-12-07) and a long instruction sequence on a
+# GPU, so the kernel multiplies and shifts instead (``divisor_magic``), exactly for every
+# channel index below 2 ** STAGE_CHANNEL_BITS (the stage refuses wider x).
+STAGE_CHANNEL_BITS = 24
+
+
+def divisor_magic(d):
+    """(m, s) such that n // d == (n * m) >> s for every int 0 <= n < 2 **
+    STAGE_CHANNEL_BITS (N). Granlund and Montgomery's round-up method: with l the
+    smallest integer such that d <= 2 ** l, s = N + l and m = 2 ** s // d + 1, m * d
+    lies in (2 ** s, 2 ** s + d], and d <= 2 ** l keeps the error of n * m / 2 ** s
+    against n / d below 1 / d (what flooring needs); n * m < 2 ** 50 (no int64
+    overflow)."""
+    if isinstance(d, bool) or not isinstance(d, int) or not 1 <= d < 2 ** STAGE_CHANNEL_BITS:
+        raise ValueError(f"divisor_magic: expected an int in [1, 2 ** {STAGE_CHANNEL_BITS}), "
+                         f"got {d!r}")
+    s = STAGE_CHANNEL_BITS + (d - 1).bit_length()
+    return (1 << s) // d + 1, s
+
+
+def stage_divisors(head_k, head_v, vdim):
+    """The stage arguments ``v_heads`` to ``head_v_shift`` (STAGE_ARGS) of head dims K and
+    V and ``vdim`` = HV * V."""
+    return (vdim // head_v, *divisor_magic(head_k), *divisor_magic(head_v))
 STAGE_L2NORM_NONE = 2 ** 62  # a first row no part reaches
 # The stage's constants, as vLLM's fused_post_conv_prep (the reference has its own copy:
 # it stands alone): l2norm's eps and softplus's threshold.

@@ -829,7 +829,8 @@ class _Kernel:
         C, oc = self.channels, "oc" + self.suffixes[0]
         lines = ["if c < qk2 and ob >= lfrom:  # the same for the whole work-group",
                  IND + self.backend.group_barrier,
-                 IND + "hc = c - c % head_k  # the head's first channel",
+                 IND + "hc = ((c * head_k_magic) >> head_k_shift) * head_k  # its head's "
+                       "first channel",
                  IND + f"ho = {oc} - (c - hc)  # its offset in the part's rows",
                  IND + f"for i in range((c - hc) // {C}, nb, head_k // {C}):",
                  IND * 2 + "at = ho + (ob + i) * ors",
@@ -853,8 +854,8 @@ class _Kernel:
             return ""
         C = self.channels
         lines = ["if c >= qk2:",
-                 IND + "hv = (c - qk2) // head_v",
-                 IND + "nhv = vdim // head_v",
+                 IND + "hv = ((c - qk2) * head_v_magic) >> head_v_shift  # (c - qk2) // head_v",
+                 IND + "nhv = v_heads",
                  IND + "ea = -gexp(alog[U(alog_offset + hv)])",
                  IND + "db = dtb[U(dtb_offset + hv)]",
                  IND + f"for i in range((c - qk2 - hv * head_v) // {C}, nb, head_v // {C}):",

@@ -5,7 +5,7 @@ def jitconv_conv_w4_bfloat16_c4_l8_fastexp_r64_g2_vt_gdn(x, x_offset, x_row_stri
            state, state_offset, state_stride_line, state_stride_c, state_stride_col,
            tables, rows, blocks, links, has_bias, silu, out2, out2_offset, out2_row_stride,
            split, spec_slot0, win, win_offset, win_stride_row, win_stride_step,
-           win_stride_c, win_stride_col, dim, num_blocks, ga, ga_offset, ga_row_stride, gb, gb_offset, gb_row_stride, alog, alog_offset, dtb, dtb_offset, gates, gates_offset, gates2_offset, part_rows, part2_rows, qk, head_k, vdim, head_v, l2norm_from, l2norm2_from, exp_g):
+           win_stride_c, win_stride_col, dim, num_blocks, ga, ga_offset, ga_row_stride, gb, gb_offset, gb_row_stride, alog, alog_offset, dtb, dtb_offset, gates, gates_offset, gates2_offset, part_rows, part2_rows, qk, head_k, vdim, head_v, v_heads, head_k_magic, head_k_shift, head_v_magic, head_v_shift, l2norm_from, l2norm2_from, exp_g):
     # rows, blocks: offsets of the per-call tables inside `tables` (jitconv.kernels.abi.TABLES);
     # a block's record holds BLOCK_FIELDS, its sequence's fields included.
     g = cuda.blockIdx.y * cuda.blockDim.x + cuda.threadIdx.x  # channel group
@@ -82,8 +82,8 @@ def jitconv_conv_w4_bfloat16_c4_l8_fastexp_r64_g2_vt_gdn(x, x_offset, x_row_stri
             store_row2(o, U(oc_0 + (r if ob < 0 else ob + i) * ors), ZERO, ZERO)
             store_row2(o, U(oc_2 + (r if ob < 0 else ob + i) * ors), ZERO, ZERO)
         if c >= qk2:
-            hv = (c - qk2) // head_v
-            nhv = vdim // head_v
+            hv = ((c - qk2) * head_v_magic) >> head_v_shift  # (c - qk2) // head_v
+            nhv = v_heads
             ea = -gexp(alog[U(alog_offset + hv)])
             db = dtb[U(dtb_offset + hv)]
             for i in range((c - qk2 - hv * head_v) // 4, nb, head_v // 4):
@@ -1429,8 +1429,8 @@ def jitconv_conv_w4_bfloat16_c4_l8_fastexp_r64_g2_vt_gdn(x, x_offset, x_row_stri
             store_row2(o, U(oc_0 + (r if ob < 0 else ob + i) * ors), store(acc_0), store(acc_1))
             store_row2(o, U(oc_2 + (r if ob < 0 else ob + i) * ors), store(acc_2), store(acc_3))
     if c >= qk2:
-        hv = (c - qk2) // head_v
-        nhv = vdim // head_v
+        hv = ((c - qk2) * head_v_magic) >> head_v_shift  # (c - qk2) // head_v
+        nhv = v_heads
         ea = -gexp(alog[U(alog_offset + hv)])
         db = dtb[U(dtb_offset + hv)]
         for i in range((c - qk2 - hv * head_v) // 4, nb, head_v // 4):

@@ -37,7 +37,8 @@ import numpy as np
 import torch
 
 from jitconv.kernels import planner, tuning
-from jitconv.kernels.abi import CONV_ARGS, SPLIT_NONE, SPLIT_PARTS, rows_aligned
+from jitconv.kernels.abi import (CONV_ARGS, SPLIT_NONE, SPLIT_PARTS, rows_aligned,
+                                 stage_divisors)
 from jitconv.backends.cuda import driver
 from jitconv.backends.cuda.state import STATE
 from jitconv.backends.cuda.devices import architecture, have_numba_cuda, native_bf16, simulating
@@ -676,7 +677,9 @@ def _stage_arguments(stage, sim):
     nhv = stage.vdim // stage.head_v_dim
     return (a, 0, stage.a.stride(0), b, 0, stage.b.stride(0), alog, 0, dtb, 0,
             gates, 0, 2 * rows_ns * nhv, rows_ns, rows_sp, stage.qk, stage.head_k_dim,
-            stage.vdim, stage.head_v_dim, *stage.l2norm, int(stage.exp_g))
+            stage.vdim, stage.head_v_dim,
+            *stage_divisors(stage.head_k_dim, stage.head_v_dim, stage.vdim),
+            *stage.l2norm, int(stage.exp_g))
 
 
 def _arguments(tables, offsets, plan, x, weight, bias, conv_state, target, silu, dim, sim,

@@ -27,7 +27,8 @@ import numpy as np
 from jitconv.backends.sycl import device_check
 from jitconv.backends.sycl import kernel_cache
 from jitconv.kernels.abi import (CONV_ARGS, SPLIT_NONE, SPLIT_PARTS, STAGE_ARGS, STORAGE,
-                                 TABLES, WIDE_CHANNELS, fast_silu, rows_aligned)
+                                 TABLES, WIDE_CHANNELS, fast_silu, rows_aligned,
+                                 stage_divisors)
 from jitconv.kernels.planner import METADATA_ARRAYS, RECORD_ARGS
 from jitconv.backends.sycl import devices
 from jitconv.backends.sycl.state import STATE
@@ -567,6 +568,7 @@ def _stage_values(dtype_name, wide, views, tables, num_blocks, dim, stage, has_b
     values += array_args(views["dtb"], views["dtb"].offset)
     values += array_args(gates, gates.offset, gates.offset + 2 * rows_ns * nhv)
     values += [rows_ns, rows_sp, stage.qk, stage.head_k_dim, stage.vdim, stage.head_v_dim,
+               *stage_divisors(stage.head_k_dim, stage.head_v_dim, stage.vdim),
                *stage.l2norm, int(stage.exp_g)]
     lanes = stage.head_k_dim // channels
     grid = (int(num_blocks), -(-(int(dim) // channels) // lanes) * lanes)
