@@ -1077,8 +1077,13 @@ def test_gdn_stage_follows_rewritten_metadata(device, kind, monkeypatch):
     """The GDN stage on a device plan of one part (decode, spec verify or prefill): its
     tokens' q, k, v, g and beta against the stage's reference, the rows of x after them
     zeros (their count is on the device), every cache line bit-exact; the metadata
-    rewritten in place between runs, outputs poisoned first."""
+    rewritten in place between runs, outputs poisoned first. On CUDA with the tuning's
+    ``fused_planner`` the stage's kernel plans its own blocks (one launch, no planner:
+    every row is normalised, so there is no first row to check)."""
     poison_new_outputs(monkeypatch)
+    used, real = [], cuda_launching.get_kernel
+    monkeypatch.setattr(cuda_launching, "get_kernel", lambda spec: used.append(spec) or
+                        real(spec))
     dtype = torch.bfloat16
     num_tokens, num_lines, nseq = 40, 20, 5
     max_len = {"decode": 1, "spec": 5, "prefill": 12}[kind]
@@ -1100,6 +1105,11 @@ def test_gdn_stage_follows_rewritten_metadata(device, kind, monkeypatch):
         result = plan.run_stage(*tensors, **STAGE_HEADS)
         check_stage(result, tensors, live, dtype, want)
         plan.check_errors()
+    stages = [spec for spec in used if spec.stage]
+    if plan.device.type == "cuda" or SIM:
+        fused = tuning.cuda("simulator" if SIM else "sm_90", "bfloat16", "general") \
+            .fused_planner
+        assert stages and all(bool(spec.fused_plan) == fused for spec in stages), used
 
 
 def test_gdn_stage_device_plan_refusals(device):
@@ -1373,11 +1383,12 @@ def test_runs_are_remembered(cuda_device, monkeypatch):
 def test_new_plans_take_the_runs_of_their_signature(cuda_device, kind, monkeypatch):
     """An engine's step: new metadata tensors, a new device plan, every layer's tensors
     as before. A layer's first run on the new plan takes the launches prepared on the
-    earlier plan of the same signature, rebound to the new plan's tensors
-    (launching.launch is not called), and follows the new plan's values (the reference
-    of its metadata, every cache line bit-exact); the conv with split outputs over
-    token maps and the GDN stage alike. A plan of another signature (another sequence
-    count) prepares its own."""
+    earlier plan of the same signature (the same shapes: sequence counts, map lengths),
+    rebound to the new plan's tensors (launching.launch is not called), and follows the
+    new plan's values (other cache lines, other rows in the maps: the reference of its
+    metadata, every cache line bit-exact); the conv with split outputs over token maps
+    and the GDN stage alike. A plan of another signature (another sequence count)
+    prepares its own."""
     poison_new_outputs(monkeypatch)
     device = cuda_device
     gen = torch.Generator().manual_seed(47 + len(kind))
@@ -1389,9 +1400,21 @@ def test_new_plans_take_the_runs_of_their_signature(cuda_device, kind, monkeypat
     layers = [stage_layer(gen, torch.bfloat16, num_tokens, num_lines, state_len, device)
               for _ in range(2)]
 
-    def step(seqs):
+    def renewed(md):
+        """``md``'s shapes with other values: its cache lines and map rows permuted."""
+        lines = torch.randperm(num_lines, generator=gen).to(torch.int32)
+        rows = torch.randperm(num_tokens, generator=gen).to(torch.int32)
+        new = dict(md)
+        for name, perm in (("non_spec_state_indices", lines), ("spec_state_indices", lines),
+                           ("non_spec_token_indx", rows), ("spec_token_indx", rows)):
+            if name in md:
+                t = md[name]
+                new[name] = torch.where(t >= 0, perm[t.clamp(min=0).long()], t)
+        return new
+
+    def step(seqs, like=None):
         md = random_metadata(gen, kind, seqs, num_tokens - 8, num_lines, state_len, 4, 5)
-        md = mapped_metadata(gen, md, num_tokens)
+        md = mapped_metadata(gen, md, num_tokens) if like is None else renewed(like)
         live = {k: v.to(device) for k, v in md.items()}  # new tensors, new addresses
         plan = jitconv.device_plan(num_tokens, num_lines, state_len, 4, max_query_len=5,
                                    **live)
@@ -1410,11 +1433,11 @@ def test_new_plans_take_the_runs_of_their_signature(cuda_device, kind, monkeypat
                                          torch.bfloat16)
             assert_state_exact(tensors[3], want_state)
         plan.check_errors()
-        return plan
+        return plan, md
 
-    first = step(nseq)
+    first, md = step(nseq)
     assert len(calls) == 2 * len(layers)  # each layer's conv and stage prepared once
-    second = step(nseq)
+    second, _ = step(nseq, like=md)
     assert second.signature == first.signature and len(calls) == 2 * len(layers)
     step(nseq + 1)  # another signature: prepared anew
     assert len(calls) == 4 * len(layers)
@@ -1807,16 +1830,20 @@ def test_gdn_stage_of_a_mixed_step_with_token_maps(device, declared, monkeypatch
         plan.check_errors()
 
 
-def test_gdn_stage_l2norm_row_inside_a_sequence_is_flagged(device):
+@pytest.mark.parametrize("maps", [True, False])
+def test_gdn_stage_l2norm_row_inside_a_sequence_is_flagged(device, maps):
     """On a device plan the host cannot see where sequences begin: a first normalised
     row inside one makes the planner skip that sequence (zeros, state untouched) and
-    report it; the other sequences' outputs and states are the reference's."""
+    report it; the other sequences' outputs and states are the reference's. With or
+    without token maps: a plan without them whose kernel could plan its own blocks
+    launches the planner for this check."""
     gen = torch.Generator().manual_seed(43)
     num_tokens, num_lines, state_len = 48, 20, 8
     md = random_metadata(gen, "prefill", 4, num_tokens - 8, num_lines, state_len, 4, 12,
                          pads=0)
     md["non_spec_query_start_loc"] = cumulative([3, 5, 4, 6])
-    md = mapped_metadata(gen, md, num_tokens)
+    if maps:
+        md = mapped_metadata(gen, md, num_tokens)
     live = {k: put(v, device) for k, v in md.items()}
     plan = jitconv.device_plan(num_tokens, num_lines, state_len, 4, max_query_len=12, **live)
     tensors = stage_layer(gen, torch.float32, num_tokens, num_lines, state_len, device)
@@ -1825,7 +1852,7 @@ def test_gdn_stage_l2norm_row_inside_a_sequence_is_flagged(device):
     skipped["non_spec_state_indices"][1] = -1
     parts, want_state = gdn_conv_stage_reference(
         *(t.cpu() for t in tensors), **STAGE_HEADS, use_l2norm={"non_spec": 8},
-        **mapped_reference(skipped))
+        **(mapped_reference(skipped) if maps else reference_metadata(skipped)))
     result = plan.run_stage(*tensors, **STAGE_HEADS, use_l2norm={"non_spec": inside})
     with pytest.raises(ValueError, match="bad metadata values") as raised:
         plan.check_errors()

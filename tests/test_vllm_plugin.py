@@ -307,6 +307,51 @@ def test_gdn_layer_runs_on_jitconv(cpu_tensor_device, standin, whole_step, dim_f
     assert torch.equal(bits(conv_state)[0], before[0]), "the null block was written"
 
 
+@pytest.mark.parametrize("prefills", [True, False], ids=["prefills", "decodes"])
+def test_gdn_layer_steps_without_spec_part(cpu_tensor_device, standin, prefills):
+    """Whole-step mode on steps without spec part, outputs and cache against the
+    reference, one launch: prefill chunks (with a decode) go through the layer's
+    causal_conv1d_fn, which returns a new tensor as vLLM's does, so mixed_qkv is left as
+    it was; decode-only steps through causal_conv1d_update, whose rows the layer reads
+    from mixed_qkv afterwards, so they are written there."""
+    vllm_plugin.install(whole_step=True)
+    import vllm.forward_context as context
+    import vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn as gdn
+    import vllm.model_executor.layers.mamba.mamba_utils as utils
+    utils.DIM_FIRST = False
+    gen = torch.Generator().manual_seed(9)
+    lengths = [5, 1, 7] if prefills else [1, 1, 1, 1]
+    lines = torch.tensor([4, 9, 2, 6][:len(lengths)], dtype=torch.int32)
+    initial = torch.tensor([False, True, True, True][:len(lengths)])
+    meta = types.SimpleNamespace(
+        num_prefills=2 if prefills else 0, num_decodes=1 if prefills else len(lengths),
+        num_spec_decodes=0, num_actual_tokens=sum(lengths), spec_sequence_masks=None,
+        spec_token_indx=None, non_spec_token_indx=None, spec_state_indices_tensor=None,
+        spec_query_start_loc=None, num_accepted_tokens=None,
+        non_spec_query_start_loc=cumulative(lengths), non_spec_state_indices_tensor=lines,
+        has_initial_state=initial if prefills else None)
+    cache = randn(gen, (12, WIDTH - 1 + NUM_SPEC, DIM), torch.float32)
+    conv_state = cache.transpose(-1, -2)
+    conv1d = types.SimpleNamespace(weight=randn(gen, (DIM, 1, WIDTH), torch.float32),
+                                   bias=randn(gen, (DIM,), torch.float32))
+    layer = gdn.QwenGatedDeltaNetAttention("layers.0", conv1d, [cache])
+    mixed_qkv = randn(gen, (meta.num_actual_tokens + 2, DIM), torch.float32)
+    given = bits(mixed_qkv)
+    ref_out, ref_state = causal_conv1d_reference(
+        mixed_qkv[:meta.num_actual_tokens], conv1d.weight, conv1d.bias, conv_state,
+        non_spec_query_start_loc=meta.non_spec_query_start_loc,
+        non_spec_state_indices=lines, has_initial_state=initial if prefills else None)
+    context._context.attn_metadata = {"layers.0": meta}
+    launches = SYCL_STATE.stats["submitted"]
+    result = {}
+    layer._forward_core(mixed_qkv=mixed_qkv, b=None, a=None, core_attn_out=result)
+    assert SYCL_STATE.stats["submitted"] - launches == 1
+    assert_outputs_close(result["non_spec"], ref_out, torch.float32)
+    assert_state_exact(conv_state, ref_state)
+    if prefills:
+        assert torch.equal(bits(mixed_qkv), given), "mixed_qkv was written"
+
+
 def test_whole_step_mode_reads_whether_the_stage_answers_the_layer(standin, caplog):
     """The stand-in layer's _forward_core calls the conv ops only (no rearrange_mixed_qkv
     or fused_post_conv_prep, which vLLM 0.32's calls): whole-step mode runs the conv

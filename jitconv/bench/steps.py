@@ -21,8 +21,8 @@ Sides, each called per layer as its engine calls it:
 - "jitconv drop-ins": the same calls with jitconv.vllm's ``causal_conv1d_update`` /
   ``causal_conv1d_fn`` in place of vLLM's (what the plugin's drop-in mode installs);
 - "jitconv whole-step conv": ``jitconv.vllm.gdn_conv_step`` from the step's record, split
-  outputs where the step has both parts, else written into mixed_qkv (what the plugin's
-  whole-step mode does);
+  outputs where the step has both parts, a new output for prefills without spec part,
+  else written into mixed_qkv (what the plugin's whole-step mode does);
 - "vllm chain": ``jitconv.bench.stage``'s chain (the conv calls, ``rearrange_mixed_qkv``,
   ``fused_post_conv_prep``);
 - "jitconv whole-step stage": ``jitconv.vllm.gdn_conv_stage_step`` from the step's record,
@@ -129,12 +129,15 @@ def vllm_conv(step, layer, update, fn):
 
 
 def whole_step_conv(step, layer):
-    """The plugin's whole-step mode: one gdn_conv_step, split where both parts are."""
+    """The plugin's whole-step mode: one gdn_conv_step, split where both parts are, a new
+    output for prefills without spec part, else into x."""
     m = step.record
-    both = m.spec_sequence_masks is not None and (m.num_prefills > 0 or m.num_decodes > 0)
+    spec = m.spec_sequence_masks is not None
+    both = spec and (m.num_prefills > 0 or m.num_decodes > 0)
+    new = both or (not spec and m.num_prefills > 0)
     return jitconv.vllm.gdn_conv_step(layer["x"], layer["weight"], layer["bias"],
                                       layer["state"], m, split=both,
-                                      out=None if both else layer["x"])
+                                      out=None if new else layer["x"])
 
 
 def l2norm_of(m):
@@ -173,8 +176,8 @@ def check(step):
         t = getattr(parts, part).double().cpu().numpy()
         np.testing.assert_allclose(t, want_out[rows.numpy()], rtol, atol, err_msg=part)
         worst[f"conv {part}"] = float(np.abs(t - want_out[rows.numpy()]).max())
-    if parts is None:
-        t = layer["x"].double().cpu().numpy()
+    if parts is None:  # x itself (written in place) or a new tensor
+        t = got.double().cpu().numpy()
         np.testing.assert_allclose(t, want_out, rtol, atol, err_msg="conv")
     assert torch.equal(layer["state"].cpu(), torch.from_numpy(want_state).to(
         layer["state"].dtype)), "whole-step conv state"

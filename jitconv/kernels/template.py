@@ -253,7 +253,9 @@ def kernel_source(width, name, backend, channels=1, lookahead=1, word_taps=False
     buffers in head layout (``stage_offsets``); q and k heads l2-normalised per token
     (``store_outputs`` with ``lane_sum``, else ``norm_pass``); g and beta per v head and
     token (``gates``). The backend launches the head_k_dim / ``channels`` work-items of
-    one head and token block together (one ``lane_sum`` group, or one work-group).
+    one head and token block together (one ``lane_sum`` group, or one work-group). With
+    ``record_args`` too (a device plan without token maps): the gates' rows are then
+    consecutive like every other access's, so the rows table is never read.
     """
     if uniform_decode and short_tokens != 1:
         raise ValueError(f"uniform_decode needs short_tokens 1, got {short_tokens}")
@@ -266,10 +268,8 @@ def kernel_source(width, name, backend, channels=1, lookahead=1, word_taps=False
         raise ValueError("shared_record needs record_args and a backend with shared_array")
     if chains and short_tokens:
         chains = False  # a short kernel has no token loops; never launched for chains
-    if stage and (record_args is not None or (backend.lane_sum or backend.group_barrier)
-                  is None):
-        raise ValueError("stage needs a backend with lane_sum or group_barrier, and no "
-                         "record_args")
+    if stage and (backend.lane_sum or backend.group_barrier) is None:
+        raise ValueError("stage needs a backend with lane_sum or group_barrier")
     return _Kernel(width, backend, channels, lookahead, word_taps, state_chunk, short_tokens,
                    row_group, early_weights, group_state, vector_taps, uniform_decode,
                    record_args, shared_record, chains, stage).source(name, constants)

@@ -407,13 +407,19 @@ def _install_whole_step():
         # before its conv calls. The conv writes them split instead (one launch), the
         # layer gets a zero-width view, so its gathers move no data, and its conv calls
         # hand back the split outputs.
+        # A step of prefills without spec part: the layer's causal_conv1d_fn returns a
+        # new tensor (as vLLM's does), so the conv writes one and the call hands it back;
+        # the update calls of decode and spec steps are read from mixed_qkv, written in
+        # place.
         both = spec and (metadata.num_prefills > 0 or metadata.num_decodes > 0)
+        fn_only = not spec and metadata.num_prefills > 0
         result = drop_ins.gdn_conv_step(rows, weight, self.conv1d.bias, conv_state, metadata,
                                         activation=self.activation, split=both,
-                                        out=None if both else rows)
+                                        out=None if both or fn_only else rows)
         if both:
             mixed_qkv = mixed_qkv[:, :0]
-        token = _conv_done.set(result if both else True)
+        token = _conv_done.set(result if both else SplitOutputs(None, result) if fn_only
+                               else True)
         try:
             return original(self, mixed_qkv, *args, **kwargs)
         finally:

@@ -264,10 +264,10 @@ def launch(plan, x, weight, bias, conv_state, target, silu, dtype, math=None, ke
     stream = None if sim else driver.current_stream(x.device.index)
 
     # a plan with rules: the rule planner amends the planner's table (no fused kernel);
-    # the stage's kernel reads the planner's table too, and with token maps every kernel
-    # reads the rows the planner writes there
-    fused = plan.on_device and tune.fused_planner and not plan.rules and stage is None \
-        and plan.maps is None
+    # with token maps every kernel reads the rows the planner writes there; a stage run
+    # whose first normalised rows only the planner checks needs its launch too
+    fused = plan.on_device and tune.fused_planner and not plan.rules \
+        and plan.maps is None and (stage is None or _l2norm_unchecked(stage))
 
     def kernels_and_args():
         """[(kernel, args, grid, block)]: the planner's launch (device plans, unless the
@@ -667,6 +667,14 @@ def stage_remembered(plan, args, stage_args, activation, math):
     """(the stage's output buffer, key) of the stage run kept for these arguments
     (launched now), or (None, key) when none is kept (key None: never to be kept)."""
     return _kept_run(plan, stage_key(args, stage_args, activation, math), None)
+
+
+def _l2norm_unchecked(stage):
+    """Whether a stage run's first normalised rows need no check (each part's is its row
+    0 or past its rows): the planner's check of them (``planner.plan_slot``) can find
+    nothing, so the stage's kernel may plan its own blocks."""
+    return all(first == 0 or first >= rows
+               for first, rows in zip(stage.l2norm, stage.part_rows))
 
 
 def _stage_arguments(stage, sim):

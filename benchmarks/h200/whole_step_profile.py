@@ -1,0 +1,66 @@
+"""Where the host time of the vLLM integration's calls goes when the step's metadata
+tensors are new at every step (``jitconv.bench.steps``' method): ``gdn_conv_step`` as
+the plugin's whole-step mode calls it and the drop-ins as vLLM's ``_forward_core`` calls
+them, decode-only and mixed steps at dim 8192, 36 layers, bfloat16. Per side the wall
+time per layer (median of 10 steps, one sync per step), then a cProfile of 10 steps (top
+functions by own time and by cumulative time).
+
+    PYTHONPATH=$PWD python3 benchmarks/h200/whole_step_profile.py
+"""
+
+import cProfile
+import pstats
+import statistics
+import time
+
+import torch
+
+import jitconv
+import jitconv.vllm
+from jitconv.bench import stage as bs
+from jitconv.bench import steps as bsteps
+
+DIM = 8192
+WORKLOADS = ("decode 64", "spec 64 x (1+3)", "mixed 512 + 32 + 16 x 4")
+
+
+def main():
+    jitconv.set_device("cuda:0")
+    device = torch.device("cuda:0")
+    drop_ins = (jitconv.vllm.causal_conv1d_update, jitconv.vllm.causal_conv1d_fn)
+    with torch.inference_mode():
+        for name in WORKLOADS:
+            ns, sp = bs.WORKLOADS[name]
+            base = bs.Step(torch.Generator().manual_seed(3), ns, sp, DIM, device)
+            base.record = bsteps.record(base)
+            sides = {"whole-step conv": lambda s, L: bsteps.whole_step_conv(s, L),
+                     "drop-ins": lambda s, L: bsteps.vllm_conv(s, L, *drop_ins)}
+            for side, call in sides.items():
+                def one_step():
+                    s = bsteps.fresh(base)
+                    for L in s.layers:
+                        call(s, L)
+                for _ in range(3):
+                    one_step()
+                torch.cuda.synchronize()
+                walls = []
+                for _ in range(10):
+                    t0 = time.perf_counter()
+                    one_step()
+                    torch.cuda.synchronize()
+                    walls.append((time.perf_counter() - t0) * 1e6 / bs.LAYERS)
+                print(f"{name} | {side}: {statistics.median(walls):.1f} us per layer "
+                      f"(the step's metadata cloned and recorded included)", flush=True)
+                prof = cProfile.Profile()
+                prof.enable()
+                for _ in range(10):
+                    one_step()
+                torch.cuda.synchronize()
+                prof.disable()
+                st = pstats.Stats(prof)
+                st.sort_stats("tottime").print_stats(18)
+                st.sort_stats("cumulative").print_stats(28)
+
+
+if __name__ == "__main__":
+    main()
