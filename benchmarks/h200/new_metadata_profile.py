@@ -62,6 +62,36 @@ def sides(step):
     return out
 
 
+def time_and_profile(label, call, profile, steps=10, top=(25, 40), callees=()):
+    """``call()`` (one step of ``bs.LAYERS`` layers) after three warm-up steps: its wall
+    time per layer printed under ``label`` (median of ``steps``, one sync per step);
+    with ``profile`` a cProfile of ``steps`` steps (the ``top`` functions by own and by
+    cumulative time, and the callees of the functions matching ``callees``)."""
+    for _ in range(3):
+        call()
+    torch.cuda.synchronize()
+    walls = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        call()
+        torch.cuda.synchronize()
+        walls.append((time.perf_counter() - t0) * 1e6 / bs.LAYERS)
+    print(f"{label}: {statistics.median(walls):.1f} us per layer", flush=True)
+    if not profile:
+        return
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(steps):
+        call()
+    torch.cuda.synchronize()
+    prof.disable()
+    st = pstats.Stats(prof)
+    st.sort_stats("tottime").print_stats(top[0])
+    st.sort_stats("cumulative").print_stats(top[1])
+    for pattern in callees:
+        st.print_callees(pattern)
+
+
 def main():
     jitconv.set_device("cuda:0")
     device = torch.device("cuda:0")
@@ -71,29 +101,10 @@ def main():
                 continue
             step = bs.Step(torch.Generator().manual_seed(3), ns, sp, DIM, device)
             for side, call in sides(step).items():
-                for _ in range(3):
-                    call()
-                torch.cuda.synchronize()
-                walls = []
-                for _ in range(10):
-                    t0 = time.perf_counter()
-                    call()
-                    torch.cuda.synchronize()
-                    walls.append((time.perf_counter() - t0) * 1e6 / bs.LAYERS)
-                print(f"{name} | {side}: {statistics.median(walls):.1f} us per layer",
-                      flush=True)
-                if name.startswith("mixed") or side.startswith("device plan per step, conv"):
-                    prof = cProfile.Profile()
-                    prof.enable()
-                    for _ in range(10):
-                        call()
-                    torch.cuda.synchronize()
-                    prof.disable()
-                    st = pstats.Stats(prof)
-                    st.sort_stats("tottime").print_stats(25)
-                    st.sort_stats("cumulative").print_stats(40)
-                    st.print_callees("launching.py.*\\(launch\\)")
-                    st.print_callees("run_checked")
+                time_and_profile(f"{name} | {side}", call,
+                                 name.startswith("mixed") or
+                                 side.startswith("device plan per step, conv"),
+                                 callees=("launching.py.*\\(launch\\)", "run_checked"))
 
 
 if __name__ == "__main__":

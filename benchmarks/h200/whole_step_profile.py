@@ -8,10 +8,8 @@ functions by own time and by cumulative time).
     PYTHONPATH=$PWD python3 benchmarks/h200/whole_step_profile.py
 """
 
-import cProfile
-import pstats
-import statistics
-import time
+import os
+import sys
 
 import torch
 
@@ -19,6 +17,9 @@ import jitconv
 import jitconv.vllm
 from jitconv.bench import stage as bs
 from jitconv.bench import steps as bsteps
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from new_metadata_profile import time_and_profile  # noqa: E402  (a script beside this one)
 
 DIM = 8192
 WORKLOADS = ("decode 64", "spec 64 x (1+3)", "mixed 512 + 32 + 16 x 4")
@@ -36,30 +37,12 @@ def main():
             sides = {"whole-step conv": lambda s, L: bsteps.whole_step_conv(s, L),
                      "drop-ins": lambda s, L: bsteps.vllm_conv(s, L, *drop_ins)}
             for side, call in sides.items():
-                def one_step():
+                def one_step(call=call):
                     s = bsteps.fresh(base)
                     for L in s.layers:
                         call(s, L)
-                for _ in range(3):
-                    one_step()
-                torch.cuda.synchronize()
-                walls = []
-                for _ in range(10):
-                    t0 = time.perf_counter()
-                    one_step()
-                    torch.cuda.synchronize()
-                    walls.append((time.perf_counter() - t0) * 1e6 / bs.LAYERS)
-                print(f"{name} | {side}: {statistics.median(walls):.1f} us per layer "
-                      f"(the step's metadata cloned and recorded included)", flush=True)
-                prof = cProfile.Profile()
-                prof.enable()
-                for _ in range(10):
-                    one_step()
-                torch.cuda.synchronize()
-                prof.disable()
-                st = pstats.Stats(prof)
-                st.sort_stats("tottime").print_stats(18)
-                st.sort_stats("cumulative").print_stats(28)
+                time_and_profile(f"{name} | {side} (the step's metadata cloned and "
+                                 f"recorded included)", one_step, True, top=(18, 28))
 
 
 if __name__ == "__main__":
