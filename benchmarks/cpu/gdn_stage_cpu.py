@@ -11,12 +11,19 @@ opencl:cpu?".
 """
 
 import argparse
+import os
 import statistics
 import time
 
-import torch
+# torch's OpenMP threads spin after each of its CPU ops (OMP_WAIT_POLICY's default) and
+# take the cores from the OpenCL CPU runtime's threads: the "conv+torch" side's torch
+# ops made the next jitconv launches about 2x slower on 2 cores (2026-12-07). Passive
+# waiting keeps each side's time its own. Set before torch (and its OpenMP) loads.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-import jitconv
+import torch  # noqa: E402
+
+import jitconv  # noqa: E402
 
 HEAD = 128
 WORKLOADS = {"decode 64": ([1] * 64, []), "spec 64 x (1+3)": ([], [4] * 64),
