@@ -48,6 +48,7 @@ import torch
 import jitconv
 import jitconv.vllm
 from jitconv.bench import stage as bs
+from jitconv.vllm.plugin import whole_step_outputs
 from jitconv.bench.gpu import (bench_device, device_time_us, load_vllm_triton, print_row,
                                save_rows)
 from jitconv.reference import TOLERANCE, causal_conv1d_reference, gdn_conv_stage_reference
@@ -131,13 +132,10 @@ def vllm_conv(step, layer, update, fn):
 def whole_step_conv(step, layer):
     """The plugin's whole-step mode: one gdn_conv_step, split where both parts are, a new
     output for prefills without spec part, else into x."""
-    m = step.record
-    spec = m.spec_sequence_masks is not None
-    both = spec and (m.num_prefills > 0 or m.num_decodes > 0)
-    new = both or (not spec and m.num_prefills > 0)
+    both, new = whole_step_outputs(step.record)
     return jitconv.vllm.gdn_conv_step(layer["x"], layer["weight"], layer["bias"],
-                                      layer["state"], m, split=both,
-                                      out=None if new else layer["x"])
+                                      layer["state"], step.record, split=both,
+                                      out=None if both or new else layer["x"])
 
 
 def l2norm_of(m):

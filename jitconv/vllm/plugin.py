@@ -403,16 +403,10 @@ def _install_whole_step():
                     _conv_done.reset(token)
                 step.check_answered()
                 return result
-        # Both parts in the step: the layer gathers each part's rows out of mixed_qkv
-        # before its conv calls. The conv writes them split instead (one launch), the
-        # layer gets a zero-width view, so its gathers move no data, and its conv calls
-        # hand back the split outputs.
-        # A step of prefills without spec part: the layer's causal_conv1d_fn returns a
-        # new tensor (as vLLM's does), so the conv writes one and the call hands it back;
-        # the update calls of decode and spec steps are read from mixed_qkv, written in
-        # place.
-        both = spec and (metadata.num_prefills > 0 or metadata.num_decodes > 0)
-        fn_only = not spec and metadata.num_prefills > 0
+        # Split outputs: the layer gets a zero-width view, so its gathers move no data,
+        # and its conv calls hand back the parts; a new tensor: its causal_conv1d_fn call
+        # hands it back (``whole_step_outputs``).
+        both, fn_only = whole_step_outputs(metadata)
         result = drop_ins.gdn_conv_step(rows, weight, self.conv1d.bias, conv_state, metadata,
                                         activation=self.activation, split=both,
                                         out=None if both or fn_only else rows)
@@ -428,6 +422,17 @@ def _install_whole_step():
     layer._forward_core = _forward_core
     return f"{GDN_MODULE}.{GDN_LAYER}._forward_core (whole-step mode" + \
         (", GDN stage)" if problem is None else ")")
+
+
+def whole_step_outputs(metadata):
+    """Where whole-step mode's ``gdn_conv_step`` writes a step's conv, as (split, new):
+    split outputs where the step has both parts (the layer gathers each part's rows out
+    of mixed_qkv before its conv calls); a new tensor for prefills without spec part (the
+    layer's causal_conv1d_fn returns one, as vLLM's does); else neither: mixed_qkv's rows,
+    where vLLM's update path reads them after its calls."""
+    spec = getattr(metadata, "spec_sequence_masks", None) is not None
+    return (spec and (metadata.num_prefills > 0 or metadata.num_decodes > 0),
+            not spec and metadata.num_prefills > 0)
 
 
 # ------------------------------------------------ whole-step mode with the GDN stage

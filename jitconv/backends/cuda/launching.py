@@ -682,12 +682,11 @@ def _stage_arguments(stage, sim):
     a, b, alog, dtb, gates = (_as_kernel_arg(t, sim) for t in (
         stage.a, stage.b, stage.A_log, stage.dt_bias, stage.gates))
     rows_ns, rows_sp = stage.part_rows
-    nhv = stage.vdim // stage.head_v_dim
+    divisors = stage_divisors(stage.head_k_dim, stage.head_v_dim, stage.vdim)
+    nhv = divisors[0]
     return (a, 0, stage.a.stride(0), b, 0, stage.b.stride(0), alog, 0, dtb, 0,
             gates, 0, 2 * rows_ns * nhv, rows_ns, rows_sp, stage.qk, stage.head_k_dim,
-            stage.vdim, stage.head_v_dim,
-            *stage_divisors(stage.head_k_dim, stage.head_v_dim, stage.vdim),
-            *stage.l2norm, int(stage.exp_g))
+            stage.vdim, stage.head_v_dim, *divisors, *stage.l2norm, int(stage.exp_g))
 
 
 def _arguments(tables, offsets, plan, x, weight, bias, conv_state, target, silu, dim, sim,

@@ -561,15 +561,15 @@ def _stage_values(dtype_name, wide, views, tables, num_blocks, dim, stage, has_b
     values = _pack(views, tables, has_bias, silu, SPLIT_PARTS, spec_slot0)
     ga, gb, gates = views["ga"], views["gb"], views["gates"]
     rows_ns, rows_sp = stage.part_rows
-    nhv = stage.vdim // stage.head_v_dim
+    divisors = stage_divisors(stage.head_k_dim, stage.head_v_dim, stage.vdim)
+    nhv = divisors[0]
     values += array_args(ga, ga.offset, ga.strides[0])
     values += array_args(gb, gb.offset, gb.strides[0])
     values += array_args(views["alog"], views["alog"].offset)
     values += array_args(views["dtb"], views["dtb"].offset)
     values += array_args(gates, gates.offset, gates.offset + 2 * rows_ns * nhv)
     values += [rows_ns, rows_sp, stage.qk, stage.head_k_dim, stage.vdim, stage.head_v_dim,
-               *stage_divisors(stage.head_k_dim, stage.head_v_dim, stage.vdim),
-               *stage.l2norm, int(stage.exp_g)]
+               *divisors, *stage.l2norm, int(stage.exp_g)]
     lanes = stage.head_k_dim // channels
     grid = (int(num_blocks), -(-(int(dim) // channels) // lanes) * lanes)
     return values, grid, (1, lanes)
