@@ -137,7 +137,8 @@ def _to_state_dtype(conv_state, *tensors):
     """vLLM's kernels compute in the conv cache's dtype (mamba_cache_dtype may differ from
     the model's): x, weight and bias are converted to it. Weights are tiny; None stays
     None."""
-    return [None if t is None else t.to(conv_state.dtype) for t in tensors]
+    dtype = conv_state.dtype
+    return [t if t is None or t.dtype == dtype else t.to(dtype) for t in tensors]
 
 
 def causal_conv1d_fn(x, weight, bias, conv_states, query_start_loc, cache_indices=None,
@@ -552,14 +553,15 @@ def gdn_conv_step(mixed_qkv, weight, bias, conv_state, attn_metadata, activation
     if split:
         parts = plan.run(mixed_qkv, weight, bias, conv_state,
                          activation=activation_name(activation), split=True)
-        return SplitOutputs(*(None if t is None else t.to(original_dtype) for t in parts))
+        return SplitOutputs(*(t if t is None or t.dtype == original_dtype
+                              else t.to(original_dtype) for t in parts))
     # straight into out where it has the computing dtype (x itself: every sequence in one
     # block, else a separate buffer copied there: ``StepPlan.run``)
     into = out if out is not None and out.dtype == mixed_qkv.dtype else None
     result = plan.run(mixed_qkv, weight, bias, conv_state, out=into,
                       activation=activation_name(activation))
     if out is None:
-        return result.to(original_dtype)
+        return result if result.dtype == original_dtype else result.to(original_dtype)
     if result is not out:
         out.copy_(result)
     return out
@@ -624,25 +626,26 @@ def _layer_plan(mixed_qkv, weight, conv_state, attn_metadata, null_block_id,
     (its outputs in mixed_qkv's rows need every row named); else a plan of the
     metadata's values, read on the host."""
     null_block_id = conventions.check_skipped_id(null_block_id, "null_block_id")
-    lines, _dim, state_len = (int(s) for s in conv_state.shape)
-    width = int(weight.shape[-1])
-    geometry = (int(mixed_qkv.shape[0]), lines, state_len, width, null_block_id)
+    shape = conv_state.shape
+    # (sizes as torch gives them, not converted: this runs for every layer; keyed by
+    # ``split`` too: a step of both parts without it is planned on the host)
+    key = (mixed_qkv.shape[0], shape[0], shape[2], weight.shape[-1], null_block_id,
+           bool(split))
 
     def build():
+        num_tokens, lines, state_len, width = (int(v) for v in key[:4])
         arrays, _declared = conventions.gdn_step_arrays(attn_metadata,
                                                         non_spec_num_accepted_tokens)
         if device_calls.on_device(mixed_qkv, *arrays.values()) and \
                 (split or arrays["ns_map"] is None):
-            return gdn_device_plan(geometry[0], conv_state, width, attn_metadata,
+            return gdn_device_plan(num_tokens, conv_state, width, attn_metadata,
                                    null_block_id, non_spec_num_accepted_tokens)
         return ops.plan_from(
-            conventions.gdn_step_metadata(attn_metadata, geometry[0], lines, null_block_id,
+            conventions.gdn_step_metadata(attn_metadata, num_tokens, lines, null_block_id,
                                           non_spec_num_accepted_tokens),
-            validation.check_geometry(geometry[0], lines, state_len, width,
+            validation.check_geometry(num_tokens, lines, state_len, width,
                                       conventions.CORE_PAD))
-    # (keyed by ``split`` too: a step of both parts without it is planned on the host)
-    return _step_plan(attn_metadata, geometry + (bool(split),),
-                      non_spec_num_accepted_tokens, build)
+    return _step_plan(attn_metadata, key, non_spec_num_accepted_tokens, build)
 
 
 def conv_state_view(conv_cache, dim_first):
@@ -654,10 +657,10 @@ def conv_state_view(conv_cache, dim_first):
 
 
 def _step_plan(attn_metadata, geometry, extra, build):
-    """The plan of this step for this geometry (``build()``'s): built by the first layer
-    that asks, kept on the metadata object (vLLM builds a new one every step), reused by
-    every later layer, so the metadata is translated and checked once per step, not once
-    per layer. Objects that take no new attributes just get a plan per call."""
+    """The plan of this step for this layer geometry (a tuple; ``build()``'s): built by
+    the first layer that asks, kept on the metadata object (vLLM builds a new one every
+    step), reused by every later layer, so the metadata is translated and checked once
+    per step, not once per layer. Objects that take no new attributes just get a plan per call."""
     plans = getattr(attn_metadata, "_jitconv_plans", None)
     if plans is None:
         plans = {}
