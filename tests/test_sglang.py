@@ -1,7 +1,7 @@
 """jitconv.sglang: SGLang's conv ops (sglang 0.5.23's Triton signatures and conventions)
-against the float64 reference, and their refusals. SGLang itself runs in
-tests/test_real_sglang.py; its own Triton kernels side by side on a GPU
-(docs/verification.md)."""
+against the float64 reference, and their refusals. SGLang's own modules run them in
+scripts/check_real_sglang.py (by hand: its venv is about 3 GB); its own Triton kernels
+ran side by side on a GPU (docs/verification.md)."""
 
 import numpy as np
 import pytest
