@@ -660,7 +660,8 @@ def _step_plan(attn_metadata, geometry, extra, build):
     """The plan of this step for this layer geometry (a tuple; ``build()``'s): built by
     the first layer that asks, kept on the metadata object (vLLM builds a new one every
     step), reused by every later layer, so the metadata is translated and checked once
-    per step, not once per layer. Objects that take no new attributes just get a plan per call."""
+    per step, not once per layer. Objects that take no new attributes just get a plan
+    per call."""
     plans = getattr(attn_metadata, "_jitconv_plans", None)
     if plans is None:
         plans = {}
