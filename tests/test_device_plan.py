@@ -1379,16 +1379,18 @@ def test_runs_are_remembered(cuda_device, monkeypatch):
 
 
 @GPU_ONLY
-@pytest.mark.parametrize("kind", ["decode", "mixed"])
-def test_new_plans_take_the_runs_of_their_signature(cuda_device, kind, monkeypatch):
+@pytest.mark.parametrize("kind,count", [("decode", 2), ("mixed", 2), ("mixed", 40)])
+def test_new_plans_take_the_runs_of_their_signature(cuda_device, kind, count, monkeypatch):
     """An engine's step: new metadata tensors, a new device plan, every layer's tensors
     as before. A layer's first run on the new plan takes the launches prepared on the
     earlier plan of the same signature (the same shapes: sequence counts, map lengths),
-    rebound to the new plan's tensors (launching.launch is not called), and follows the
-    new plan's values (other cache lines, other rows in the maps: the reference of its
-    metadata, every cache line bit-exact); the conv with split outputs over token maps
-    and the GDN stage alike. A plan of another signature (another sequence count)
-    prepares its own."""
+    with the new plan's words (launching.launch is not called; a layer run twice keeps
+    a rebound copy the second time), and follows the new plan's values (other cache
+    lines, other rows in the maps: the reference of its metadata, every cache line
+    bit-exact); the conv with split outputs over token maps and the GDN stage alike. A
+    plan of another signature (another sequence count) prepares its own. ``count``
+    layers: 40 are a model's step of 82 runs (conv and stage, layer 0 twice), which one
+    signature keeps whole."""
     poison_new_outputs(monkeypatch)
     device = cuda_device
     gen = torch.Generator().manual_seed(47 + len(kind))
@@ -1398,7 +1400,7 @@ def test_new_plans_take_the_runs_of_their_signature(cuda_device, kind, monkeypat
     monkeypatch.setattr(cuda_launching, "launch",
                         lambda *a, **k: calls.append(1) or real(*a, **k))
     layers = [stage_layer(gen, torch.bfloat16, num_tokens, num_lines, state_len, device)
-              for _ in range(2)]
+              for _ in range(count)]
 
     def renewed(md):
         """``md``'s shapes with other values: its cache lines and map rows permuted."""
@@ -1418,7 +1420,7 @@ def test_new_plans_take_the_runs_of_their_signature(cuda_device, kind, monkeypat
         live = {k: v.to(device) for k, v in md.items()}  # new tensors, new addresses
         plan = jitconv.device_plan(num_tokens, num_lines, state_len, 4, max_query_len=5,
                                    **live)
-        for tensors in layers:
+        for tensors in layers + layers[:1]:  # (layer 0's second run: a rebound copy)
             want_out, want_state = causal_conv1d_reference(
                 *(t.cpu() for t in tensors[:4]), **mapped_reference(live))
             check_split(plan.run(*tensors[:4], split=True), live, want_out, torch.bfloat16)

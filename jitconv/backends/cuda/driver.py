@@ -10,8 +10,9 @@ stream) per stream it has run on; a run is then one driver call of four argument
 torch's current stream (``cuLaunchKernelEx``: about 0.8 us less host time than
 ``cuLaunchKernel``'s twelve, docs/performance.md). The driver copies the arguments when
 the call returns, so a prepared buffer or configuration is never written after it is
-built (threads share them); a launch whose output tensor is new at every run gets a copy
-of the buffer with that one word replaced.
+built (threads share them); a launch whose output tensor is new at every run, or whose
+words naming a device plan's memory are another plan's (``launching.Run``), gets a copy
+of the buffer with those words replaced.
 
 A launch issued while torch captures a CUDA graph is recorded by the graph like any
 other kernel, with these arguments.
@@ -102,17 +103,23 @@ class Prepared:
         self.patch = ((patch, 0),) if isinstance(patch, int) else patch
         self.configs = {}  # raw stream handle -> a reference to its LaunchConfig
 
-    def rebound(self, words):
-        """This launch with argument words replaced (``words``: index -> value)."""
+    def rebound(self, at, values):
+        """This launch with argument words replaced: word i set to values[name] for each
+        (i, name) of ``at``."""
         copy = Prepared.__new__(Prepared)
         copy.function, copy.grid, copy.block = self.function, self.grid, self.block
-        copy.words = type(self.words).from_buffer_copy(self.words)
-        for index, value in words.items():
-            copy.words[index] = int(value)
+        copy.words = self._replaced(at, values)
         copy.size = self.size
         copy.extra = copy._extra(copy.words)
         copy.patch, copy.configs = self.patch, {}
         return copy
+
+    def _replaced(self, at, values):
+        """A copy of the argument buffer with ``rebound``'s replacements."""
+        buffer = type(self.words).from_buffer_copy(self.words)
+        for index, name in at:
+            buffer[index] = values[name]
+        return buffer
 
     def _extra(self, words):
         return (ctypes.c_void_p * 5)(_BUFFER_POINTER, ctypes.addressof(words),
@@ -126,18 +133,20 @@ class Prepared:
         found = self.configs[stream] = ctypes.byref(config)  # (which keeps config)
         return found
 
-    def launch(self, stream, value=None):
+    def launch(self, stream, value=None, at=(), values=None):
         """Launch on ``stream`` (a raw handle) in the calling thread's current context
-        (``in_context``); ``value``: the patched word's value."""
+        (``in_context``); ``value``: the patched word's value; ``at``, ``values``: as
+        ``rebound``'s, written into a copy of the arguments for this launch only."""
         config = self.configs.get(stream)
         if config is None:
             config = self._config(stream)
         extra = self.extra
-        if self.patch is not None:
-            words = type(self.words).from_buffer_copy(self.words)
-            for index, delta in self.patch:
-                words[index] = value + delta
-            extra = self._extra(words)
+        if self.patch is not None or at:
+            buffer = self._replaced(at, values)
+            if self.patch is not None:
+                for index, delta in self.patch:
+                    buffer[index] = value + delta
+            extra = self._extra(buffer)  # (buffer lives until the driver has copied it)
         code = STATE.driver.cuLaunchKernelEx(config, self.function, None, extra)
         if code:
             _check(code, "cuLaunchKernelEx")

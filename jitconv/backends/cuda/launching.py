@@ -15,8 +15,8 @@ run with the same key is the driver launch(es) alone (``run_remembered``). A dev
 plan's runs are also kept by its ``signature`` (everything its launches depend on but
 the addresses of its metadata, tables and error words): an engine builds a new plan
 from new metadata tensors at every step, and the first run of each layer's tensors on
-it takes the launches of an earlier plan of the same signature with those addresses
-replaced (``Run.rebound``), not a new preparation. Runs of host plans refuse to be
+it launches those of an earlier plan of the same signature with those addresses
+replaced (``_kept_run``), not a new preparation. Runs of host plans refuse to be
 captured in a CUDA graph (``backend``).
 
 Order: the kernels go on torch's current stream of x's device, so they are ordered with
@@ -347,13 +347,14 @@ def launch(plan, x, weight, bias, conv_state, target, silu, dtype, math=None, ke
         _keep(plan, key, run)
 
 
-MAX_RUNS = 64  # remembered launches per plan (a plan serves a step's layers)
-# remembered launches kept by device plan signature (``Run.rebound``): a step's layers
-# and runs of each (conv, stage), for a few signatures at a time
-MAX_SIGNED_RUNS = 1024
+# Remembered launches per plan, and per signature (``_signed``): a plan serves a step's
+# layers, up to 48 in the models served, each with a conv and a stage run and their
+# split modes. Below a whole step's runs, every step would prepare its launches again.
+MAX_RUNS = 256
+MAX_SIGNATURES = 16  # signatures whose runs are kept (each step shape is one)
 _NO_RUNS = {}  # (never written)
 # The words of a device plan's launches that name its own memory: its metadata arrays,
-# its table and its error words (what ``Run.rebound`` replaces).
+# its table and its error words (what another plan of its signature replaces).
 BOUND_WORDS = frozenset(planner.METADATA_ARRAYS + ("tables", "errors"))
 
 
@@ -365,19 +366,67 @@ def _bound_at(names, with_tables):
                  if n in BOUND_WORDS and (with_tables or n != "tables"))
 
 
+def _signed(plan, state):
+    """The runs kept for device plans of ``plan``'s signature (a dict: run key -> Run),
+    shared by those plans; None for a plan without signature. Found once per plan:
+    looking up a signature hashes all of it."""
+    found = state.get("signed")
+    if found is None:
+        signature = plan.signature
+        if signature is None:
+            return None
+        with STATE.lock:
+            found = STATE.signed_runs.get(signature)
+            if found is None:
+                if len(STATE.signed_runs) >= MAX_SIGNATURES:
+                    _forget_signed()
+                found = STATE.signed_runs[signature] = {}
+        state["signed"] = found
+    return found
+
+
+def _forget_signed():
+    """Empty every signature's runs (plans that found a signature's dict keep it: it must
+    hold no run from before), then forget the signatures. Under STATE.lock."""
+    for runs in STATE.signed_runs.values():
+        runs.clear()
+    STATE.signed_runs.clear()
+
+
 def _keep(plan, key, run):
     """Keep ``run`` for the next run of ``plan`` under ``key``, and for a device plan
-    also under its signature (``Run.rebound``)."""
-    runs = _plan_state(plan).setdefault("runs", {})
+    also for the plans of its signature."""
+    state = _plan_state(plan)
+    runs = state.setdefault("runs", {})
     if len(runs) >= MAX_RUNS:
         runs.clear()
     runs[key] = run
     STATE.plans_with_runs.add(plan)
-    signature = plan.signature
-    if signature is not None:
-        if len(STATE.signed_runs) >= MAX_SIGNED_RUNS:
-            STATE.signed_runs.clear()
-        STATE.signed_runs[(signature, key)] = run
+    signed = _signed(plan, state)
+    if signed is not None:
+        if len(signed) >= MAX_RUNS:
+            signed.clear()
+        signed[key] = run
+
+
+def _bound_values(plan, state, stream, run):
+    """The values of the words of ``run``'s launches that name ``plan``'s memory, by
+    name (its metadata arrays, its table on ``stream``, its error words): worked out once
+    per plan and stream, as every layer's run of the plan takes the same."""
+    values = state.get(("bound", stream))
+    if values is None:
+        values = state.setdefault(("bound", stream), {})
+    for at in run.bound:
+        for _i, name in at:
+            if name not in values:
+                if name == "errors":
+                    value = errors_of(plan).data_ptr()
+                elif name == "tables":
+                    value = _tables(plan, plan.device, False, stream)[0]
+                else:
+                    value = plan.kernel_arrays[name][0].data_ptr()
+                values[name] = value
+    return values
 
 
 class Run:
@@ -392,38 +441,36 @@ class Run:
         self.launches, self.output, self.bound = launches, output, bound
         self.context = context  # the device's primary context (int handle)
 
-    def rebound(self, plan, device, stream):
-        """This run for device plan ``plan`` (of the signature of the plan it was
-        prepared for): the same launches with the words that name the plan's memory
-        replaced by ``plan``'s (its metadata arrays, its table on this stream, its error
-        words)."""
-        names = {n for at in self.bound for _i, n in at}
-        values = {n: plan.kernel_arrays[n][0].data_ptr() for n in names
-                  if n in plan.kernel_arrays}
-        if "errors" in names:
-            values["errors"] = errors_of(plan).data_ptr()
-        if "tables" in names:
-            values["tables"] = _tables(plan, device, False, stream)[0]
-        launches = tuple(p.rebound({i: values[n] for i, n in at})
-                         for p, at in zip(self.launches, self.bound))
+    def rebound(self, values):
+        """This run with the words that name a device plan's memory set from ``values``
+        (``_bound_values``): a run for another plan of the signature of the plan it was
+        prepared for."""
+        launches = tuple(p.rebound(at, values) for p, at in zip(self.launches, self.bound))
         return Run(launches, self.context, self.output, self.bound)
 
-    def launch(self, stream, target):
+    def launch(self, stream, target, values=None):
+        """The launches on ``stream`` into ``target``; ``values``: as ``rebound``'s, for
+        these launches only."""
         address = target.data_ptr()
         current = driver.in_context(self.context)
         try:
-            for prepared in self.launches:
-                prepared.launch(stream, address)
+            if values is None:
+                for prepared in self.launches:
+                    prepared.launch(stream, address)
+            else:
+                for prepared, at in zip(self.launches, self.bound):
+                    prepared.launch(stream, address, at, values)
         finally:
             if not current:
                 driver.leave_context()
 
-    def __call__(self, out, stream):
-        """The run on ``stream`` (torch's current one, a raw handle); returns its output."""
+    def __call__(self, out, stream, values=None):
+        """The run on ``stream`` (torch's current one, a raw handle); returns its output.
+        ``values``: as ``launch``'s."""
         if self.output:
             shape, dtype, device = self.output
             out = torch.empty(shape, dtype=dtype, device=device)
-        self.launch(stream, out)
+        self.launch(stream, out, values)
         return out
 
 
@@ -483,7 +530,7 @@ def forget_runs():
         for plan in list(STATE.plans_with_runs):
             _plan_state(plan).pop("runs", None)
         STATE.plans_with_runs.clear()
-        STATE.signed_runs.clear()
+        _forget_signed()
 
 
 def run_remembered(plan, args, activation, math, split=SPLIT_NONE):
@@ -494,21 +541,37 @@ def run_remembered(plan, args, activation, math, split=SPLIT_NONE):
 
 def _kept_run(plan, key, out):
     """(output, key) of the run of ``plan`` kept under ``key`` (launched now, into ``out``
-    or a new output), or of a device plan of the same signature rebound to ``plan``;
-    (None, key) when none is kept (key None: never to be kept)."""
+    or a new output), or of one kept for a device plan of the same signature, launched
+    with ``plan``'s words in place of that plan's; (None, key) when none is kept (key
+    None: never to be kept).
+
+    An engine builds a new device plan from new metadata at every step and runs each
+    layer on it once: such a run is launched with the words replaced for that launch
+    only (nothing is prepared or kept). The second run of a plan under a key keeps a
+    rebound copy, so that a plan run again and again (a CUDA graph's) launches its own."""
     if key is None:
         return None, None
-    run = _plan_state(plan).get("runs", _NO_RUNS).get(key)
-    if run is None:
-        signature = plan.signature
-        if signature is None:
-            return None, key
-        found = STATE.signed_runs.get((signature, key))
-        if found is None:
-            return None, key
-        run = found.rebound(plan, plan.device, key[STREAM_AT])
+    state = _plan_state(plan)
+    stream = key[STREAM_AT]
+    run = state.get("runs", _NO_RUNS).get(key)
+    if run is not None:
+        return run(out, stream), key  # these tensors passed this geometry's checks
+    signed = _signed(plan, state)
+    found = None if signed is None else signed.get(key)
+    if found is None:
+        return None, key
+    values = _bound_values(plan, state, stream, found)
+    once = state.get("once")
+    if once is None:
+        once = state.setdefault("once", set())
+    if key in once:  # (a plan run again: its own launches from now on)
+        run = found.rebound(values)
         _keep(plan, key, run)
-    return run(out, key[STREAM_AT]), key  # these tensors passed this geometry's checks
+        return run(out, stream), key
+    if len(once) >= MAX_RUNS:
+        once.clear()
+    once.add(key)
+    return found(out, stream, values), key
 
 
 def errors_of(plan, sim=False):

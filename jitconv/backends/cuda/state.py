@@ -20,8 +20,8 @@ class CudaState:
     device_functions: dict = field(default_factory=dict)  # (what, key) -> device function
     # What runs keep.
     plans_with_runs: weakref.WeakSet = field(default_factory=weakref.WeakSet)
-    # (device plan signature, run key) -> a run prepared for a plan of that signature
-    # (``launching.Run.rebound``)
+    # device plan signature -> {run key: a run prepared for a plan of that signature}
+    # (``launching._signed``; plans keep a reference to their signature's dict)
     signed_runs: dict = field(default_factory=dict)
     error_words: dict = field(default_factory=dict)  # torch device -> one-shot calls' words
     capability: dict = field(default_factory=dict)  # device index -> compute capability
@@ -41,6 +41,8 @@ class CudaState:
         with self.lock:
             for plan in list(self.plans_with_runs):
                 plan.derived.get("cuda", {}).pop("runs", None)
+            for runs in self.signed_runs.values():  # (plans may still hold these dicts)
+                runs.clear()
             self.signed_runs.clear()
         fresh = CudaState()
         for f in fields(self):
