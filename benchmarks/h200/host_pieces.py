@@ -10,9 +10,12 @@ of 36 layers, one synchronization per step, metadata made before each step's tim
 - "whole-step, kept record": the same record every step (each layer's run remembered);
 - "plan.run, kept device plan": the step's device plan built once, ``plan.run`` per layer
   with the plugin's arguments (the floor of the remembered path);
-- "plan build": the first ``_layer_plan`` of a step, per step / 36.
+- "plan build": the first ``_layer_plan`` of a step, per step / 36;
+- "drop-ins": vLLM's conv calls with jitconv.vllm's drop-ins, new metadata each step or
+  the same.
 Then single pieces, per call (median of 2000): run_key, a signed run's rebinding, a kept
-run's launch, _to_state_dtype, _layer_plan on a record that has its plan.
+run's launch, _to_state_dtype, _layer_plan on a record that has its plan; on the decode
+step the drop-in's call as vLLM's layer makes it and vLLM's slice of its lines argument.
 
     PYTHONPATH=$PWD python3 benchmarks/h200/host_pieces.py .peers/v032/causal_conv1d.py
 """
@@ -98,7 +101,14 @@ def main(vllm_file):
                     else:
                         plan.run(L["x"], L["weight"], L["bias"], L["state"],
                                  out=None if new else L["x"])
+
+            def dropin(s):
+                for L in s.layers:
+                    bsteps.vllm_conv(s, L, dropins.causal_conv1d_update,
+                                     dropins.causal_conv1d_fn)
             rows = {"vllm update": per_layer(vllm, base),
+                    "drop-ins, new metadata": per_layer(dropin, base),
+                    "drop-ins, kept metadata": per_layer(dropin, base, new=False),
                     "whole-step, new metadata": per_layer(whole, base),
                     "whole-step, kept record": per_layer(whole, base, new=False),
                     "plan.run, kept device plan": per_layer(plan_run, base, new=False),
@@ -119,18 +129,23 @@ def main(vllm_file):
                           x, w, st, kept.record, 0, None, both),
                       "current_stream": lambda: driver.current_stream(0),
                       "capturing check": lambda: torch.cuda.is_current_stream_capturing()}
+            if name.startswith("decode"):  # the decode call of vLLM's layer
+                meta = kept.meta
+
+                def lines():
+                    return meta["non_spec_state_indices"][:x.shape[0]]
+                pieces["vLLM's slice of the lines"] = lines
+                pieces["drop-in update (kept)"] = lambda: dropins.causal_conv1d_update(
+                    x, st, w, b, "silu", conv_state_indices=lines(), validate_data=True)
             run = launching._plan_state(plan).get("runs", {}).get(key)
             stream = key[launching.STREAM_AT]
             if run is not None:
                 other = bsteps.fresh(base)
                 plan2 = dropins._layer_plan(x, w, st, other.record, 0, None, both)
-                if hasattr(launching, "_bound_values"):  # since the patched launches
-                    values = launching._bound_values(plan2, launching._plan_state(plan2),
-                                                     stream, run)
-                    pieces["Run.rebound"] = lambda: run.rebound(values)
-                    pieces["patched launch"] = lambda: run(args[4], stream, values)
-                else:
-                    pieces["Run.rebound"] = lambda: run.rebound(plan2, plan2.device, stream)
+                values = launching._bound_values(plan2, launching._plan_state(plan2),
+                                                 stream, run)
+                pieces["Run.rebound"] = lambda: run.rebound(values)
+                pieces["patched launch"] = lambda: run(args[4], stream, values)
                 pieces["Run.__call__ (launch)"] = lambda: run(args[4], stream)
             else:
                 print("  (no kept run under this key)")
