@@ -154,7 +154,7 @@ def _spy_get_kernel(monkeypatch):
     import dataclasses
     calls = []
     real = cuda_backend.get_kernel
-    cuda_backend.forget_runs()  # a remembered run chooses no kernel
+    cuda_backend.STATE.forget_runs()  # a remembered run chooses no kernel
 
     def spy(spec):
         calls.append(dataclasses.asdict(spec))

@@ -18,8 +18,9 @@ class CudaBackend:
         self.state.clear()
 
     def forget_runs(self):
-        """Drop every remembered run (the next launch of each is prepared again)."""
-        launching.forget_runs()
+        """Drop every remembered run (``CudaState.forget_runs``): tests that watch
+        which kernel a launch chooses (a remembered run chooses none)."""
+        self.state.forget_runs()
 
     def devices(self):
         return devices.devices()

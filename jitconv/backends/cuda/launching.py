@@ -379,18 +379,10 @@ def _signed(plan, state):
             found = STATE.signed_runs.get(signature)
             if found is None:
                 if len(STATE.signed_runs) >= MAX_SIGNATURES:
-                    _forget_signed()
+                    STATE.forget_signed()
                 found = STATE.signed_runs[signature] = {}
         state["signed"] = found
     return found
-
-
-def _forget_signed():
-    """Empty every signature's runs (plans that found a signature's dict keep it: it must
-    hold no run from before), then forget the signatures. Under STATE.lock."""
-    for runs in STATE.signed_runs.values():
-        runs.clear()
-    STATE.signed_runs.clear()
 
 
 def _keep(plan, key, run):
@@ -521,16 +513,6 @@ def run_key(args, activation, math, split=SPLIT_NONE):
                       _flags(out))
     except AttributeError:  # not a tensor: the checks will say so
         return None
-
-
-def forget_runs():
-    """Drop every remembered run (tests that watch which kernel a launch chooses: a
-    remembered run chooses none)."""
-    with STATE.lock:
-        for plan in list(STATE.plans_with_runs):
-            _plan_state(plan).pop("runs", None)
-        STATE.plans_with_runs.clear()
-        _forget_signed()
 
 
 def run_remembered(plan, args, activation, math, split=SPLIT_NONE):

@@ -21,7 +21,8 @@ class CudaState:
     # What runs keep.
     plans_with_runs: weakref.WeakSet = field(default_factory=weakref.WeakSet)
     # device plan signature -> {run key: a run prepared for a plan of that signature}
-    # (``launching._signed``; plans keep a reference to their signature's dict)
+    # (``launching._signed``; plans keep a reference to their signature's dict,
+    # ``forget_signed``)
     signed_runs: dict = field(default_factory=dict)
     error_words: dict = field(default_factory=dict)  # torch device -> one-shot calls' words
     capability: dict = field(default_factory=dict)  # device index -> compute capability
@@ -35,15 +36,26 @@ class CudaState:
 
     KEPT = ("driver", "lock", "planner_lock", "errors_lock", "thread")
 
-    def clear(self):
-        """Forget every cache (kernels, planners, remembered runs, error words not yet
-        read); keep the driver library and the locks."""
+    def forget_signed(self):
+        """Empty every signature's runs, then forget the signatures (under ``lock``):
+        plans that found a signature's dict keep it, so it must hold no run from before."""
+        for runs in self.signed_runs.values():
+            runs.clear()
+        self.signed_runs.clear()
+
+    def forget_runs(self):
+        """Forget every remembered run, each plan's and each signature's (the next launch
+        of each is prepared again)."""
         with self.lock:
             for plan in list(self.plans_with_runs):
                 plan.derived.get("cuda", {}).pop("runs", None)
-            for runs in self.signed_runs.values():  # (plans may still hold these dicts)
-                runs.clear()
-            self.signed_runs.clear()
+            self.plans_with_runs.clear()
+            self.forget_signed()
+
+    def clear(self):
+        """Forget every cache (kernels, planners, remembered runs, error words not yet
+        read); keep the driver library and the locks."""
+        self.forget_runs()
         fresh = CudaState()
         for f in fields(self):
             if f.name not in self.KEPT:
