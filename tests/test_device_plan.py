@@ -1491,6 +1491,89 @@ def test_remembered_runs_need_the_same_tensors(cuda_device, monkeypatch, inferen
 
 
 @GPU_ONLY
+@pytest.mark.parametrize("what", ["conv", "conv into x", "stage"])
+def test_remembered_runs_follow_their_inputs_to_other_memory(cuda_device, monkeypatch, what):
+    """An engine's x (and a stage's a and b) is a new tensor at every layer and step (a
+    projection's output, a part gathered by index_select), so a run kept for them at
+    some addresses is launched for them at others (nothing prepared again), reading and
+    (into x) writing the new tensors only: the reference's outputs and cache lines of the
+    new inputs, the first inputs bit-identical. x at an address of another alignment is
+    prepared anew; x, a or b moved onto conv_state's memory is refused as without a kept
+    run, conv_state untouched."""
+    device = cuda_device
+    gen = torch.Generator().manual_seed(13 + len(what))
+    stage = what == "stage"
+    lines = torch.tensor([0, 3, 5], dtype=torch.int32, device=device)
+    md = dict(non_spec_state_indices=lines)
+    plan = jitconv.device_plan(3, 8, 3, 4, **md)
+    tensors = stage_layer(gen, torch.bfloat16, 3, 8, 3, device) if stage else \
+        layer(gen, torch.bfloat16, 3, 8, 3, 4, device)
+    w, b, state = tensors[1:4]
+    calls = []
+    real = cuda_launching.launch
+    monkeypatch.setattr(cuda_launching, "launch",
+                        lambda *a, **k: calls.append(1) or real(*a, **k))
+
+    def run(movers):
+        """Run on x (and a, b: ``movers``) as given."""
+        x = movers[0]
+        if stage:
+            return plan.run_stage(x, w, b, state, *movers[1:], *tensors[6:], **STAGE_HEADS)
+        return plan.run(x, w, b, state, out=x if what == "conv into x" else None)
+
+    def run_on(movers):
+        if stage:
+            want = gdn_conv_stage_reference(*(t.cpu() for t in (movers[0], w, b, state)),
+                                            *(t.cpu() for t in movers[1:]),
+                                            *(t.cpu() for t in tensors[6:]), **STAGE_HEADS,
+                                            **reference_metadata(md))
+            check_stage(run(movers), (movers[0], w, b, state) + tuple(movers[1:])
+                        + tensors[6:], md, torch.bfloat16, want)
+            return
+        want_out, want_state = reference_of(md, (movers[0], w, b, state))
+        result = run(movers)
+        assert (result is movers[0]) == (what == "conv into x")
+        assert_outputs_close(result, want_out, torch.bfloat16)
+        assert_state_exact(state, want_state)
+
+    def new_movers():
+        """New tensors at new addresses, as an engine's layers pass them (a and b: views
+        of one new projection output)."""
+        x = randn(gen, tuple(tensors[0].shape), torch.bfloat16).to(device)
+        if not stage:
+            return (x,)
+        ab = (randn(gen, (x.shape[0], 4), torch.bfloat16) * 3).to(device)
+        return x, ab[:, :2], ab[:, 2:]
+
+    with torch.inference_mode():
+        first = (tensors[0].clone(),) + tuple(tensors[4:6])  # kept: no later one reuses them
+        first = first if stage else first[:1]
+        run_on(first)
+        assert len(calls) == 1
+        first_bits = [bits(t) for t in first]
+        for _ in range(2):
+            movers = new_movers()
+            assert all(m.data_ptr() != f.data_ptr() for m, f in zip(movers, first))
+            run_on(movers)
+        assert len(calls) == 1, "a run was prepared again for inputs at other addresses"
+        assert all(torch.equal(bits(t), f) for t, f in zip(first, first_bits))
+        # x two bytes past an aligned address: another alignment, prepared anew
+        flat = torch.empty(first[0].numel() + 8, dtype=torch.bfloat16, device=device)
+        odd = flat[1:1 + first[0].numel()].view(first[0].shape)
+        odd.copy_(new_movers()[0])
+        run_on((odd,) + new_movers()[1:])
+        assert len(calls) == 2
+        # x, a or b on conv_state's memory: the checks refuse it, nothing launched
+        before = bits(state)
+        for n in range(len(first)):
+            onto = list(new_movers())
+            onto[n] = torch.as_strided(state, tuple(onto[n].shape), onto[n].stride())
+            with pytest.raises(ValueError, match="overlap"):
+                run(onto)
+            assert torch.equal(bits(state), before) and len(calls) == 2
+
+
+@GPU_ONLY
 @pytest.mark.parametrize("spec", [False, True])
 def test_vllm_update_keeps_metadata_on_the_device(cuda_device, monkeypatch, spec):
     """jitconv.vllm.causal_conv1d_update with CUDA metadata takes the device path (one

@@ -133,16 +133,19 @@ class Prepared:
         found = self.configs[stream] = ctypes.byref(config)  # (which keeps config)
         return found
 
-    def launch(self, stream, value=None, at=(), values=None):
+    def launch(self, stream, value=None, at=(), values=None, moved=()):
         """Launch on ``stream`` (a raw handle) in the calling thread's current context
         (``in_context``); ``value``: the patched word's value; ``at``, ``values``: as
-        ``rebound``'s, written into a copy of the arguments for this launch only."""
+        ``rebound``'s, and ``moved``: ((word index, value), ...), written into a copy of
+        the arguments for this launch only."""
         config = self.configs.get(stream)
         if config is None:
             config = self._config(stream)
         extra = self.extra
-        if self.patch is not None or at:
+        if self.patch is not None or at or moved:
             buffer = self._replaced(at, values)
+            for index, word in moved:
+                buffer[index] = word
             if self.patch is not None:
                 for index, delta in self.patch:
                     buffer[index] = value + delta

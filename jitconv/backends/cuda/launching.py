@@ -37,6 +37,7 @@ import numpy as np
 import torch
 
 from jitconv.kernels import planner, tuning
+from jitconv.memory.arrays import byte_extent, extents_meet
 from jitconv.kernels.abi import (CONV_ARGS, SPLIT_NONE, SPLIT_PARTS, rows_aligned,
                                  stage_divisors)
 from jitconv.backends.cuda import driver
@@ -271,8 +272,9 @@ def launch(plan, x, weight, bias, conv_state, target, silu, dtype, math=None, ke
 
     def kernels_and_args():
         """[(kernel, args, grid, block)]: the planner's launch (device plans, unless the
-        conv kernel plans its own blocks: ``fused``), then the conv kernel's; and the
-        index of out's address among the conv's arguments."""
+        conv kernel plans its own blocks: ``fused``), then the conv kernel's; the index
+        of out's address among the conv's arguments; those of the tensors that may move
+        (``Run.moved``)."""
         record_types = record_values = kind = None
         if fused:  # no table: any valid memory, never read (rows are consecutive)
             record_types, record_values = _planner_values(plan, sim)
@@ -308,6 +310,11 @@ def launch(plan, x, weight, bias, conv_state, target, silu, dtype, math=None, ke
         if stage is not None:
             args += _stage_arguments(stage, sim)
             patch_at = _stage_patch(stage, names, args, sim)
+        moved = ((names.index("x"), names.index("out")) if into_x else
+                 (names.index("x"),),)
+        if stage is not None:  # a and b, among the stage kernel's last arguments
+            first = len(args) - len(STAGE_NAMES)
+            moved += ((first + STAGE_NAMES.index("ga"),), (first + STAGE_NAMES.index("gb"),))
         launches = [(get_kernel(spec), args, grid, block, bound)]
         if plan.on_device and not fused:
             planning = [_planner_launch(plan, tables, sim,
@@ -316,15 +323,17 @@ def launch(plan, x, weight, bias, conv_state, target, silu, dtype, math=None, ke
             if plan.rules:
                 planning.append(_rules_launch(plan, tables, offsets, sim, windows) + ((),))
             launches[:0] = planning
-        return launches, patch_at
+        return launches, patch_at, moved
 
+    # the run writes into x (out is x): x's address is also out's word
+    into_x = not new_output and stage is None and target.data_ptr() == x.data_ptr()
     if sim:
         for kernel, args, grid_, block_, _bound in kernels_and_args()[0]:
             kernel[grid_, block_](*args)
         return
     from numba import cuda
     with cuda.gpus[x.device.index]:
-        launches, patch_at = kernels_and_args()
+        launches, patch_at, moved = kernels_and_args()
         context = driver.address(cuda.current_context().handle)
         # Each dispatcher's one compiled kernel (source.pointer_signature), launched
         # through the driver with its arguments packed once (``driver``): the
@@ -341,10 +350,33 @@ def launch(plan, x, weight, bias, conv_state, target, silu, dtype, math=None, ke
     if stage is not None:  # the patched words point into the stage's one output
         target = stage.buffer
     output = (tuple(target.shape), target.dtype, target.device) if new_output else None
-    run = Run(tuple(prepared), context, output, tuple(bound))
+    movers = (x,) if stage is None else (x, stage.a, stage.b)
+    run = Run(tuple(prepared), context, output, tuple(bound), moved,
+              tuple(t.data_ptr() for t in movers),
+              _apart(movers, weight, bias, conv_state, target, into_x, new_output))
     run.launch(stream, target)
     if key is not None:
         _keep(plan, key, run)
+
+
+def _apart(movers, weight, bias, conv_state, target, into_x, new_output):
+    """``Run.apart``: per tensor that may move (x, and a stage's a and b), its byte extent
+    relative to its address and the extents it must not meet at another address
+    (``validation.check_aliasing``'s and ``check_stage``'s rules): conv_state's (written
+    while they are read), and for x weight's and bias's when the run writes into x, and a
+    separate out's (x meeting it is a run through a copy)."""
+    state = byte_extent(conv_state)
+    found = []
+    for n, t in enumerate(movers):
+        others = [state]
+        if n == 0:
+            others += [byte_extent(weight), byte_extent(bias)] if into_x else \
+                [] if new_output else [byte_extent(target)]
+        extent = byte_extent(t)
+        start = t.data_ptr()
+        lo, hi = (0, 0) if extent is None else (extent[0] - start, extent[1] - start)
+        found.append((lo, hi, tuple(e for e in others if e is not None)))
+    return tuple(found)
 
 
 # Remembered launches per plan, and per signature (``_signed``): a plan serves a step's
@@ -423,46 +455,74 @@ def _bound_values(plan, state, stream, run):
 
 class Run:
     """A run's prepared launches (``driver.Prepared``), kept for the next run with the
-    same tensors (``run_key``). ``output``: (shape, dtype, device) of the new tensor each
-    run writes (out was None), or None (the caller's out). ``bound``: per launch, the
-    words that name the plan's own memory (``_bound_at``)."""
+    same tensors (``run_key``: the addresses of x, and of a stage's a and b, only up to
+    their alignment). ``output``: (shape, dtype, device) of the new tensor each run
+    writes (out was None), or None (the caller's out). ``bound``: per launch, the words
+    that name the plan's own memory (``_bound_at``). Per tensor that may move (x, a, b:
+    the "movers"): ``moved``, the conv launch's (the last) words holding its address
+    (x's, and out's when the run writes into x), set at a run where it is elsewhere
+    (``moved_words``); ``homes``, the addresses they hold; ``apart``, its byte extent
+    relative to its address and the extents it must not meet (``_apart``)."""
 
-    __slots__ = ("launches", "context", "output", "bound")
+    __slots__ = ("launches", "context", "output", "bound", "moved", "homes", "apart")
 
-    def __init__(self, launches, context, output, bound):
+    def __init__(self, launches, context, output, bound, moved, homes, apart):
         self.launches, self.output, self.bound = launches, output, bound
         self.context = context  # the device's primary context (int handle)
+        self.moved, self.homes, self.apart = moved, homes, apart
 
     def rebound(self, values):
         """This run with the words that name a device plan's memory set from ``values``
         (``_bound_values``): a run for another plan of the signature of the plan it was
         prepared for."""
         launches = tuple(p.rebound(at, values) for p, at in zip(self.launches, self.bound))
-        return Run(launches, self.context, self.output, self.bound)
+        return Run(launches, self.context, self.output, self.bound, self.moved,
+                   self.homes, self.apart)
 
-    def launch(self, stream, target, values=None):
-        """The launches on ``stream`` into ``target``; ``values``: as ``rebound``'s, for
-        these launches only."""
+    def moved_words(self, movers):
+        """The words to set for a run with ``movers`` (x, and a stage's a and b) at their
+        addresses: ((word, address), ...), () when each is where the run was prepared;
+        None when one's memory there meets a tensor it must not (the run is not for
+        these tensors: the checks will say why)."""
+        words = ()
+        for t, home, at, (lo, hi, others) in zip(movers, self.homes, self.moved,
+                                                 self.apart):
+            address = t.data_ptr()
+            if address == home:
+                continue
+            extent = (address + lo, address + hi)
+            if any(extents_meet(extent, other) for other in others):
+                return None
+            words += tuple((i, address) for i in at)
+        return words
+
+    def launch(self, stream, target, values=None, moved=()):
+        """The launches on ``stream`` into ``target``; ``values``: as ``rebound``'s, and
+        ``moved``: ((word, address), ...) from ``moved_words``, for these launches
+        only."""
         address = target.data_ptr()
         current = driver.in_context(self.context)
         try:
-            if values is None:
+            if values is None and not moved:
                 for prepared in self.launches:
                     prepared.launch(stream, address)
             else:
-                for prepared, at in zip(self.launches, self.bound):
-                    prepared.launch(stream, address, at, values)
+                last = len(self.launches) - 1
+                for n, (prepared, at) in enumerate(zip(self.launches, self.bound)):
+                    prepared.launch(stream, address, at if values is not None else (),
+                                    values, moved if n == last else ())
         finally:
             if not current:
                 driver.leave_context()
 
-    def __call__(self, out, stream, values=None):
-        """The run on ``stream`` (torch's current one, a raw handle); returns its output.
-        ``values``: as ``launch``'s."""
+    def __call__(self, out, stream, values=None, moved=()):
+        """The run on ``stream`` (torch's current one, a raw handle); returns its output
+        (``out`` as given: x when the run writes into x). ``values``, ``moved``: as
+        ``launch``'s."""
         if self.output:
             shape, dtype, device = self.output
             out = torch.empty(shape, dtype=dtype, device=device)
-        self.launch(stream, out, values)
+        self.launch(stream, out, values, moved)
         return out
 
 
@@ -477,6 +537,10 @@ def _optional(t):
 
 
 STREAM_AT = 1  # where a run key holds the stream
+# The addresses of the tensors a run may move (x; a stage's a and b) in a run key:
+# modulo this, a multiple of the widest access of a row group (``row_group_for``: 8
+# channels of 4 bytes at most) and of torch's allocations' alignment.
+X_ALIGNMENT = 512
 
 
 def run_key(args, activation, math, split=SPLIT_NONE):
@@ -486,6 +550,13 @@ def run_key(args, activation, math, split=SPLIT_NONE):
     activation and math, the tuning's overrides, torch's current stream (at
     ``STREAM_AT``) and the split mode. None: not a run to remember (x is not a CUDA
     tensor, or an argument has no tensor's fields).
+
+    x's address counts only up to what the kernel choice reads of it (its alignment,
+    ``X_ALIGNMENT``), and out only as "x" when it is x's memory seen the same way: an
+    engine's x is a new tensor at every layer and step (a projection's output, a part
+    gathered by index_select), and a run kept for x at one address is launched for x at
+    another with those words set (``Run.moved_words``), once x's memory there is checked
+    apart from the tensors it must not meet. (A stage's a and b alike: ``stage_key``.)
 
     This is the per-run cost of every remembered run, so it reads each field once, with
     no call per tensor where it can. Only x is tested for being a CUDA tensor: a run is
@@ -500,13 +571,21 @@ def run_key(args, activation, math, split=SPLIT_NONE):
     # tuning overrides (tests, benchmarks) choose other kernels: part of the key
     overrides = tuning.overrides()
     try:
+        shape, stride, dtype = x.shape, x.stride(), x.dtype
+        if out is None:
+            out_key = None
+        elif out is x or (out.data_ptr() == x.data_ptr() and out.shape == shape
+                          and out.stride() == stride and out.dtype == dtype):
+            out_key = "x"
+        else:
+            out_key = _optional(out)
         key = (index, driver.current_stream(index), activation, math, split, inference,
                torch.is_grad_enabled(), overrides,
-               x.data_ptr(), x.shape, x.stride(), x.dtype,
+               x.data_ptr() % X_ALIGNMENT, shape, stride, dtype,
                weight.data_ptr(), weight.shape, weight.stride(), weight.dtype,
                weight.get_device(),
                conv_state.data_ptr(), conv_state.shape, conv_state.stride(),
-               conv_state.dtype, conv_state.get_device(), _optional(bias), _optional(out))
+               conv_state.dtype, conv_state.get_device(), _optional(bias), out_key)
         if inference:  # no autograd, every tensor may be written: the flags are not read
             return key
         return key + (_flags(x), _flags(weight), _flags(bias), _flags(conv_state),
@@ -518,10 +597,10 @@ def run_key(args, activation, math, split=SPLIT_NONE):
 def run_remembered(plan, args, activation, math, split=SPLIT_NONE):
     """(output, key) of the run kept for these arguments (launched now), or (None, key)
     when none is kept (key None: never to be kept): ``backend.remembered``'s work."""
-    return _kept_run(plan, run_key(args, activation, math, split), args[4])
+    return _kept_run(plan, run_key(args, activation, math, split), (args[0],), args[4])
 
 
-def _kept_run(plan, key, out):
+def _kept_run(plan, key, movers, out):
     """(output, key) of the run of ``plan`` kept under ``key`` (launched now, into ``out``
     or a new output), or of one kept for a device plan of the same signature, launched
     with ``plan``'s words in place of that plan's; (None, key) when none is kept (key
@@ -530,18 +609,28 @@ def _kept_run(plan, key, out):
     An engine builds a new device plan from new metadata at every step and runs each
     layer on it once: such a run is launched with the words replaced for that launch
     only (nothing is prepared or kept). The second run of a plan under a key keeps a
-    rebound copy, so that a plan run again and again (a CUDA graph's) launches its own."""
+    rebound copy, so that a plan run again and again (a CUDA graph's) launches its own.
+    A run kept for ``movers`` (x; a stage's x, a and b) elsewhere is launched with their
+    words set (``Run.moved_words``); when one of them there meets another tensor of the
+    run, (None, None): the checks say why."""
     if key is None:
         return None, None
     state = _plan_state(plan)
     stream = key[STREAM_AT]
     run = state.get("runs", _NO_RUNS).get(key)
     if run is not None:
-        return run(out, stream), key  # these tensors passed this geometry's checks
+        moved = run.moved_words(movers)
+        if moved is None:
+            return None, None
+        # these tensors passed this geometry's checks
+        return run(out, stream, None, moved), key
     signed = _signed(plan, state)
     found = None if signed is None else signed.get(key)
     if found is None:
         return None, key
+    moved = found.moved_words(movers)
+    if moved is None:
+        return None, None
     values = _bound_values(plan, state, stream, found)
     once = state.get("once")
     if once is None:
@@ -549,11 +638,11 @@ def _kept_run(plan, key, out):
     if key in once:  # (a plan run again: its own launches from now on)
         run = found.rebound(values)
         _keep(plan, key, run)
-        return run(out, stream), key
+        return run(out, stream, None, moved), key
     if len(once) >= MAX_RUNS:
         once.clear()
     once.add(key)
-    return found(out, stream, values), key
+    return found(out, stream, values, moved), key
 
 
 def errors_of(plan, sim=False):
@@ -699,8 +788,10 @@ def stage_key(args, stage_args, activation, math):
                               and t.is_contiguous() for t in (A_log, dt_bias)):
         return None
     try:
-        key += tuple((t.data_ptr(), t.shape, t.stride(), t.dtype, t.get_device())
-                     for t in (a, b, A_log, dt_bias)) + (heads, l2norm, exp_g)
+        key += tuple((t.data_ptr() % X_ALIGNMENT, t.shape, t.stride(), t.dtype,
+                      t.get_device()) for t in (a, b)) + \
+            tuple((t.data_ptr(), t.shape, t.stride(), t.dtype, t.get_device())
+                  for t in (A_log, dt_bias)) + (heads, l2norm, exp_g)
         if not key[5]:  # outside inference mode: the flags the checks read
             key += (_flags(a), _flags(b))
         return key
@@ -711,7 +802,8 @@ def stage_key(args, stage_args, activation, math):
 def stage_remembered(plan, args, stage_args, activation, math):
     """(the stage's output buffer, key) of the stage run kept for these arguments
     (launched now), or (None, key) when none is kept (key None: never to be kept)."""
-    return _kept_run(plan, stage_key(args, stage_args, activation, math), None)
+    return _kept_run(plan, stage_key(args, stage_args, activation, math),
+                     (args[0], stage_args[0], stage_args[1]), None)
 
 
 def _l2norm_unchecked(stage):
