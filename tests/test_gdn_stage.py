@@ -248,6 +248,17 @@ def test_stage_head_layouts(device, poisoned_outputs, heads):
     check_against_reference(data, meta, gates, torch.bfloat16, heads=heads)
 
 
+def usm_case(data, gates):
+    """A stage case's tensors copied into USM memory of jitconv's pool (SYCL keeps only
+    zero-copy launches), a and b as views of one projection output (as a layer has them):
+    (data, gates, that output)."""
+    HV = gates["a"].shape[1]
+    ab = usm_copy(torch.cat([gates["b"], gates["a"]], dim=1))
+    return ({k: usm_copy(v) for k, v in data.items()},
+            dict(a=ab[:, HV:], b=ab[:, :HV], A_log=usm_copy(gates["A_log"]),
+                 dt_bias=usm_copy(gates["dt_bias"])), ab)
+
+
 def test_remembered_stage_runs(device, monkeypatch):
     """A layer's second run with the same tensors is a remembered launch (no checks, no
     kernel choice: the backend's launch is not called) into a new output, and it is as
@@ -261,11 +272,7 @@ def test_remembered_stage_runs(device, monkeypatch):
         backend, name = launching, "launch"
     else:
         backend, name = SyclBackend, "launch"
-        data = {k: usm_copy(v) for k, v in data.items()}
-        HV = gates["a"].shape[1]
-        ab = usm_copy(torch.cat([gates["b"], gates["a"]], dim=1))
-        gates = dict(a=ab[:, HV:], b=ab[:, :HV], A_log=usm_copy(gates["A_log"]),
-                     dt_bias=usm_copy(gates["dt_bias"]))
+        data, gates, _ab = usm_case(data, gates)
     plan = jitconv.plan(data["x"].shape[0], data["conv_state"].shape[0],
                         data["conv_state"].shape[2], 4, **meta)
     H, K, _HV, V = HEADS
@@ -288,6 +295,74 @@ def test_remembered_stage_runs(device, monkeypatch):
     assert results[0].spec.q.data_ptr() != results[1].spec.q.data_ptr()  # a new output
 
 
+def test_a_remembered_stage_launch_follows_its_inputs_to_other_memory(device, monkeypatch):
+    """SYCL: a layer's x, a and b are new tensors at every step (a projection's
+    outputs): a stage launch remembered for them at some addresses is submitted for them
+    at others (no checks, no new launch) and reads the new ones (the reference of their
+    values); a or b on conv_state's memory is refused by the checks, conv_state
+    untouched. (CUDA: tests/test_device_plan.py's runs on moved inputs.)"""
+    if SIM:
+        pytest.skip("the simulator has no remembered launches (its tensors are the host's)")
+    if GPU:
+        pytest.skip("SYCL's remembered launches (CUDA's: tests/test_device_plan.py)")
+    from jitconv.backends.sycl import run_cache
+    data, meta, gates = stage_case(21, torch.bfloat16)
+    data, gates, ab = usm_case(data, gates)
+    HV = gates["a"].shape[1]
+
+    def at_class(t, like):
+        """A pool copy of ``t`` at an address congruent to ``like``'s modulo the key's
+        alignment (the same key)."""
+        flat = jitconv.empty((t.numel() + run_cache.X_ALIGNMENT,), t.dtype)
+        k = next(k for k in range(run_cache.X_ALIGNMENT)
+                 if (flat.data_ptr() + k * t.element_size()) % run_cache.X_ALIGNMENT
+                 == like.data_ptr() % run_cache.X_ALIGNMENT)
+        copy = flat[k:k + t.numel()].view(t.shape)
+        copy.copy_(t)
+        return copy
+
+    plan = jitconv.plan(data["x"].shape[0], data["conv_state"].shape[0],
+                        data["conv_state"].shape[2], 4, **meta)
+    H, K, _HV, V = HEADS
+
+    def run(data, gates):
+        args = [data[k] for k in DATA_KEYS] + [gates[k] for k in ("a", "b", "A_log",
+                                                                  "dt_bias")]
+        return plan.run_stage(*args, num_k_heads=H, head_k_dim=K, head_v_dim=V)
+
+    run(data, gates)
+    monkeypatch.setattr(SyclBackend, "launch", None)  # a launch not remembered would fail
+    gen = torch.Generator().manual_seed(5)
+    for _ in range(2):
+        x = at_class(torch.randn(data["x"].shape, generator=gen).to(torch.bfloat16),
+                     data["x"])
+        ab2 = at_class((torch.randn(ab.shape, generator=gen) * 3).to(torch.bfloat16), ab)
+        assert x.data_ptr() != data["x"].data_ptr() and ab2.data_ptr() != ab.data_ptr()
+        moved = (dict(data, x=x), dict(gates, a=ab2[:, HV:], b=ab2[:, :HV]))
+        ref, ref_state = reference_of(*moved[:1], meta, moved[1])
+        result = run(*moved)
+        for part in ("spec", "non_spec"):
+            got = getattr(result, part)
+            for field in ("q", "k", "v"):
+                assert_outputs_close(getattr(got, field), ref[part][field], torch.bfloat16)
+            for field in ("g", "beta"):
+                torch.testing.assert_close(getattr(got, field).double().cpu(),
+                                           torch.from_numpy(ref[part][field]),
+                                           **GATE_TOLERANCE)
+        assert_state_exact(data["conv_state"], ref_state)
+    state = data["conv_state"]
+    flat = state.as_strided((state.numel(),), (1,))
+    before = bits(state)
+    for name in ("a", "b"):  # a view of conv_state's memory at the same key
+        want = gates[name].data_ptr() % run_cache.X_ALIGNMENT
+        k = next(k for k in range(run_cache.X_ALIGNMENT)
+                 if (flat.data_ptr() + 2 * k) % run_cache.X_ALIGNMENT == want)
+        onto = torch.as_strided(flat[k:], gates[name].shape, gates[name].stride())
+        with pytest.raises(ValueError, match="overlap"):
+            run(data, dict(gates, **{name: onto}))
+        assert torch.equal(bits(state), before)
+
+
 def test_a_remembered_stage_launch_serves_only_its_layout(device):
     """SYCL keeps stage launches by the layer's tensors, for any plan of the geometry: a
     plan whose parts hold other token counts (so other output rows) on the same tensors
@@ -299,11 +374,7 @@ def test_a_remembered_stage_launch_serves_only_its_layout(device):
     data, meta, gates = stage_case(19, torch.bfloat16)
     _d, other, _g = stage_case(19, torch.bfloat16, ns_lengths=(1, 2, 9, 4),
                                sp_lengths=(1, 4, 1))
-    data = {k: usm_copy(v) for k, v in data.items()}
-    HV = gates["a"].shape[1]
-    ab = usm_copy(torch.cat([gates["b"], gates["a"]], dim=1))
-    gates = dict(a=ab[:, HV:], b=ab[:, :HV], A_log=usm_copy(gates["A_log"]),
-                 dt_bias=usm_copy(gates["dt_bias"]))
+    data, gates, _ab = usm_case(data, gates)
     H, K, _HV, V = HEADS
     args = [data[k] for k in DATA_KEYS] + [gates[k] for k in ("a", "b", "A_log", "dt_bias")]
     for metadata in (meta, other):

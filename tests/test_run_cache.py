@@ -212,3 +212,66 @@ def test_launches_that_copied_an_argument_are_never_remembered(sycl_device, monk
         assert_outputs_close(got, ref_out, torch.float32)
         assert_state_exact(data["conv_state"], ref_state)
     assert checks.calls == 2 and not SYCL_STATE.runs
+
+
+@pytest.mark.parametrize("with_out", [True, False])
+def test_a_remembered_launch_follows_x_to_other_memory(sycl_device, monkeypatch, with_out):
+    """An engine's x is a new tensor at every layer and step: a launch remembered for x
+    at one address is submitted for x at another (no checks again) and reads the new x
+    (the reference of its values). Not for x at another alignment (a new key), nor in
+    memory that is not a live USM allocation of jitconv's pool (a plain CPU tensor:
+    checked and copied in), nor on conv_state's memory (refused by the checks, conv_state
+    untouched)."""
+    gen, data, meta = _step(7)
+    plan = _plan(data, meta)
+    shape, dtype = tuple(data["x"].shape), data["x"].dtype
+    out = jitconv.empty(shape, dtype) if with_out else None
+    state = data["conv_state"]
+
+    def run_on(x):
+        args = dict(data, x=x)
+        ref_out, ref_state = causal_conv1d_reference(**args, **meta)
+        if out is not None:
+            out.fill_(float("nan"))
+        got = plan.run(**args, out=out)
+        assert_outputs_close(got, ref_out, dtype)
+        assert_state_exact(state, ref_state)
+
+    def at_class(memory_of, numel):
+        """A view of ``numel`` elements of the flat tensor ``memory_of`` whose address
+        is congruent to x's modulo the key's alignment (the same key)."""
+        want = data["x"].data_ptr() % run_cache.X_ALIGNMENT
+        size = memory_of.element_size()
+        k = next(k for k in range(run_cache.X_ALIGNMENT)
+                 if (memory_of.data_ptr() + k * size) % run_cache.X_ALIGNMENT == want)
+        return memory_of[k:k + numel].view(shape)
+
+    run_on(data["x"])
+    checks = _CountChecks(monkeypatch)
+    for _ in range(2):
+        moved = jitconv.empty(shape, dtype)
+        moved.copy_(randn(gen, shape, dtype))
+        assert moved.data_ptr() != data["x"].data_ptr()
+        if moved.data_ptr() % run_cache.X_ALIGNMENT != \
+                data["x"].data_ptr() % run_cache.X_ALIGNMENT:
+            moved = at_class(jitconv.empty((moved.numel() + run_cache.X_ALIGNMENT,), dtype),
+                             moved.numel())
+            moved.copy_(randn(gen, shape, dtype))
+        run_on(moved)
+    assert checks.calls == 0, "x at another address of its alignment took the checks"
+    numel = data["x"].numel()
+    odd = jitconv.empty((numel + 8,), dtype)
+    odd = odd[1:1 + numel].view(shape) if odd.data_ptr() % run_cache.X_ALIGNMENT != \
+        (data["x"].data_ptr() - 4) % run_cache.X_ALIGNMENT else odd[2:2 + numel].view(shape)
+    odd.copy_(randn(gen, shape, dtype))
+    run_on(odd)  # another key: checked, then remembered too
+    assert checks.calls == 1
+    plain = at_class(torch.empty(numel + run_cache.X_ALIGNMENT, dtype=dtype), numel)
+    plain.copy_(randn(gen, shape, dtype))
+    run_on(plain)  # not USM: checked and copied in
+    assert checks.calls == 2
+    onto = at_class(state.as_strided((state.numel(),), (1,)), numel)
+    before = bits(state)
+    with pytest.raises(ValueError, match="overlap"):
+        plan.run(**dict(data, x=onto), out=out)
+    assert torch.equal(bits(state), before) and checks.calls == 3

@@ -200,7 +200,8 @@ class SyclBackend:
         x, weight, bias, conv_state, _ = args
         key = run_cache.stage_key(x, weight, bias, conv_state, activation, math,
                                   self._queue(plan, x), stage_args, launch_kind(plan))
-        return self._kept(plan, key, lambda entry: entry.run(plan, x))
+        return self._kept(plan, key,
+                          lambda entry: entry.run(plan, x, stage_args[0], stage_args[1]))
 
     def stage_refusal(self, head_k_dim, head_v_dim):
         # one work-group per head: at most 256 work-items (every SYCL GPU's limit is

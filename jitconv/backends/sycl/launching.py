@@ -500,6 +500,15 @@ def set_out(values, address, shape):
         values[first:first + len(packed)] = packed
 
 
+def set_array(values, name, address, nitems, *scalars):
+    """Replace the parameters of array argument ``name`` (of CONV_ARGS or STAGE_ARGS) in
+    packed ``values`` (with addresses) by those of ``nitems`` elements at ``address``
+    (same element size), then ``scalars`` (its offset and strides)."""
+    first = _START[name] if name in _START else _STAGE_START[name]
+    packed = _array_params(nitems, values[first + 1], address, *scalars)
+    values[first:first + len(packed)] = packed
+
+
 def submit_packed(kernel, queue, values, grid, wait, after=None, local=None, pointers=None):
     """Submit the conv kernel with packed parameters (from ``_pack``: USM memory objects
     or, on the C path, plain addresses where a pointer goes) over ``grid``; ``after``:
