@@ -22,7 +22,7 @@ from jitconv.backends.sycl.backend import SyclBackend
 from jitconv.reference import gdn_conv_stage_reference
 from jitconv.testing.steps import DATA_KEYS, mixed_step
 
-from helpers import (DTYPES, assert_outputs_close, assert_state_exact, bits,
+from helpers import (DTYPES, assert_outputs_close, assert_state_exact, bits, with_rules,
                      poison_new_outputs, randn, usm_copy)
 
 SIM = cuda_devices.simulating()
@@ -246,6 +246,21 @@ def test_stage_head_layouts(device, poisoned_outputs, heads):
         pytest.skip("the simulator has no time for dim 1024 (the GPU run has it)")
     data, meta, gates = stage_case(19, torch.bfloat16, heads=heads)
     check_against_reference(data, meta, gates, torch.bfloat16, heads=heads)
+
+
+@pytest.mark.parametrize("dtype_name", ["float32", "bfloat16"])
+def test_stage_with_a_long_tree(device, poisoned_outputs, dtype_name):
+    """A spec tree of 20 tokens (a parent map) is one block of the stage kernel, longer
+    than any other (16 tokens at most), here with the longest head a SYCL work-group
+    takes (head_k_dim 256, the l2norm's widest rows), beside prefill chunks and
+    decodes: every output and the cache against the reference."""
+    heads = (1, 256, 1, 32)
+    dtype = DTYPES[dtype_name]
+    data, meta, gates = stage_case(23, dtype, ns_lengths=(1, 17, 3), sp_lengths=(20, 1, 4),
+                                   heads=heads)
+    meta, _windows = with_rules(meta, torch.Generator().manual_seed(23), windows=False)
+    assert meta["spec_parent_token"] is not None
+    check_against_reference(data, meta, gates, dtype, heads=heads)
 
 
 def usm_case(data, gates):
