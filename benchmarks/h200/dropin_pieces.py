@@ -34,7 +34,7 @@ from jitconv.bench.gpu import load_vllm_triton
 from jitconv.vllm import dropins
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from host_pieces import per_call, per_layer  # noqa: E402  (a script beside this one)
+from host_pieces import per_call, per_layer, recorded_steps  # noqa: E402  (a script beside)
 
 DIM = 8192
 WORKLOADS = ("decode 64", "spec 64 x (1+3)", "mixed 512 + 32 + 16 x 4")
@@ -72,10 +72,8 @@ def main(vllm_file):
     vt = load_vllm_triton(vllm_file)
     drop = (jitconv.vllm.causal_conv1d_update, jitconv.vllm.causal_conv1d_fn)
     with torch.inference_mode():
-        for name in WORKLOADS:
+        for name, base in recorded_steps(WORKLOADS, DIM, device):
             ns, sp = bs.WORKLOADS[name]
-            base = bs.Step(torch.Generator().manual_seed(3), ns, sp, DIM, device)
-            base.record = bsteps.record(base)
             mixed = bool(ns) and bool(sp)
 
             def vllm(s):

@@ -66,15 +66,22 @@ def per_call(fn, n=2000):
     return statistics.median(times) * 1e6
 
 
+def recorded_steps(names, dim, device):
+    """(name, step) per workload of ``names`` (``bench.stage.WORKLOADS``): the step every
+    side clones (``bench.steps.fresh``), with its metadata record."""
+    for name in names:
+        ns, sp = bs.WORKLOADS[name]
+        base = bs.Step(torch.Generator().manual_seed(3), ns, sp, dim, device)
+        base.record = bsteps.record(base)
+        yield name, base
+
+
 def main(vllm_file):
     jitconv.set_device("cuda:0")
     device = torch.device("cuda:0")
     vt = load_vllm_triton(vllm_file)
     with torch.inference_mode():
-        for name in WORKLOADS:
-            ns, sp = bs.WORKLOADS[name]
-            base = bs.Step(torch.Generator().manual_seed(3), ns, sp, DIM, device)
-            base.record = bsteps.record(base)
+        for name, base in recorded_steps(WORKLOADS, DIM, device):
             both, new = whole_step_outputs(base.record)
 
             def whole(s):

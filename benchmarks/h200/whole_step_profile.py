@@ -15,11 +15,11 @@ import torch
 
 import jitconv
 import jitconv.vllm
-from jitconv.bench import stage as bs
 from jitconv.bench import steps as bsteps
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from new_metadata_profile import time_and_profile  # noqa: E402  (a script beside this one)
+from host_pieces import recorded_steps  # noqa: E402  (scripts beside this one)
+from new_metadata_profile import time_and_profile  # noqa: E402
 
 DIM = 8192
 WORKLOADS = ("decode 64", "spec 64 x (1+3)", "mixed 512 + 32 + 16 x 4")
@@ -30,10 +30,7 @@ def main():
     device = torch.device("cuda:0")
     drop_ins = (jitconv.vllm.causal_conv1d_update, jitconv.vllm.causal_conv1d_fn)
     with torch.inference_mode():
-        for name in WORKLOADS:
-            ns, sp = bs.WORKLOADS[name]
-            base = bs.Step(torch.Generator().manual_seed(3), ns, sp, DIM, device)
-            base.record = bsteps.record(base)
+        for name, base in recorded_steps(WORKLOADS, DIM, device):
             sides = {"whole-step conv": lambda s, L: bsteps.whole_step_conv(s, L),
                      "drop-ins": lambda s, L: bsteps.vllm_conv(s, L, *drop_ins)}
             for side, call in sides.items():
