@@ -306,15 +306,18 @@ def build_kernels(args):
               f"{'wide' if wide else '    '} {path.stat().st_size / 1024:6.1f} KiB "
               f"{time.perf_counter() - t0:5.2f} s  {path.name}", flush=True)
     # the kernels with the chain piece (parent maps, intermediate windows), and the GDN
-    # stage's kernels (jitconv.gdn_conv_stage)
-    for label, specs, option in (("chains", kernel_cache.chain_specializations(), "chains"),
-                                 ("stage ", kernel_cache.stage_specializations(), "stage")):
+    # stage's kernels (jitconv.gdn_conv_stage) without and with it
+    stages = kernel_cache.stage_specializations()
+    for label, specs, options in (
+            ("chains", kernel_cache.chain_specializations(), dict(chains=True)),
+            ("stage ", stages, dict(stage=True)),
+            ("stage chains", stages, dict(stage=True, chains=True))):
         for width, dtype, wide, fast in specs:
             if width not in widths or dtype not in dtypes:
                 continue
             t0 = time.perf_counter()
             _kernel, path = launching.compile_and_store(width, dtype, queue, target,
-                                                        wide=wide, fast=fast, **{option: True})
+                                                        wide=wide, fast=fast, **options)
             print(f"  width {width} {dtype:9s} {_math_name(fast)} {label} "
                   f"{'wide' if wide else '    '} {path.stat().st_size / 1024:6.1f} KiB "
                   f"{time.perf_counter() - t0:5.2f} s  {path.name}", flush=True)

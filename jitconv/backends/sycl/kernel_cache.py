@@ -92,8 +92,8 @@ def shipped_files():
     keys = [key(*spec) for spec in specializations()]
     keys += [key(*spec) for spec in fused_specializations()]
     keys += [key(w, d, wide, fast, None, True) for w, d, wide, fast in chain_specializations()]
-    keys += [key(w, d, wide, fast, None, False, True)
-             for w, d, wide, fast in stage_specializations()]
+    keys += [key(w, d, wide, fast, None, chains, True)
+             for w, d, wide, fast in stage_specializations() for chains in (False, True)]
     keys += [planner_key(types, kind) for kind in ("planner", "rules")
              for types in planner_specializations(kind)]
     return sorted(f"{k}{suffix}" for k in keys for suffix in (".json", ".spv"))
@@ -239,14 +239,15 @@ def chain_specializations():
 
 
 # The GDN stage's kernels shipped (``jitconv.gdn_conv_stage``), by width: the GDN layers'.
-# Without the chain piece (a stage of steps with parent maps compiles where numba-dpex is
-# installed).
+# With and without the chain piece: a stage of a step with parent maps (a spec tree) runs
+# in a process that holds torch XPU's runtime, where nothing compiles.
 STAGE_WIDTHS = (4,)
 
 
 def stage_specializations():
-    """(width, dtype, wide, fast) of the GDN stage kernels the package ships: each width of
-    STAGE_WIDTHS and dtype, one-channel and wide, silu's default math."""
+    """(width, dtype, wide, fast) of the GDN stage kernels the package ships, each with and
+    without the chain piece: each width of STAGE_WIDTHS and dtype, one-channel and wide,
+    silu's default math."""
     return [s for s in specializations()
             if s[0] in STAGE_WIDTHS and s[3] == fast_silu(s[1])]
 
