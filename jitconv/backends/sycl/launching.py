@@ -495,9 +495,7 @@ def set_out(values, address, shape):
     """Replace out's parameters in packed ``values`` (with addresses) by those of a new
     contiguous 2-D array of ``shape`` at ``address`` (same dtype)."""
     for name in ("out", "out2"):  # out2 repeats out without split outputs
-        first = _START[name]
-        packed = _array_params(shape[0] * shape[1], values[first + 1], address, 0, shape[1])
-        values[first:first + len(packed)] = packed
+        set_array(values, name, address, shape[0] * shape[1], 0, shape[1])
 
 
 def set_array(values, name, address, nitems, *scalars):
