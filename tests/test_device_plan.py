@@ -8,7 +8,9 @@ and on an NVIDIA GPU. The CUDA-graph tests and the remembered-launch tests need 
 (the simulator has neither graphs nor driver launches).
 """
 
+import contextvars
 import os
+import threading
 import types
 
 import pytest
@@ -1384,11 +1386,11 @@ def test_new_plans_take_the_runs_of_their_signature(cuda_device, kind, count, mo
     """An engine's step: new metadata tensors, a new device plan, every layer's tensors
     as before. A layer's first run on the new plan takes the launches prepared on the
     earlier plan of the same signature (the same shapes: sequence counts, map lengths),
-    with the new plan's words (launching.launch is not called; a layer run twice keeps
-    a rebound copy the second time), and follows the new plan's values (other cache
-    lines, other rows in the maps: the reference of its metadata, every cache line
-    bit-exact); the conv with split outputs over token maps and the GDN stage alike. A
-    plan of another signature (another sequence count) prepares its own. ``count``
+    with the new plan's words (launching.launch is not called), and follows the new
+    plan's values (other cache lines, other rows in the maps: the reference of its
+    metadata, every cache line bit-exact); the conv with split outputs over token maps
+    and the GDN stage alike, and the first plan again after the second (its own words
+    back). A plan of another signature (another sequence count) prepares its own. ``count``
     layers: 40 are a model's step of 82 runs (conv and stage, layer 0 twice), which one
     signature keeps whole."""
     poison_new_outputs(monkeypatch)
@@ -1420,7 +1422,7 @@ def test_new_plans_take_the_runs_of_their_signature(cuda_device, kind, count, mo
         live = {k: v.to(device) for k, v in md.items()}  # new tensors, new addresses
         plan = jitconv.device_plan(num_tokens, num_lines, state_len, 4, max_query_len=5,
                                    **live)
-        for tensors in layers + layers[:1]:  # (layer 0's second run: a rebound copy)
+        for tensors in layers + layers[:1]:  # (layer 0 twice)
             want_out, want_state = causal_conv1d_reference(
                 *(t.cpu() for t in tensors[:4]), **mapped_reference(live))
             check_split(plan.run(*tensors[:4], split=True), live, want_out, torch.bfloat16)
@@ -1441,8 +1443,76 @@ def test_new_plans_take_the_runs_of_their_signature(cuda_device, kind, count, mo
     assert len(calls) == 2 * len(layers)  # each layer's conv and stage prepared once
     second, _ = step(nseq, like=md)
     assert second.signature == first.signature and len(calls) == 2 * len(layers)
+    for tensors in layers[:2]:  # the first plan after the second: its words again
+        want_out, want_state = causal_conv1d_reference(
+            *(t.cpu() for t in tensors[:4]), **mapped_reference(md))
+        check_split(first.run(*tensors[:4], split=True), md, want_out, torch.bfloat16)
+        assert_state_exact(tensors[3], want_state)
+    assert len(calls) == 2 * len(layers)
     step(nseq + 1)  # another signature: prepared anew
     assert len(calls) == 4 * len(layers)
+
+
+@GPU_ONLY
+def test_threads_run_one_layer_on_plans_of_one_signature(cuda_device, monkeypatch):
+    """Two threads run one layer's tensors (a new output each run) on device plans of
+    one signature, each its own plan naming its own cache lines, 60 times each at once:
+    one run prepared for both, and every launch takes its own thread's plan's words
+    (each output the reference's from its lines' state at that run, every cache line
+    bit-exact at the end: a launch with the other thread's words would write the other
+    lines)."""
+    poison_new_outputs(monkeypatch)
+    device = cuda_device
+    gen = torch.Generator().manual_seed(71)
+    num_lines, state_len, runs = 16, 3, 60
+    x, w, b, state = layer(gen, torch.bfloat16, 4, num_lines, state_len, 4, device)
+    mds = [dict(non_spec_state_indices=torch.tensor(lines, dtype=torch.int32,
+                                                      device=device))
+           for lines in ([0, 3, 5, 6], [9, 10, 12, 15])]
+    plans = [jitconv.device_plan(4, num_lines, state_len, 4, **md) for md in mds]
+    assert plans[0].signature == plans[1].signature
+    calls = []
+    real = cuda_launching.launch
+    monkeypatch.setattr(cuda_launching, "launch",
+                        lambda *a, **k: calls.append(1) or real(*a, **k))
+    want_state = state.cpu()
+    expected = []
+    for md in mds:  # each thread's outputs, its lines' states chained run after run
+        chain, outs = state.cpu(), []
+        for _ in range(runs + 1):
+            out, chain = reference_of(md, (x, w, b, chain))
+            chain = torch.from_numpy(chain).to(state.dtype)
+            outs.append(out)
+        lines = md["non_spec_state_indices"].long().cpu()
+        want_state[lines] = chain[lines]
+        expected.append(outs)
+    stream = torch.cuda.current_stream(device)
+    with torch.inference_mode():
+        results = [[plan.run(x, w, b, state)] for plan in plans]  # (prepared once)
+    errors, start = [], threading.Barrier(2)
+
+    def work(n):
+        try:  # (torch's inference mode and current stream are the thread's own, and
+            # the tuning's overrides its context's: each thread runs in a copy of this one)
+            with torch.inference_mode(), torch.cuda.stream(stream):
+                start.wait()
+                for _ in range(runs):
+                    results[n].append(plans[n].run(x, w, b, state))
+        except Exception as exc:  # reported below, with the thread's plan
+            errors.append((n, exc))
+    threads = [threading.Thread(target=contextvars.copy_context().run, args=(work, n))
+               for n in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    torch.cuda.synchronize(device)
+    assert not errors, errors
+    assert len(calls) == 1, "plans of one signature prepared their own runs"
+    for got, want in zip(results, expected):
+        for out, ref in zip(got, want):
+            assert_outputs_close(out, ref, torch.bfloat16)
+    assert_state_exact(state, want_state.double().numpy())
 
 
 @GPU_ONLY
@@ -1557,6 +1627,8 @@ def test_remembered_runs_follow_their_inputs_to_other_memory(cuda_device, monkey
             run_on(movers)
         assert len(calls) == 1, "a run was prepared again for inputs at other addresses"
         assert all(torch.equal(bits(t), f) for t, f in zip(first, first_bits))
+        run_on(first)  # back where the run was prepared: its own words again
+        assert len(calls) == 1
         # x two bytes past an aligned address: another alignment, prepared anew
         flat = torch.empty(first[0].numel() + 8, dtype=torch.bfloat16, device=device)
         odd = flat[1:1 + first[0].numel()].view(first[0].shape)

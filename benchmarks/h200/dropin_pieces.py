@@ -13,12 +13,14 @@ signature patched, or prepared by ``launching.launch``), and on the decode step 
 layers of one call, per call (median of 2000, kept metadata): the public function, the
 drop-in module's, ``_device_update`` and ``plan.run``. Last, a cProfile of 20 decode
 steps of drop-ins with new and with kept metadata (functions by own time): what new
-metadata adds.
+metadata adds; and on the mixed step one of 10 steps of the update calls alone and of the
+fn calls alone, metadata new.
 
     PYTHONPATH=$PWD python3 benchmarks/h200/dropin_pieces.py .peers/v032/causal_conv1d.py
 """
 
 import cProfile
+import io
 import os
 import pstats
 import sys
@@ -66,6 +68,20 @@ def fates(call, base, steps=5):
     return {k: v / steps for k, v in counts.items()}
 
 
+def profile(call, steps):
+    """cProfile's table (functions by own time) of ``call`` on each of ``steps``."""
+    torch.cuda.synchronize()
+    prof = cProfile.Profile()
+    prof.enable()
+    for one in steps:
+        call(one)
+    torch.cuda.synchronize()
+    prof.disable()
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(22)
+    return text.getvalue()
+
+
 def main(vllm_file):
     jitconv.set_device("cuda:0")
     device = torch.device("cuda:0")
@@ -83,7 +99,7 @@ def main(vllm_file):
             def dropin(s):
                 for L in s.layers:
                     bsteps.vllm_conv(s, L, *drop)
-            rows = {}
+            rows, profiled = {}, {}
             for label, call in (("vllm conv", vllm), ("drop-ins", dropin)):
                 rows[f"{label}, new metadata"] = per_layer(call, base)
                 rows[f"{label}, kept metadata"] = per_layer(call, base, new=False)
@@ -120,7 +136,11 @@ def main(vllm_file):
                                     ("fn only", fn_only)):
                     rows[f"{label}, new metadata"] = per_layer(call, base)
                     rows[f"{label}, kept metadata"] = per_layer(call, base, new=False)
+                for label, call in (("update only", update_only), ("fn only", fn_only)):
+                    profiled[label] = profile(call, [bsteps.fresh(base) for _ in range(10)])
             print(f"{name}, dim {DIM}")
+            for label, text in profiled.items():
+                print(f"  cProfile, mixed step's {label}, new metadata, 10 steps:\n{text}")
             for k, v in rows.items():
                 print(f"  {k:<34}{v:8.2f} us per layer")
             for k, v in fates(dropin, base).items():
@@ -146,15 +166,8 @@ def main(vllm_file):
                     print(f"  per call {k:<30}{per_call(fn):8.2f} us")
                 for label, new in (("new", True), ("kept", False)):
                     steps = [bsteps.fresh(base) if new else s for _ in range(20)]
-                    torch.cuda.synchronize()
-                    prof = cProfile.Profile()
-                    prof.enable()
-                    for one in steps:
-                        dropin(one)
-                    torch.cuda.synchronize()
-                    prof.disable()
                     print(f"  cProfile, decode drop-ins, {label} metadata, 20 steps:")
-                    pstats.Stats(prof, stream=sys.stdout).sort_stats("tottime").print_stats(22)
+                    print(profile(dropin, steps))
             sys.stdout.flush()
 
 

@@ -13,8 +13,9 @@ of 36 layers, one synchronization per step, metadata made before each step's tim
 - "plan build": the first ``_layer_plan`` of a step, per step / 36;
 - "drop-ins": vLLM's conv calls with jitconv.vllm's drop-ins, new metadata each step or
   the same.
-Then single pieces, per call (median of 2000): run_key, a signed run's rebinding, a kept
-run's launch, _to_state_dtype, _layer_plan on a record that has its plan; on the decode
+Then single pieces, per call (median of 2000): run_key, a kept run's launch for the plan
+it is bound to and for two plans in turn (each run binding its plan's words),
+_to_state_dtype, _layer_plan on a record that has its plan; on the decode
 step the drop-in's call as vLLM's layer makes it and vLLM's slice of its lines argument.
 
     PYTHONPATH=$PWD python3 benchmarks/h200/host_pieces.py .peers/v032/causal_conv1d.py
@@ -144,16 +145,21 @@ def main(vllm_file):
                 pieces["vLLM's slice of the lines"] = lines
                 pieces["drop-in update (kept)"] = lambda: dropins.causal_conv1d_update(
                     x, st, w, b, "silu", conv_state_indices=lines(), validate_data=True)
-            run = launching._plan_state(plan).get("runs", {}).get(key)
+            state = launching._plan_state(plan)
+            run = launching._runs_of(plan, state).get(key)
             stream = key[launching.STREAM_AT]
             if run is not None:
                 other = bsteps.fresh(base)
                 plan2 = dropins._layer_plan(x, w, st, other.record, 0, None, both)
-                values = launching._bound_values(plan2, launching._plan_state(plan2),
-                                                 stream, run)
-                pieces["Run.rebound"] = lambda: run.rebound(values)
-                pieces["patched launch"] = lambda: run(args[4], stream, values)
-                pieces["Run.__call__ (launch)"] = lambda: run(args[4], stream)
+                state2 = launching._plan_state(plan2)
+                values = launching._bound_values(plan, state, stream)
+                values2 = launching._bound_values(plan2, state2, stream)
+                pieces["Run, plan kept"] = lambda: run(args[4], stream, (), values, plan)
+
+                def two_plans():  # each run binds its plan's words
+                    run(args[4], stream, (), values2, plan2)
+                    run(args[4], stream, (), values, plan)
+                pieces["Run, plans alternating (2 runs)"] = two_plans
             else:
                 print("  (no kept run under this key)")
             for k, fn in pieces.items():

@@ -38,7 +38,7 @@ args = (x, w, b, state, out)
 with torch.inference_mode():
     plan.run(*args[:4], out=out)
     key = launching.run_key(args, "silu", None)
-    run = plan.derived["cuda"]["runs"][key]
+    run = launching._runs_of(plan, launching._plan_state(plan))[key]
     (prepared,) = run.launches
     lib = driver._driver()
     stream = driver.current_stream(0)

@@ -126,7 +126,9 @@ def skipped_ids(null_block_id, pad_slot_id):
     (PAD_SLOT_ID) and knew no null block, so with pad_slot_id given and null_block_id not,
     no line is the null block."""
     if null_block_id is DEFAULT:
-        null_block_id = NULL_BLOCK_ID if pad_slot_id is None else None
+        if pad_slot_id is None:  # (vLLM's call at every layer: nothing to check)
+            return NULL_BLOCK_ID, None
+        null_block_id = None
     return (check_skipped_id(null_block_id, "null_block_id"),
             check_skipped_id(pad_slot_id, "pad_slot_id"))
 

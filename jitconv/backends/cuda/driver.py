@@ -8,11 +8,12 @@ jitconv's kernels is a pointer or an int64, ``source.pointer_signature``), hande
 driver as ``CU_LAUNCH_PARAM_BUFFER_POINTER``, and a launch configuration (grid, block,
 stream) per stream it has run on; a run is then one driver call of four arguments on
 torch's current stream (``cuLaunchKernelEx``: about 0.8 us less host time than
-``cuLaunchKernel``'s twelve, docs/performance.md). The driver copies the arguments when
-the call returns, so a prepared buffer or configuration is never written after it is
-built (threads share them); a launch whose output tensor is new at every run, or whose
-words naming a device plan's memory are another plan's (``launching.Run``), gets a copy
-of the buffer with those words replaced.
+``cuLaunchKernel``'s twelve, docs/performance.md). The prepared buffer and configurations
+are never written after they are built (threads share them). A launch whose words change
+from run to run (a new output's address, x elsewhere, another device plan's metadata:
+``launching.Run``) goes from a ``Words`` copy of the buffer that one thread owns and
+writes in place: the driver has copied the arguments when the call returns, so the next
+run may write them again.
 
 A launch issued while torch captures a CUDA graph is recorded by the graph like any
 other kernel, with these arguments.
@@ -84,11 +85,22 @@ class LaunchConfig(ctypes.Structure):
 MAX_STREAMS = 64  # configurations a prepared launch keeps (then it starts again)
 
 
+class Words:
+    """A thread's own copy of a prepared launch's argument buffer (``words``, written in
+    place between launches) and the driver's ``extra`` array that points to it."""
+
+    __slots__ = ("words", "extra")
+
+    def __init__(self, prepared):
+        self.words = type(prepared.words).from_buffer_copy(prepared.words)
+        self.extra = prepared.extra_for(self.words)
+
+
 class Prepared:
     """One kernel launch with its grid and arguments fixed. ``patch``: the argument words
-    that ``launch(stream, value)`` replaces, as ((index, delta), ...): word index gets
-    value + delta (a new output's address, and addresses inside it); an int i stands for
-    ((i, 0),); None: none."""
+    that a run writing a new output sets to that output's address, as ((index, delta),
+    ...): word index gets the address + delta (addresses inside it too); an int i stands
+    for ((i, 0),); None: none."""
 
     __slots__ = ("function", "grid", "block", "words", "size", "extra", "patch", "configs")
 
@@ -99,29 +111,13 @@ class Prepared:
         self.block = tuple(int(b) for b in block) + (1,) * (3 - len(block))
         self.words = (ctypes.c_int64 * len(args))(*(int(a) for a in args))
         self.size = ctypes.c_size_t(ctypes.sizeof(self.words))
-        self.extra = self._extra(self.words)
+        self.extra = self.extra_for(self.words)
         self.patch = ((patch, 0),) if isinstance(patch, int) else patch
         self.configs = {}  # raw stream handle -> a reference to its LaunchConfig
 
-    def rebound(self, at, values):
-        """This launch with argument words replaced: word i set to values[name] for each
-        (i, name) of ``at``."""
-        copy = Prepared.__new__(Prepared)
-        copy.function, copy.grid, copy.block = self.function, self.grid, self.block
-        copy.words = self._replaced(at, values)
-        copy.size = self.size
-        copy.extra = copy._extra(copy.words)
-        copy.patch, copy.configs = self.patch, {}
-        return copy
-
-    def _replaced(self, at, values):
-        """A copy of the argument buffer with ``rebound``'s replacements."""
-        buffer = type(self.words).from_buffer_copy(self.words)
-        for index, name in at:
-            buffer[index] = values[name]
-        return buffer
-
-    def _extra(self, words):
+    def extra_for(self, words):
+        """The driver's ``extra`` array handing it ``words`` (a buffer of this launch's
+        size)."""
         return (ctypes.c_void_p * 5)(_BUFFER_POINTER, ctypes.addressof(words),
                                      _BUFFER_SIZE, ctypes.addressof(self.size), _END)
 
@@ -133,24 +129,15 @@ class Prepared:
         found = self.configs[stream] = ctypes.byref(config)  # (which keeps config)
         return found
 
-    def launch(self, stream, value=None, at=(), values=None, moved=()):
+    def launch(self, stream, words=None):
         """Launch on ``stream`` (a raw handle) in the calling thread's current context
-        (``in_context``); ``value``: the patched word's value; ``at``, ``values``: as
-        ``rebound``'s, and ``moved``: ((word index, value), ...), written into a copy of
-        the arguments for this launch only."""
+        (``in_context``), with the prepared arguments or those of ``words`` (a
+        ``Words`` of this launch that the calling thread owns)."""
         config = self.configs.get(stream)
         if config is None:
             config = self._config(stream)
-        extra = self.extra
-        if self.patch is not None or at or moved:
-            buffer = self._replaced(at, values)
-            for index, word in moved:
-                buffer[index] = word
-            if self.patch is not None:
-                for index, delta in self.patch:
-                    buffer[index] = value + delta
-            extra = self._extra(buffer)  # (buffer lives until the driver has copied it)
-        code = STATE.driver.cuLaunchKernelEx(config, self.function, None, extra)
+        code = STATE.driver.cuLaunchKernelEx(config, self.function, None,
+                                             self.extra if words is None else words.extra)
         if code:
             _check(code, "cuLaunchKernelEx")
 

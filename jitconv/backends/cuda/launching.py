@@ -16,7 +16,8 @@ plan's runs are also kept by its ``signature`` (everything its launches depend o
 the addresses of its metadata, tables and error words): an engine builds a new plan
 from new metadata tensors at every step, and the first run of each layer's tensors on
 it launches those of an earlier plan of the same signature with those addresses
-replaced (``_kept_run``), not a new preparation. Runs of host plans refuse to be
+replaced (``_kept_run``), not a new preparation: each thread writes its own copy of a
+run's words in place (``Frame``), so that costs what a kept plan's run does. Runs of host plans refuse to be
 captured in a CUDA graph (``backend``).
 
 Order: the kernels go on torch's current stream of x's device, so they are ordered with
@@ -32,6 +33,7 @@ arrays), the LLVM conversion intrinsics (it runs their Python twins, see
 """
 
 import functools
+from threading import get_ident
 
 import numpy as np
 import torch
@@ -302,7 +304,7 @@ def launch(plan, x, weight, bias, conv_state, target, silu, dtype, math=None, ke
         names = CALL_ARGS if compact else ARG_NAMES
         if compact:  # the layout's values are in the kernel: pass the per-call ones
             args = tuple(args[i] for i in _call_at())
-        # the conv's arguments by name, for the words a rebound run replaces
+        # the conv's arguments by name, for the words another plan of the signature sets
         bound = _bound_at(names + (record_args_taken(kind) if fused else ()), not fused)
         if fused:
             args += tuple(record_values[a] for a in record_args_taken(kind))
@@ -417,40 +419,63 @@ def _signed(plan, state):
     return found
 
 
+def _runs_of(plan, state):
+    """The dict of runs (run key -> Run) that ``plan``'s runs are kept in: for a device
+    plan with a signature, that signature's (shared by every plan of it: an engine's plan
+    of each step runs the launches prepared on an earlier step's, with its own words,
+    ``_bound_values``), else the plan's own."""
+    signed = _signed(plan, state)
+    if signed is not None:
+        return signed
+    runs = state.get("runs")
+    if runs is None:
+        runs = state.setdefault("runs", {})
+        STATE.plans_with_runs.add(plan)
+    return runs
+
+
 def _keep(plan, key, run):
-    """Keep ``run`` for the next run of ``plan`` under ``key``, and for a device plan
-    also for the plans of its signature."""
-    state = _plan_state(plan)
-    runs = state.setdefault("runs", {})
+    """Keep ``run`` for the next run under ``key`` of ``plan``, or of a device plan of
+    its signature."""
+    runs = _runs_of(plan, _plan_state(plan))
     if len(runs) >= MAX_RUNS:
         runs.clear()
     runs[key] = run
-    STATE.plans_with_runs.add(plan)
-    signed = _signed(plan, state)
-    if signed is not None:
-        if len(signed) >= MAX_RUNS:
-            signed.clear()
-        signed[key] = run
 
 
-def _bound_values(plan, state, stream, run):
-    """The values of the words of ``run``'s launches that name ``plan``'s memory, by
-    name (its metadata arrays, its table on ``stream``, its error words): worked out once
-    per plan and stream, as every layer's run of the plan takes the same."""
+def _bound_values(plan, state, stream):
+    """The values of the words of a run's launches that name ``plan``'s memory, by name
+    (its metadata arrays, its table on ``stream``, its error words): one dict per plan
+    and stream, which every layer's run of the plan shares and ``Run.launch`` fills as
+    its words need (``_bound_value``)."""
     values = state.get(("bound", stream))
     if values is None:
         values = state.setdefault(("bound", stream), {})
-    for at in run.bound:
-        for _i, name in at:
-            if name not in values:
-                if name == "errors":
-                    value = errors_of(plan).data_ptr()
-                elif name == "tables":
-                    value = _tables(plan, plan.device, False, stream)[0]
-                else:
-                    value = plan.kernel_arrays[name][0].data_ptr()
-                values[name] = value
     return values
+
+
+def _bound_value(plan, name, stream):
+    if name == "errors":
+        return errors_of(plan).data_ptr()
+    if name == "tables":
+        return _tables(plan, plan.device, False, stream)[0]
+    return plan.kernel_arrays[name][0].data_ptr()
+
+
+MAX_THREADS = 64  # threads whose words a run keeps (then it starts again)
+
+
+class Frame:
+    """One thread's argument words of a run's launches (``driver.Words`` each), written
+    in place: the device plan whose memory the bound words name (``values``: a
+    ``_bound_values`` dict, None for the words the run was prepared with) and the moved
+    words set (``moved``, as ``Run.moved_words`` gave them)."""
+
+    __slots__ = ("words", "values", "moved")
+
+    def __init__(self, launches):
+        self.words = tuple(driver.Words(p) for p in launches)
+        self.values, self.moved = None, ()
 
 
 class Run:
@@ -462,22 +487,21 @@ class Run:
     the "movers"): ``moved``, the conv launch's (the last) words holding its address
     (x's, and out's when the run writes into x), set at a run where it is elsewhere
     (``moved_words``); ``homes``, the addresses they hold; ``apart``, its byte extent
-    relative to its address and the extents it must not meet (``_apart``)."""
+    relative to its address and the extents it must not meet (``_apart``).
 
-    __slots__ = ("launches", "context", "output", "bound", "moved", "homes", "apart")
+    Every thread that launches the run writes its own copy of the words (``Frame``,
+    ``frames`` by thread): for another plan of the signature only the bound words
+    change, and only when the plan does (once per layer and step in an engine), so a
+    new plan's run costs what a kept plan's does."""
+
+    __slots__ = ("launches", "context", "output", "bound", "moved", "homes", "apart",
+                 "frames")
 
     def __init__(self, launches, context, output, bound, moved, homes, apart):
         self.launches, self.output, self.bound = launches, output, bound
         self.context = context  # the device's primary context (int handle)
         self.moved, self.homes, self.apart = moved, homes, apart
-
-    def rebound(self, values):
-        """This run with the words that name a device plan's memory set from ``values``
-        (``_bound_values``): a run for another plan of the signature of the plan it was
-        prepared for."""
-        launches = tuple(p.rebound(at, values) for p, at in zip(self.launches, self.bound))
-        return Run(launches, self.context, self.output, self.bound, self.moved,
-                   self.homes, self.apart)
+        self.frames = {}  # thread ident -> Frame
 
     def moved_words(self, movers):
         """The words to set for a run with ``movers`` (x, and a stage's a and b) at their
@@ -496,33 +520,66 @@ class Run:
             words += tuple((i, address) for i in at)
         return words
 
-    def launch(self, stream, target, values=None, moved=()):
-        """The launches on ``stream`` into ``target``; ``values``: as ``rebound``'s, and
-        ``moved``: ((word, address), ...) from ``moved_words``, for these launches
-        only."""
-        address = target.data_ptr()
+    def _frame(self):
+        frames, ident = self.frames, get_ident()
+        frame = frames.get(ident)
+        if frame is None:
+            if len(frames) >= MAX_THREADS:
+                frames.clear()  # (a thread launching now holds its frame)
+            frame = frames[ident] = Frame(self.launches)
+        return frame
+
+    def _bind(self, frame, values, plan, stream):
+        """Set ``frame``'s bound words to ``values`` (the prepared words when None),
+        filling in those ``values`` lacks from ``plan``'s memory on ``stream``."""
+        for prepared, words, at in zip(self.launches, frame.words, self.bound):
+            for index, name in at:
+                if values is None:
+                    value = prepared.words[index]
+                else:
+                    value = values.get(name)
+                    if value is None:
+                        value = values.setdefault(name, _bound_value(plan, name, stream))
+                words.words[index] = value
+        frame.values = values
+
+    def launch(self, stream, target, moved=(), values=None, plan=None):
+        """The launches on ``stream`` into ``target``, with ``moved`` ((word, address),
+        ... from ``moved_words``) and, when ``values`` is given, the bound words of
+        ``plan`` (``_bound_values``: a device plan of the signature of the one the run
+        was prepared for)."""
+        frame = self._frame()
+        if frame.values is not values:
+            self._bind(frame, values, plan, stream)
+        last = frame.words[-1].words
+        if moved != frame.moved:
+            prepared = self.launches[-1].words
+            for index, _address in frame.moved:
+                last[index] = prepared[index]
+            for index, address in moved:
+                last[index] = address
+            frame.moved = moved
+        patch = self.launches[-1].patch
+        if patch is not None:
+            address = target.data_ptr()
+            for index, delta in patch:
+                last[index] = address + delta
         current = driver.in_context(self.context)
         try:
-            if values is None and not moved:
-                for prepared in self.launches:
-                    prepared.launch(stream, address)
-            else:
-                last = len(self.launches) - 1
-                for n, (prepared, at) in enumerate(zip(self.launches, self.bound)):
-                    prepared.launch(stream, address, at if values is not None else (),
-                                    values, moved if n == last else ())
+            for prepared, words in zip(self.launches, frame.words):
+                prepared.launch(stream, words)
         finally:
             if not current:
                 driver.leave_context()
 
-    def __call__(self, out, stream, values=None, moved=()):
+    def __call__(self, out, stream, moved=(), values=None, plan=None):
         """The run on ``stream`` (torch's current one, a raw handle); returns its output
-        (``out`` as given: x when the run writes into x). ``values``, ``moved``: as
-        ``launch``'s."""
+        (``out`` as given: x when the run writes into x). ``moved``, ``values``,
+        ``plan``: as ``launch``'s."""
         if self.output:
             shape, dtype, device = self.output
             out = torch.empty(shape, dtype=dtype, device=device)
-        self.launch(stream, out, values, moved)
+        self.launch(stream, out, moved, values, plan)
         return out
 
 
@@ -601,48 +658,31 @@ def run_remembered(plan, args, activation, math, split=SPLIT_NONE):
 
 
 def _kept_run(plan, key, movers, out):
-    """(output, key) of the run of ``plan`` kept under ``key`` (launched now, into ``out``
-    or a new output), or of one kept for a device plan of the same signature, launched
-    with ``plan``'s words in place of that plan's; (None, key) when none is kept (key
-    None: never to be kept).
+    """(output, key) of the run kept under ``key`` for ``plan``, or for a device plan of
+    its signature (launched now, into ``out`` or a new output, with ``plan``'s words);
+    (None, key) when none is kept (key None: never to be kept).
 
     An engine builds a new device plan from new metadata at every step and runs each
-    layer on it once: such a run is launched with the words replaced for that launch
-    only (nothing is prepared or kept). The second run of a plan under a key keeps a
-    rebound copy, so that a plan run again and again (a CUDA graph's) launches its own.
-    A run kept for ``movers`` (x; a stage's x, a and b) elsewhere is launched with their
-    words set (``Run.moved_words``); when one of them there meets another tensor of the
-    run, (None, None): the checks say why."""
+    layer on it once: the run kept for the signature launches with the new plan's words
+    (``Run.launch``), nothing prepared again. A run kept for ``movers`` (x; a stage's
+    x, a and b) elsewhere is launched with their words set (``Run.moved_words``); when
+    one of them there meets another tensor of the run, (None, None): the checks say
+    why."""
     if key is None:
         return None, None
     state = _plan_state(plan)
-    stream = key[STREAM_AT]
-    run = state.get("runs", _NO_RUNS).get(key)
-    if run is not None:
-        moved = run.moved_words(movers)
-        if moved is None:
-            return None, None
-        # these tensors passed this geometry's checks
-        return run(out, stream, None, moved), key
     signed = _signed(plan, state)
-    found = None if signed is None else signed.get(key)
-    if found is None:
+    run = (state.get("runs", _NO_RUNS) if signed is None else signed).get(key)
+    if run is None:
         return None, key
-    moved = found.moved_words(movers)
+    moved = run.moved_words(movers)
     if moved is None:
         return None, None
-    values = _bound_values(plan, state, stream, found)
-    once = state.get("once")
-    if once is None:
-        once = state.setdefault("once", set())
-    if key in once:  # (a plan run again: its own launches from now on)
-        run = found.rebound(values)
-        _keep(plan, key, run)
-        return run(out, stream, None, moved), key
-    if len(once) >= MAX_RUNS:
-        once.clear()
-    once.add(key)
-    return found(out, stream, values, moved), key
+    # these tensors passed this geometry's checks
+    if signed is None:
+        return run(out, key[STREAM_AT], moved), key
+    stream = key[STREAM_AT]
+    return run(out, stream, moved, _bound_values(plan, state, stream), plan), key
 
 
 def errors_of(plan, sim=False):
