@@ -418,15 +418,14 @@ def _device_update(x, conv_state, weight, bias, activation, conv_state_indices,
     num_accepted_tokens and ``parents`` (retrieve_parent_token) are cut to it, the null
     block and empty sequences are skipped, rows of x after the batch's tokens come out
     zero; a parent map that is not a tree skips its sequence (``jitconv.check_errors``)."""
-    # (torch's sizes as they are: ints already; this runs for every layer)
-    num_lines, _dim, state_len = conv_state.shape
-    width = weight.shape[-1]
+    num_lines, _dim, state_len = (int(s) for s in conv_state.shape)
+    width = int(weight.shape[-1])
     declared = int(max_query_len) if max_query_len is not None and max_query_len > 0 else None
     # Keyed by the arguments as given (slices of them are new objects at every call).
-    describe = device_calls.describe
-    key = ("vllm update", describe(conv_state_indices), describe(query_start_loc),
-           describe(num_accepted_tokens), describe(parents), x.get_device(), x.shape[0],
-           num_lines, state_len, width, null_block_id, pad_slot_id, declared)
+    key = ("vllm update", device_calls.describe(conv_state_indices),
+           device_calls.describe(query_start_loc), device_calls.describe(num_accepted_tokens),
+           device_calls.describe(parents), x.get_device(), int(x.shape[0]), num_lines,
+           state_len, width, null_block_id, pad_slot_id, declared)
     plan = device_calls.kept_plan(key, lambda: _device_update_plan(
         x, conv_state_indices, num_accepted_tokens, query_start_loc, declared,
         null_block_id, pad_slot_id, (num_lines, state_len, width), parents))

@@ -17,8 +17,8 @@ the addresses of its metadata, tables and error words): an engine builds a new p
 from new metadata tensors at every step, and the first run of each layer's tensors on
 it launches those of an earlier plan of the same signature with those addresses
 replaced (``_kept_run``), not a new preparation: each thread writes its own copy of a
-run's words in place (``Frame``), so that costs what a kept plan's run does. Runs of host plans refuse to be
-captured in a CUDA graph (``backend``).
+run's words in place (``Frame``), so such a run costs a kept plan's run plus the writing
+of those words. Runs of host plans refuse to be captured in a CUDA graph (``backend``).
 
 Order: the kernels go on torch's current stream of x's device, so they are ordered with
 torch's work before and after them; ``run`` does not wait for them.
@@ -491,8 +491,8 @@ class Run:
 
     Every thread that launches the run writes its own copy of the words (``Frame``,
     ``frames`` by thread): for another plan of the signature only the bound words
-    change, and only when the plan does (once per layer and step in an engine), so a
-    new plan's run costs what a kept plan's does."""
+    change, and only when the plan does (once per layer and step in an engine); nothing
+    is copied per launch."""
 
     __slots__ = ("launches", "context", "output", "bound", "moved", "homes", "apart",
                  "frames")
