@@ -679,10 +679,9 @@ def _kept_run(plan, key, movers, out):
     if moved is None:
         return None, None
     # these tensors passed this geometry's checks
-    if signed is None:
-        return run(out, key[STREAM_AT], moved), key
     stream = key[STREAM_AT]
-    return run(out, stream, moved, _bound_values(plan, state, stream), plan), key
+    values = None if signed is None else _bound_values(plan, state, stream)
+    return run(out, stream, moved, values, plan), key
 
 
 def errors_of(plan, sim=False):
