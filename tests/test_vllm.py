@@ -646,3 +646,15 @@ def test_a_bad_retrieve_parent_token_is_refused_by_its_name(cpu_tensor_device):
                                   retrieve_parent_token=torch.tensor([[-1, 0, 1],
                                                                       [-1, 1, 0]]))
     assert torch.equal(state, before)
+
+
+@pytest.mark.parametrize("shape", [(4, 64), (4, 64, 3, 1)])
+def test_device_paths_name_a_conv_state_of_the_wrong_rank(shape):
+    """The device-metadata drop-ins read conv_state's sizes for their plan keys before the
+    core's checks: a conv_state that is not (lines, dim, state_len) is a ValueError naming
+    it, not an index error (the helper both device paths call; the paths themselves need
+    a GPU)."""
+    with pytest.raises(ValueError, match=r"conv_state: expected a view of shape "
+                                         r"\(num_cache_lines, dim, state_len\)"):
+        dropins._state_shape(torch.zeros(shape))
+    assert dropins._state_shape(torch.zeros(4, 64, 3)) == (4, 64, 3)

@@ -165,16 +165,21 @@ def causal_conv1d_fn(x, weight, bias, conv_states, query_start_loc, cache_indice
     metadata are then read on the host. Without it, a 2-D ``cache_indices`` means its
     column 0, as in vLLM.
     """
-    apc = _prefix_caching_arguments(
-        block_idx_first_scheduled_token=block_idx_first_scheduled_token,
-        block_idx_last_scheduled_token=block_idx_last_scheduled_token,
-        initial_state_idx=initial_state_idx, num_computed_tokens=num_computed_tokens,
-        block_size_to_align=block_size_to_align)
+    # (vLLM's call at every layer passes none of the prefix-caching arguments)
+    apc = None if block_idx_last_scheduled_token is None and initial_state_idx is None \
+        and block_idx_first_scheduled_token is None and num_computed_tokens is None \
+        and type(block_size_to_align) is int and block_size_to_align == 0 \
+        else _prefix_caching_arguments(
+            block_idx_first_scheduled_token=block_idx_first_scheduled_token,
+            block_idx_last_scheduled_token=block_idx_last_scheduled_token,
+            initial_state_idx=initial_state_idx, num_computed_tokens=num_computed_tokens,
+            block_size_to_align=block_size_to_align)
     null_block_id = conventions.check_skipped_id(null_block_id, "null_block_id")
     pad_slot_id = conventions.check_skipped_id(pad_slot_id, "pad_slot_id")
-    if hasattr(query_start_loc, "__len__") and len(query_start_loc) > 0:
+    size = _leading_size(query_start_loc)
+    if size:
         # vLLM's kernel reads the first batch entries of these: longer ones are padded
-        batch = len(query_start_loc) - 1
+        batch = size - 1
         cache_indices = conventions.leading_entries(cache_indices, batch, "cache_indices")
         has_initial_state = conventions.leading_entries(has_initial_state, batch,
                                                         "has_initial_state")
@@ -211,6 +216,13 @@ def causal_conv1d_fn(x, weight, bias, conv_states, query_start_loc, cache_indice
         pad_slot_id=conventions.CORE_PAD,
         **{ops.NON_SPEC_RULES[role]: value for role, value in rules.items()})
     return out.transpose(0, 1).to(original_dtype)
+
+
+def _leading_size(values):
+    """The length of a 1-D argument's first axis (0 for anything without one)."""
+    if isinstance(values, torch.Tensor):  # (Tensor.__len__ is Python-level: slower)
+        return int(values.shape[0]) if values.dim() > 0 else 0
+    return len(values) if hasattr(values, "__len__") else 0
 
 
 def _prefix_caching_arguments(**given):
@@ -418,17 +430,17 @@ def _device_update(x, conv_state, weight, bias, activation, conv_state_indices,
     num_accepted_tokens and ``parents`` (retrieve_parent_token) are cut to it, the null
     block and empty sequences are skipped, rows of x after the batch's tokens come out
     zero; a parent map that is not a tree skips its sequence (``jitconv.check_errors``)."""
-    num_lines, _dim, state_len = (int(s) for s in conv_state.shape)
-    width = int(weight.shape[-1])
+    shape = _state_shape(conv_state)
     declared = int(max_query_len) if max_query_len is not None and max_query_len > 0 else None
-    # Keyed by the arguments as given (slices of them are new objects at every call).
+    # Keyed by the arguments as given (slices of them are new objects at every call), the
+    # sizes as torch gives them (converted only for a build: every layer runs this).
     key = ("vllm update", device_calls.describe(conv_state_indices),
            device_calls.describe(query_start_loc), device_calls.describe(num_accepted_tokens),
-           device_calls.describe(parents), x.get_device(), int(x.shape[0]), num_lines,
-           state_len, width, null_block_id, pad_slot_id, declared)
+           device_calls.describe(parents), x.get_device(), x.shape[0], shape[0], shape[2],
+           weight.shape[-1], null_block_id, pad_slot_id, declared)
     plan = device_calls.kept_plan(key, lambda: _device_update_plan(
         x, conv_state_indices, num_accepted_tokens, query_start_loc, declared,
-        null_block_id, pad_slot_id, (num_lines, state_len, width), parents))
+        null_block_id, pad_slot_id, tuple(int(v) for v in key[7:10]), parents))
     if weight.dtype != conv_state.dtype or (bias is not None and bias.dtype != weight.dtype):
         weight, bias = _to_state_dtype(conv_state, weight, bias)
     # Straight into target when the plan allows it (x itself included: every sequence
@@ -447,14 +459,15 @@ def _device_fn(x, weight, bias, conv_states, query_start_loc, cache_indices,
     declared: the planner's block search), the null block, ``pad_slot_id`` and empty
     sequences skipped, columns of x beyond the batch's tokens zero."""
     tokens = x.transpose(0, 1)  # (cu_seqlen, dim)
-    num_lines, _dim, state_len = (int(s) for s in conv_states.shape)
-    width = int(weight.shape[-1])
+    shape = _state_shape(conv_states)
+    # (sizes as torch gives them in the key, converted only for a build: every layer
+    # runs this)
     key = ("vllm fn", device_calls.describe(query_start_loc),
            device_calls.describe(cache_indices), device_calls.describe(has_initial_state),
-           x.get_device(), int(tokens.shape[0]), num_lines, state_len, width, null_block_id,
+           x.get_device(), x.shape[1], shape[0], shape[2], weight.shape[-1], null_block_id,
            pad_slot_id)
     plan = device_calls.kept_plan(key, lambda: device_calls.build(
-        _geometry(int(tokens.shape[0]), num_lines, state_len, width, pad_slot_id),
+        _geometry(*(int(v) for v in key[5:9]), pad_slot_id),
         dict(device_calls.NO_ARRAYS, ns_qsl=query_start_loc, ns_lines=cache_indices,
              ns_init=has_initial_state), ops.FN_DEVICE_NAMES, null_block_id=null_block_id,
         skip_empty=True))
@@ -462,6 +475,16 @@ def _device_fn(x, weight, bias, conv_states, query_start_loc, cache_indices,
         weight, bias = _to_state_dtype(conv_states, weight, bias)
     return plan.run(tokens, weight, bias, conv_states,
                     activation=activation_name(activation)).transpose(0, 1)
+
+
+def _state_shape(conv_state):
+    """conv_state's shape, which the device paths' plan keys read before the core's
+    checks: a clear error for one that is not (lines, dim, state_len)."""
+    if conv_state.dim() != 3:
+        raise ValueError(f"conv_state: expected a view of shape (num_cache_lines, dim, "
+                         f"state_len) (a transposed view for (lines, state_len, dim) "
+                         f"storage), got {tuple(conv_state.shape)}")
+    return conv_state.shape
 
 
 def _device_update_plan(x, conv_state_indices, num_accepted_tokens, query_start_loc,
