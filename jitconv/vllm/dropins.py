@@ -432,15 +432,14 @@ def _device_update(x, conv_state, weight, bias, activation, conv_state_indices,
     zero; a parent map that is not a tree skips its sequence (``jitconv.check_errors``)."""
     shape = _state_shape(conv_state)
     declared = int(max_query_len) if max_query_len is not None and max_query_len > 0 else None
-    # Keyed by the arguments as given (slices of them are new objects at every call), the
-    # sizes as torch gives them (converted only for a build: every layer runs this).
+    # Keyed by the arguments as given (slices of them are new objects at every call).
     key = ("vllm update", device_calls.describe(conv_state_indices),
            device_calls.describe(query_start_loc), device_calls.describe(num_accepted_tokens),
            device_calls.describe(parents), x.get_device(), x.shape[0], shape[0], shape[2],
            weight.shape[-1], null_block_id, pad_slot_id, declared)
     plan = device_calls.kept_plan(key, lambda: _device_update_plan(
         x, conv_state_indices, num_accepted_tokens, query_start_loc, declared,
-        null_block_id, pad_slot_id, tuple(int(v) for v in key[7:10]), parents))
+        null_block_id, pad_slot_id, (shape[0], shape[2], weight.shape[-1]), parents))
     if weight.dtype != conv_state.dtype or (bias is not None and bias.dtype != weight.dtype):
         weight, bias = _to_state_dtype(conv_state, weight, bias)
     # Straight into target when the plan allows it (x itself included: every sequence
@@ -460,14 +459,12 @@ def _device_fn(x, weight, bias, conv_states, query_start_loc, cache_indices,
     sequences skipped, columns of x beyond the batch's tokens zero."""
     tokens = x.transpose(0, 1)  # (cu_seqlen, dim)
     shape = _state_shape(conv_states)
-    # (sizes as torch gives them in the key, converted only for a build: every layer
-    # runs this)
     key = ("vllm fn", device_calls.describe(query_start_loc),
            device_calls.describe(cache_indices), device_calls.describe(has_initial_state),
            x.get_device(), x.shape[1], shape[0], shape[2], weight.shape[-1], null_block_id,
            pad_slot_id)
     plan = device_calls.kept_plan(key, lambda: device_calls.build(
-        _geometry(*(int(v) for v in key[5:9]), pad_slot_id),
+        _geometry(x.shape[1], shape[0], shape[2], weight.shape[-1], pad_slot_id),
         dict(device_calls.NO_ARRAYS, ns_qsl=query_start_loc, ns_lines=cache_indices,
              ns_init=has_initial_state), ops.FN_DEVICE_NAMES, null_block_id=null_block_id,
         skip_empty=True))
@@ -478,8 +475,9 @@ def _device_fn(x, weight, bias, conv_states, query_start_loc, cache_indices,
 
 
 def _state_shape(conv_state):
-    """conv_state's shape, which the device paths' plan keys read before the core's
-    checks: a clear error for one that is not (lines, dim, state_len)."""
+    """conv_state's shape (torch's sizes are ints; ``_geometry`` checks them), which the
+    device paths' plan keys read before the core's checks: a clear error for one that is
+    not (lines, dim, state_len)."""
     if conv_state.dim() != 3:
         raise ValueError(f"conv_state: expected a view of shape (num_cache_lines, dim, "
                          f"state_len) (a transposed view for (lines, state_len, dim) "
