@@ -18,6 +18,7 @@ import torch
 
 import jitconv
 from jitconv.api import device_calls, plan_cache, validation
+from jitconv.api import device_plan as device_plan_module
 from jitconv.backends.cuda import devices as cuda_devices
 from jitconv.backends.cuda import launching as cuda_launching
 from jitconv.backends.cuda import source as cuda_source
@@ -829,6 +830,73 @@ def test_one_shot_ops_keep_metadata_on_the_device(one_shot_on_device, call):
         assert_state_exact(data[3], want_state)
         assert len(kept_device_plans()) == 1
     jitconv.check_errors()  # nothing bad was met
+
+
+@pytest.mark.parametrize("call", ONE_SHOT)
+def test_new_metadata_tensors_of_a_kept_layout_are_rebound(one_shot_on_device, call,
+                                                          monkeypatch):
+    """An engine's metadata tensors are new at every step, their layout is not: a
+    one-shot call with new tensors of the layout of an earlier call's builds no plan
+    (``device_plan.build`` is not called) but rebinds the earlier one to its tensors
+    (``DevicePlan.rebound``: the same signature), and each plan follows its own tensors'
+    values (the reference's outputs, every cache line bit-exact), the first one too
+    after the second was made; a bad value in the new tensors is recorded in the
+    device's words; another layout (int64 cache lines), and any call after
+    ``clear_caches``, builds anew."""
+    device = one_shot_on_device
+    width, num_lines, state_len = 4, 24, 8
+    gen = torch.Generator().manual_seed(90 + len(call))
+    builds = []
+    real = device_plan_module.build
+    monkeypatch.setattr(device_plan_module, "build",
+                        lambda *a, **k: builds.append(1) or real(*a, **k))
+    md, op, rows = one_shot_step(gen, call, num_lines, state_len, width, device)
+    data = layer(gen, torch.float32, rows, num_lines, state_len, width, device)
+
+    def step(values, dtype=None):
+        """A call with new tensors of ``values`` (each cast to ``dtype`` if given),
+        checked; the live tensors and the plan the call kept for them."""
+        live = {k: put(v if dtype is None or v.dtype == torch.bool else v.to(dtype), device)
+                for k, v in values.items()}
+        want_out, want_state = reference_of(live, data)
+        out = full((rows, DIM), POISON, torch.float32, device)
+        assert op(live, *data, out) is out
+        assert_outputs_close(out, want_out, torch.float32)
+        assert_state_exact(data[3], want_state)
+        return live, plan_cache._plans[kept_device_plans()[-1]]
+
+    def other_values():  # same shapes (and at most ``rows`` tokens), new values
+        new, _, more = one_shot_step(gen, call, num_lines, state_len, width, device)
+        while more > rows:
+            new, _, more = one_shot_step(gen, call, num_lines, state_len, width, device)
+        return new
+
+    first_live, first = step(md)
+    assert len(builds) == 1
+    _live, second = step(other_values())
+    assert len(builds) == 1, "new tensors of a kept layout built a plan"
+    assert second is not first and second.signature == first.signature
+    # none of the first plan's metadata memory (the op may pass views: memory counts)
+    assert not {t.data_ptr() for t, _s in second.arrays.values()} & \
+        {t.data_ptr() for t, _s in first.arrays.values()}
+    for k, v in other_values().items():  # the first plan reads its own tensors
+        first_live[k].copy_(v)
+    _live, again = step({k: v.cpu() for k, v in first_live.items()})
+    assert again.signature == first.signature and len(builds) == 1
+    bad = other_values()
+    lines = "spec_state_indices" if "spec_state_indices" in bad else "non_spec_state_indices"
+    bad[lines][0] = 99  # no such cache line: skipped and recorded
+    live = {k: put(v, device) for k, v in bad.items()}
+    op(live, *data, full((rows, DIM), POISON, torch.float32, device))
+    assert len(builds) == 1
+    with pytest.raises(ValueError, match="bad metadata values"):
+        jitconv.check_errors()
+    step(other_values(), dtype=torch.int64)
+    assert len(builds) == 2, "another layout (int64 metadata) was rebound"
+    jitconv.clear_caches()
+    step(other_values())
+    assert len(builds) == 3, "a plan kept before clear_caches was rebound"
+    jitconv.check_errors()
 
 
 def test_one_shot_mixed_op_takes_token_maps_on_the_device(one_shot_on_device, monkeypatch):

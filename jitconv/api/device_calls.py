@@ -65,5 +65,17 @@ def kept_plan(key, build):
 
 
 def build(geo, given, names, **options):
-    """A device plan whose bad values go to the device's error words (``device_errors``)."""
-    return device_plan.build(geo, given, names, shared_errors=True, **options)
+    """A device plan whose bad values go to the device's error words (``device_errors``):
+    where a plan of the same layout was built before (``device_plan.layout``: an
+    engine's metadata tensors are new at every step, their layout is not), that plan
+    rebound to these tensors (``DevicePlan.rebound``: no check or field worked out
+    again, the launches prepared for its signature shared), else a new one."""
+    options["shared_errors"] = True
+    layout = device_plan.layout(geo, given, names, options)
+    if layout is not None:
+        template = plan_cache.template(layout, names)
+        if template is not None:
+            return template.rebound(given)
+    plan = device_plan.build(geo, given, names, **options)
+    plan_cache.keep_template(layout, names, plan)
+    return plan

@@ -72,6 +72,27 @@ def _count(value, name, expected, what):
                          f"{value.shape[0]}")
 
 
+class Signature:
+    """A device plan's signature (``DevicePlan.signature``): its values, hashed once. The
+    plans an engine's steps rebind (``DevicePlan.rebound``) share one, which backends
+    look their prepared launches up by at each step's first run."""
+
+    __slots__ = ("values", "_hash")
+
+    def __init__(self, values):
+        self.values = values
+        self._hash = hash(values)
+
+    def __hash__(self):
+        return self._hash
+
+    def __eq__(self, other):
+        return self is other or (isinstance(other, Signature) and self.values == other.values)
+
+    def __repr__(self):
+        return f"Signature{self.values!r}"
+
+
 class DevicePlan(StepPlan):
     """One engine step whose metadata the device reads at every run (build it with
     ``jitconv.device_plan``). ``run`` is ``StepPlan.run``; runs may be captured in a CUDA
@@ -160,11 +181,32 @@ class DevicePlan(StepPlan):
         # memory (metadata arrays, table, error words): plans of one signature run the
         # same launches with those addresses replaced (backends keep their prepared
         # launches by it). None with state rules (their windows and tables differ).
-        self.signature = None if self.rules else (
+        self.signature = None if self.rules else Signature((
             "device plan", self.fit, str(device), tuple(self.planner_scalars.items()),
             self.element_types, tuple(s for _t, s in self.kernel_arrays.values()),
             tuple(arrays), maps, self.longest_block, self.longest_sequences,
-            self.uniform_decode, self.in_place, error_words is None)
+            self.uniform_decode, self.in_place, error_words is None))
+
+    def rebound(self, given):
+        """A plan of this one's ``layout`` whose runs read the metadata tensors ``given``
+        (tensor or None by ``planner.METADATA_ARRAYS`` name, as ``build`` takes them)
+        instead of this plan's: an engine's metadata tensors are new at every step, but
+        their layout (shapes, strides, dtypes, devices) and so every host check and
+        every field of the plan are the same, and its runs share this plan's signature
+        (the launches prepared for it, ``StepPlan.signature``). Only for ``given`` of
+        this plan's layout (``layout``: the caller looked this plan up by it) and a plan
+        without state rules; the error words are those of the device now
+        (``device_errors``, which ``clear_caches`` replaces)."""
+        if self.rules:
+            raise ValueError("rebound: a device plan with state rules is built anew")
+        plan = object.__new__(type(self))
+        plan.__dict__.update(self.__dict__)
+        plan.arrays = {k: (given[k], stride) for k, (_t, stride) in self.arrays.items()}
+        plan.kernel_arrays = _placeholders(plan.arrays)
+        plan.derived = {}
+        if self.error_words is not None:
+            plan.error_words = device_errors.words_for(self.backend, self.device)
+        return plan
 
     def _stage_rows(self):
         """A GDN stage run's outputs (``StepPlan.run_stage``): with token maps each
@@ -391,6 +433,26 @@ def build(geo, given, names, *, max_query_len=None, null_block_id=None, skip_emp
                       rules=taken, maps=maps)
 
 
+def layout(geo, given, names, options):
+    """What ``build(geo, given, names, **options)`` reads besides the metadata tensors'
+    addresses, as a key: the geometry, the argument names, the options, and each given
+    tensor's shape, strides, dtype and device. Builds of one layout pass the same checks
+    and make the same plan but for the tensors (``DevicePlan.rebound``). None for calls
+    not to key: state rules (their plans are built anew), or an argument that is not a
+    tensor (``build`` says why)."""
+    if options.get("rules"):
+        return None
+    tensors = []
+    for name, t in given.items():
+        if t is not None:
+            if not isinstance(t, torch.Tensor):
+                return None
+            tensors.append((name, t.shape, t.stride(), t.dtype, t.is_cuda, t.is_xpu,
+                            t.get_device()))
+    return (geo, id(names), tuple(kv for kv in options.items() if kv[0] != "rules"),
+            tuple(tensors))
+
+
 def _maps(given, names, take, num_ns, implicit, geo, spec_rows_first):
     """The token maps' lengths (non-spec, spec), checked on the host (``take`` keeps
     each map given), or None without maps: one map per part that has its arrays, 1-D,
@@ -465,11 +527,17 @@ def _rule_placeholders(rules):
 
 
 def _with_placeholders(arrays, names):
+    """Every array of ``planner.METADATA_ARRAYS`` (``_placeholders``), and the argument
+    name of each (the placeholder's: that of the array it is), for errors."""
+    key = next(k for k in arrays if k != "ns_init")
+    return (_placeholders(arrays),
+            {k: names.get(k, names[key]) for k in planner.METADATA_ARRAYS})
+
+
+def _placeholders(arrays):
     """Every array of ``planner.METADATA_ARRAYS``: the given ones, and for each absent one
     (never read: its "has_" word is 0) a given index array with stride 0. So the planner's
     element types are those of the metadata given: all int32, or all int64, is one
-    planner kernel (and one of those the SYCL backend ships). Also the argument name of
-    each (the placeholder's: that of the array it is), for errors."""
+    planner kernel (and one of those the SYCL backend ships)."""
     key = next(k for k in arrays if k != "ns_init")
-    return ({k: arrays.get(k, (arrays[key][0], 0)) for k in planner.METADATA_ARRAYS},
-            {k: names.get(k, names[key]) for k in planner.METADATA_ARRAYS})
+    return {k: arrays.get(k, (arrays[key][0], 0)) for k in planner.METADATA_ARRAYS}

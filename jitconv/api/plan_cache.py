@@ -12,14 +12,19 @@ version counter that would show it. Metadata in device memory that is not a torc
 (dpctl / dpnp arrays) is not keyed: such calls build their plan as before. Plans are
 never changed after they are built, so any thread may use a cached one; the table is
 bounded and starts over when full. The device plans of calls whose metadata stays on the
-device are kept here too, under keys of what their tensors are (``device_calls``).
+device are kept here too, under keys of what their tensors are (``device_calls``), and
+one device plan per layout of such tensors, which a plan of new tensors of that layout
+is made from (``device_calls.build``, ``DevicePlan.rebound``).
 """
 
 import numpy as np
 import torch
 
-LIMIT = 32  # plans: a few steps' worth of distinct metadata
+LIMIT = 32  # plans: a few steps' worth of distinct metadata (and layouts)
 _plans = {}
+# device plan layout (``device_plan.layout``) -> (argument names, a device plan of it):
+# what a device plan of new metadata tensors of that layout is rebound from
+_templates = {}
 
 
 def _content(value):
@@ -65,5 +70,24 @@ def plan_for(key, build):
     return plan
 
 
+def template(layout, names):
+    """The device plan kept for ``layout`` (``device_plan.layout``, built with the
+    argument names ``names``), or None."""
+    found = _templates.get(layout)
+    if found is None or found[0] is not names:  # (layout holds names' id only)
+        return None
+    return found[1]
+
+
+def keep_template(layout, names, plan):
+    """Keep ``plan`` as the device plan of ``layout`` (None: not kept)."""
+    if layout is None:
+        return
+    if len(_templates) >= LIMIT:
+        _templates.clear()
+    _templates[layout] = (names, plan)
+
+
 def clear():
     _plans.clear()
+    _templates.clear()
