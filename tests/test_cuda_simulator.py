@@ -39,6 +39,7 @@ def test_cuda_kernels_in_the_simulator():
     reasons = re.findall(r"SKIPPED \[(\d+)\] [^:]+:\d+: (.*)", done.stdout)
     reasons = [(n, why) for n, why in reasons if not why.startswith("SYCL device plans")]
     assert all("simulator has no" in why for _, why in reasons), tail
-    # 46 device-plan (2 of them the stage's graph replays, 6 signature runs, 6 runs on
-    # moved inputs, 2 threads on one signature), 1 stream, 6 stage
-    assert sum(int(n) for n, _ in reasons) <= 53, tail
+    # 48 device-plan (2 of them the stage's graph replays, 6 signature runs, 6 runs on
+    # moved inputs, 2 threads on one signature, 2 threads rebinding plans of one
+    # layout), 1 stream, 6 stage
+    assert sum(int(n) for n, _ in reasons) <= 55, tail

@@ -856,14 +856,21 @@ def test_new_metadata_tensors_of_a_kept_layout_are_rebound(one_shot_on_device, c
     def step(values, dtype=None):
         """A call with new tensors of ``values`` (each cast to ``dtype`` if given),
         checked; the live tensors and the plan the call kept for them."""
-        live = {k: put(v if dtype is None or v.dtype == torch.bool else v.to(dtype), device)
-                for k, v in values.items()}
+        return check({k: put(v if dtype is None or v.dtype == torch.bool else v.to(dtype),
+                             device) for k, v in values.items()})
+
+    def check(live):
+        """A call with the tensors ``live``, checked; them and the plan kept for them."""
         want_out, want_state = reference_of(live, data)
         out = full((rows, DIM), POISON, torch.float32, device)
         assert op(live, *data, out) is out
         assert_outputs_close(out, want_out, torch.float32)
         assert_state_exact(data[3], want_state)
-        return live, plan_cache._plans[kept_device_plans()[-1]]
+        ptrs = {t.data_ptr() for t in live.values()}
+        held = [plan_cache._plans[k] for k in kept_device_plans()  # the one reading live
+                if {t.data_ptr() for t, _s in plan_cache._plans[k].arrays.values()} & ptrs]
+        assert len(held) == 1
+        return live, held[0]
 
     def other_values():  # same shapes (and at most ``rows`` tokens), new values
         new, _, more = one_shot_step(gen, call, num_lines, state_len, width, device)
@@ -881,8 +888,8 @@ def test_new_metadata_tensors_of_a_kept_layout_are_rebound(one_shot_on_device, c
         {t.data_ptr() for t, _s in first.arrays.values()}
     for k, v in other_values().items():  # the first plan reads its own tensors
         first_live[k].copy_(v)
-    _live, again = step({k: v.cpu() for k, v in first_live.items()})
-    assert again.signature == first.signature and len(builds) == 1
+    _live, again = check(first_live)
+    assert again is first and len(builds) == 1
     bad = other_values()
     lines = "spec_state_indices" if "spec_state_indices" in bad else "non_spec_state_indices"
     bad[lines][0] = 99  # no such cache line: skipped and recorded
@@ -896,6 +903,72 @@ def test_new_metadata_tensors_of_a_kept_layout_are_rebound(one_shot_on_device, c
     jitconv.clear_caches()
     step(other_values())
     assert len(builds) == 3, "a plan kept before clear_caches was rebound"
+    jitconv.check_errors()
+
+
+def test_threads_rebind_plans_of_one_layout(one_shot_on_device, monkeypatch):
+    """Four threads, each its own layer (x, weight, bias, conv state) and its own stream
+    of new metadata tensors of one layout, call the spec update at once, 6 steps each:
+    after the first call (which builds the layout's plan) no thread builds one, and every
+    step's outputs and the final states are the reference's for that thread's values (a
+    plan rebound with another thread's tensors would write other lines or rows)."""
+    if SIM:
+        pytest.skip("the simulator has no time for threads (it runs one kernel at a time)")
+    device = one_shot_on_device
+    width, num_lines, state_len, steps = 4, 24, 8, 6
+    builds = []
+    real = device_plan_module.build
+    monkeypatch.setattr(device_plan_module, "build",
+                        lambda *a, **k: builds.append(1) or real(*a, **k))
+    gens = [torch.Generator().manual_seed(120 + i) for i in range(4)]
+    md, op, rows = one_shot_step(gens[0], "update spec", num_lines, state_len, width,
+                                 device)
+
+    def values(gen):  # the layout of ``md``, at most ``rows`` tokens, new values
+        new, _, more = one_shot_step(gen, "update spec", num_lines, state_len, width,
+                                     device)
+        while more > rows:
+            new, _, more = one_shot_step(gen, "update spec", num_lines, state_len, width,
+                                         device)
+        return new
+
+    layers = [layer(gen, torch.float32, rows, num_lines, state_len, width, device)
+              for gen in gens]
+    plans = [[values(gen) for _ in range(steps)] for gen in gens]
+    expected = []
+    for data, steps_md in zip(layers, plans):  # each thread's chain of states
+        state, outs = data[3].cpu(), []
+        for step_md in steps_md:
+            out, state = reference_of(step_md, data[:3] + (state,))
+            state = torch.from_numpy(state).to(data[3].dtype)
+            outs.append(out)
+        expected.append((outs, state))
+    op({k: put(v, device) for k, v in md.items()}, *layers[0][:3],
+       put(layers[0][3].clone(), device), full((rows, DIM), POISON, torch.float32, device))
+    assert len(builds) == 1
+    results, errors, start = [[] for _ in gens], [], threading.Barrier(len(gens))
+
+    def work(n):
+        try:
+            start.wait()
+            for step_md in plans[n]:
+                live = {k: put(v, device) for k, v in step_md.items()}
+                out = full((rows, DIM), POISON, torch.float32, device)
+                results[n].append(op(live, *layers[n], out).cpu())
+        except Exception as exc:  # reported below, with the thread's number
+            errors.append((n, exc))
+    threads = [threading.Thread(target=contextvars.copy_context().run, args=(work, n))
+               for n in range(len(gens))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert len(builds) == 1, "threads built plans of a kept layout"
+    for data, got, (outs, state) in zip(layers, results, expected):
+        for out, want in zip(got, outs):
+            assert_outputs_close(out, want, torch.float32)
+        assert_state_exact(data[3], state.double().numpy())
     jitconv.check_errors()
 
 

@@ -21,10 +21,10 @@ import numpy as np
 import torch
 
 LIMIT = 32  # plans: a few steps' worth of distinct metadata (and layouts)
+# key -> plan; and ("layout", a device plan layout, ``device_plan.layout``) -> (argument
+# names, a device plan of it): what a device plan of new metadata tensors of that
+# layout is rebound from
 _plans = {}
-# device plan layout (``device_plan.layout``) -> (argument names, a device plan of it):
-# what a device plan of new metadata tensors of that layout is rebound from
-_templates = {}
 
 
 def _content(value):
@@ -73,7 +73,7 @@ def plan_for(key, build):
 def template(layout, names):
     """The device plan kept for ``layout`` (``device_plan.layout``, built with the
     argument names ``names``), or None."""
-    found = _templates.get(layout)
+    found = _plans.get(("layout", layout))
     if found is None or found[0] is not names:  # (layout holds names' id only)
         return None
     return found[1]
@@ -83,11 +83,10 @@ def keep_template(layout, names, plan):
     """Keep ``plan`` as the device plan of ``layout`` (None: not kept)."""
     if layout is None:
         return
-    if len(_templates) >= LIMIT:
-        _templates.clear()
-    _templates[layout] = (names, plan)
+    if len(_plans) >= LIMIT:
+        _plans.clear()
+    _plans[("layout", layout)] = (names, plan)
 
 
 def clear():
     _plans.clear()
-    _templates.clear()
