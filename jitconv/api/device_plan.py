@@ -194,11 +194,9 @@ class DevicePlan(StepPlan):
         their layout (shapes, strides, dtypes, devices) and so every host check and
         every field of the plan are the same, and its runs share this plan's signature
         (the launches prepared for it, ``StepPlan.signature``). Only for ``given`` of
-        this plan's layout (``layout``: the caller looked this plan up by it) and a plan
-        without state rules; the error words are those of the device now
-        (``device_errors``, which ``clear_caches`` replaces)."""
-        if self.rules:
-            raise ValueError("rebound: a device plan with state rules is built anew")
+        this plan's layout (``layout``: the caller looked this plan up by it; plans with
+        state rules have none, so they are never rebound); the error words are those of
+        the device now (``device_errors``, which ``clear_caches`` replaces)."""
         plan = object.__new__(type(self))
         plan.__dict__.update(self.__dict__)
         plan.arrays = {k: (given[k], stride) for k, (_t, stride) in self.arrays.items()}
